@@ -1,0 +1,321 @@
+"""The `gpu-health-agent` command line: thin wrappers over the daemon, simulator, rules and journal."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from agent import __version__
+from agent.config import Config, config_as_yaml, load_config
+from agent.daemon import Daemon, discover_sources, rules_dir_of
+from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
+from agent.errors import AgentError, InputError, InputErrors
+from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
+from agent.httpserver import AgentHttpServer
+from agent.journal import Journal
+from agent.logs import configure_logging
+from agent.model import AttrValue, Signal, VerdictKind
+from agent.remediation import GuardPolicy, Mode
+from agent.simulate import SimulationReport, TimelineLine, simulate
+from agent.sources.scenario import ScenarioSource, builtin_names, inventory, load_scenario
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXIT_BAD_INPUT = 2
+
+
+def _fail(lines: list[str], code: int = EXIT_BAD_INPUT) -> NoReturn:
+    for line in lines:
+        click.echo(line, err=True)
+    sys.exit(code)
+
+
+def _reporting_bad_input(func: F) -> F:
+    """Bad input becomes one line per problem on stderr and exit code 2, never a traceback."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except InputErrors as exc:
+            _fail([p.line() for p in exc.problems])
+        except InputError as exc:
+            _fail([exc.line()])
+        except AgentError as exc:
+            _fail([f"error: {exc}"], code=1)
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper  # type: ignore[return-value]
+
+
+def _config(path: str | None) -> Config:
+    return load_config(Path(path) if path else None)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpu-health-agent")
+def main() -> None:
+    """Node-level GPU health and self-healing agent for Kubernetes."""
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(), help="Config file (YAML).")
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), help="Override the configured mode.")
+@click.option("--dry-run", is_flag=True, default=None, help="Record what would be done; change nothing.")
+@click.option("--port", type=int, help="Port for /metrics and /healthz.")
+@click.option("--scenario", help="Also replay a scenario (built-in name or file) in real time.")
+@click.option("--speed", type=float, default=1.0, show_default=True, help="Scenario replay speed-up.")
+@click.option("--duration", type=float, help="Stop after this many seconds (default: until SIGTERM).")
+@_reporting_bad_input
+def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: int | None,
+        scenario: str | None, speed: float, duration: float | None) -> None:
+    """Run the agent: watch the GPUs, classify, act (per mode), serve /metrics and /healthz."""
+    config = _config(config_path)
+    overrides: dict[str, Any] = {}
+    if mode:
+        overrides["mode"] = Mode(mode)
+    if dry_run:
+        overrides["dry_run"] = True
+    if port is not None:
+        overrides["http"] = config.http.model_copy(update={"port": port})
+    config = config.model_copy(update=overrides)
+    configure_logging(config.log.level, config.log.format)
+    rules = load_rules(rules_dir_of(config))
+    probes = discover_sources(config)
+    sources = [p.source for p in probes if p.source is not None]
+    node = None
+    if scenario:
+        replay = load_scenario(scenario)
+        node = dataclasses.replace(inventory(replay), name=config.node_name)
+        sources.append(ScenarioSource(replay, node, speed=speed))
+    if not sources:
+        reasons = "; ".join(f"{p.name}: {p.why_not}" for p in probes)
+        _fail([f"no source available on this machine ({reasons}). Use --scenario NAME to replay one."], code=1)
+    daemon = Daemon(config, sources=sources, rules=rules, inventory=node)
+    server = AgentHttpServer(config.http.host, config.http.port, metrics=daemon.metrics.exposition,
+                             health=daemon.health)
+    server.start()
+    click.echo(f"gpu-health-agent: node {config.node_name}, mode {config.mode}"
+               f"{' (dry-run)' if config.dry_run else ''}, local mode (no cluster), "
+               f"sources {', '.join(s.name for s in sources)}, http :{server.port}", err=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if duration is not None:
+        timer = threading.Timer(duration, stop.set)
+        timer.daemon = True
+        timer.start()
+    try:
+        daemon.run(stop)
+    finally:
+        server.close()
+
+
+@main.command(name="simulate")
+@click.argument("scenario", required=False)
+@click.option("--list", "list_only", is_flag=True, help="List the built-in scenarios.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document with verdicts and actions.")
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=Mode.REMEDIATE.value,
+              show_default=True)
+@click.option("--dry-run", is_flag=True, help="Record what would be done.")
+@click.option("--rules", "rules_dir", type=click.Path(), help="Rules directory (default: the shipped rules).")
+@click.option("--journal", "journal_path", type=click.Path(), help="Also record into this journal file.")
+@_reporting_bad_input
+def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode: str, dry_run: bool,
+                     rules_dir: str | None, journal_path: str | None) -> None:
+    """Replay a fault scenario (built-in NAME or FILE) through the agent on a virtual clock."""
+    if list_only:
+        for name in builtin_names():
+            click.echo(name)
+        return
+    if not scenario:
+        _fail(["simulate: give a scenario name or file, or --list"])
+    loaded = load_scenario(scenario)
+    rules = load_rules(Path(rules_dir) if rules_dir else builtin_rules_dir())
+    configure_logging("error", "auto")
+    journal = Journal(journal_path) if journal_path else None
+    try:
+        report = simulate(loaded, rules=rules, policy=GuardPolicy(mode=Mode(mode), dry_run=dry_run),
+                          journal=journal)
+    finally:
+        if journal:
+            journal.close()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        click.echo(render_report(report))
+
+
+def render_report(report: SimulationReport) -> str:
+    scenario = report.scenario
+    node = report.pipeline.inventory
+    models = sorted({g.model for g in node.gpus})
+    lines = [f"scenario {scenario.name}: {' '.join(scenario.description.split())}",
+             f"node {node.name}: {len(node.gpus)} x {', '.join(models)}; mode {report.pipeline.policy.mode}"
+             f"{' (dry-run)' if report.pipeline.policy.dry_run else ''}; local mode (no cluster)", ""]
+    for line in report.lines:
+        lines.extend(_render_line(line))
+    lines.append("")
+    lines.append("GPU status: " + ", ".join(
+        f"{key[:12]}={status}" for key, status in report.pipeline.gpu_statuses().items() if status != "healthy"
+    ) if any(s != "healthy" for s in report.pipeline.gpu_statuses().values()) else "GPU status: all healthy")
+    for (key, rule_id), fault in sorted(report.pipeline.active.items()):
+        lines.append(f"active: {rule_id} on {key} ({fault.severity}, {fault.action}), "
+                     f"{report.pipeline.occurrences(key, rule_id)} occurrence(s)")
+    return "\n".join(lines)
+
+
+def _render_line(line: TimelineLine) -> list[str]:
+    out = []
+    stamp = f"t={line.at:9.3f}s"
+    if line.observation is not None:
+        obs = line.observation
+        gpu = obs.gpu.describe() if obs.gpu else "node"
+        repeats = f" x{line.repeats}" if line.repeats > 1 else ""
+        out.append(f"{stamp}  observed  {obs.signal} {_num(obs.value)}{repeats} on {gpu} from {obs.source}")
+    else:
+        out.append(f"{stamp}  tick")
+    for verdict in line.outcome.verdicts:
+        when = f" (at t={verdict.at:g}s)" if verdict.at != line.at else ""
+        if verdict.kind is VerdictKind.CLEARED:
+            out.append(f"{'':13}  verdict   CLEARED {verdict.rule_id}: {verdict.summary}{when}")
+        else:
+            out.append(f"{'':13}  verdict   {verdict.severity.upper()} {verdict.rule_id}: {verdict.summary} "
+                       f"-> {verdict.action} [{verdict.fault_class}]{when}")
+    for action in line.outcome.actions:
+        why = f" ({action.message})" if action.message and action.result.value not in {"planned", "applied"} else ""
+        out.append(f"{'':13}  action    {action.step.kind} {action.step.target}: {action.result}{why}")
+    return out
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+@main.group()
+def rules() -> None:
+    """Work with rule files."""
+
+
+@rules.command(name="lint")
+@click.argument("directory", required=False, type=click.Path())
+def rules_lint(directory: str | None) -> None:
+    """Validate a rules directory: exit 0 when valid, else 2 with one line per problem."""
+    target = Path(directory) if directory else builtin_rules_dir()
+    problems = lint_rules(target)
+    if problems:
+        _fail([p.line() for p in problems])
+    ruleset = load_rules(target)
+    click.echo(f"{target}: {len(ruleset.rules)} rules in {len(ruleset.files)} files, all valid")
+
+
+@main.group(name="config")
+def config_group() -> None:
+    """Inspect the configuration."""
+
+
+@config_group.command(name="show")
+@click.option("--config", "config_path", type=click.Path(), help="Config file (YAML).")
+@_reporting_bad_input
+def config_show(config_path: str | None) -> None:
+    """Print the effective configuration (file, then GPU_HEALTH_* environment overrides)."""
+    click.echo(config_as_yaml(_config(config_path)), nl=False)
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(), help="Config file (YAML).")
+@click.option("--journal", "journal_path", type=click.Path(), help="Journal file (default: from config).")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@_reporting_bad_input
+def history(config_path: str | None, journal_path: str | None, limit: int, as_json: bool) -> None:
+    """Show the newest verdicts and actions from the local journal."""
+    path = journal_path or _config(config_path).journal_path
+    if not Path(path).exists():
+        _fail([f"{path}: no journal yet (the agent has not run here)"], code=1)
+    journal = Journal(path)
+    try:
+        entries = journal.history(limit=limit)
+    finally:
+        journal.close()
+    if as_json:
+        click.echo(json.dumps(entries, indent=2, default=str))
+        return
+    for entry in entries:
+        if entry["type"] == "verdict":
+            click.echo(f"{entry['at']:.3f} verdict {entry['kind']:7} {entry['severity']:8} {entry['gpu_key']} "
+                       f"{entry['rule_id']}: {entry['summary']}")
+        else:
+            click.echo(f"{entry['at']:.3f} action  {entry['kind']:15} {entry['result']:8} {entry['target']}"
+                       f"{': ' + entry['message'] if entry['message'] else ''}")
+
+
+@main.command()
+@click.option("--xid", help="An Xid number, or 'all' for every Xid of NVIDIA's catalog.")
+@click.option("--signal", "signal_name", type=click.Choice([s.value for s in Signal]), help="A non-Xid signal.")
+@click.option("--value", type=float, help="The signal's value.")
+@click.option("--attr", "attrs", multiple=True, help="KEY=VALUE attribute (e.g. slowdown_c=90), repeatable.")
+@click.option("--model", default="", help="GPU model name, for per-model overrides.")
+@click.option("--rules", "rules_dir", type=click.Path(), help="Rules directory (default: the shipped rules).")
+@click.option("--json", "as_json", is_flag=True)
+@_reporting_bad_input
+def explain(xid: str | None, signal_name: str | None, value: float | None, attrs: tuple[str, ...], model: str,
+            rules_dir: str | None, as_json: bool) -> None:
+    """Explain the verdict for an Xid or a signal value, and why."""
+    ruleset: RuleSet = load_rules(Path(rules_dir) if rules_dir else builtin_rules_dir())
+    parsed = _parse_attrs(attrs)
+    if xid is not None:
+        if xid == "all":
+            results: Any = [explain_xid(ruleset, n, model=model) for n in CATALOG_XIDS]
+        else:
+            try:
+                number = int(xid, 0)
+            except ValueError:
+                _fail([f"--xid: {xid!r} is not a number or 'all'"])
+            results = explain_xid(ruleset, number, attrs=parsed, model=model)
+    elif signal_name is not None:
+        if value is None:
+            _fail(["--signal needs --value"])
+        results = explain_signal(ruleset, Signal(signal_name), value, attrs=parsed, model=model)
+    else:
+        _fail(["explain: give --xid N|all or --signal NAME --value V"])
+    if as_json:
+        click.echo(json.dumps(results, indent=2, default=str))
+        return
+    for item in results if isinstance(results, list) else [results]:
+        head = f"Xid {item['xid']} {item['name']}" if "xid" in item else f"{item['signal']} = {_num(item['value'])}"
+        nvidia = f"; NVIDIA: {item['nvidia_action']}" if item.get("nvidia_action") is not None else ""
+        click.echo(f"{head}: {item['severity']}, {item['action']} [{item['fault_class']}], "
+                   f"quarantine={'yes' if item['quarantine'] else 'no'}, rule {item['rule_id']}{nvidia}")
+        if item.get("reason"):
+            click.echo(f"  why: {item['reason']}")
+
+
+def _parse_attrs(attrs: tuple[str, ...]) -> dict[str, AttrValue]:
+    parsed: dict[str, AttrValue] = {}
+    for item in attrs:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            _fail([f"--attr: {item!r} is not KEY=VALUE"])
+        parsed[key] = _scalar(raw)
+    return parsed
+
+
+def _scalar(raw: str) -> AttrValue:
+    if raw.lower() in {"true", "false"}:
+        return raw.lower() == "true"
+    try:
+        return int(raw, 0)
+    except ValueError:
+        pass
+    try:
+        return float(raw)
+    except ValueError:
+        return raw

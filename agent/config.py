@@ -1,0 +1,146 @@
+"""The agent's configuration: one YAML file plus GPU_HEALTH_* environment overrides, validated strictly."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.errors import ConfigError
+from agent.remediation.guard import Mode
+
+ENV_PREFIX = "GPU_HEALTH_"
+Toggle = Literal["auto", "on", "off"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KmsgConfig(_Section):
+    enabled: Toggle = "auto"
+    path: str = "/dev/kmsg"
+    admit_user_records: bool = False
+
+
+class NvmlConfig(_Section):
+    enabled: Toggle = "auto"
+    poll_seconds: float = Field(default=10.0, gt=0)
+    call_timeout_seconds: float = Field(default=2.0, gt=0)
+
+
+class DcgmConfig(_Section):
+    enabled: Toggle = "auto"
+    exporter_url: str = ""
+    poll_seconds: float = Field(default=30.0, gt=0)
+    timeout_seconds: float = Field(default=5.0, gt=0)
+
+
+class SourcesConfig(_Section):
+    kmsg: KmsgConfig = Field(default_factory=KmsgConfig)
+    nvml: NvmlConfig = Field(default_factory=NvmlConfig)
+    dcgm: DcgmConfig = Field(default_factory=DcgmConfig)
+
+
+class RemediationConfig(_Section):
+    taint_key: str = Field(default="gpu-health-agent.io/unhealthy", pattern=r"^([a-z0-9.\-]+/)?[A-Za-z0-9._\-]+$")
+    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    cordon: bool = False
+    opt_out_label: str = "gpu-health-agent.io/opt-out"
+    max_attempts_per_hour: int = Field(default=3, ge=1)
+    cooldown_seconds: float = Field(default=300.0, ge=0)
+    budget_max_nodes: int = Field(default=1, ge=0)
+    budget_max_percent: float = Field(default=10.0, ge=0, le=100)
+    eviction_deadline_seconds: float = Field(default=600.0, gt=0)
+    reset_command: list[str] = Field(default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{uuid}"])
+
+
+class HttpConfig(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(default=9402, ge=0, le=65535)
+
+
+class LogConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class Config(_Section):
+    """Everything the agent can be told; unknown keys are errors."""
+
+    node_name: str = ""
+    mode: Mode = Mode.QUARANTINE
+    dry_run: bool = False
+    rules_dir: str = ""
+    journal_path: str = "/var/lib/gpu-health-agent/journal.db"
+    tick_seconds: float = Field(default=1.0, gt=0)
+    sources: SourcesConfig = Field(default_factory=SourcesConfig)
+    remediation: RemediationConfig = Field(default_factory=RemediationConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Read the file (if any), apply GPU_HEALTH_* overrides, validate; raise ConfigError on any problem."""
+    environment = os.environ if env is None else env
+    data: dict[str, Any] = _read_file(path) if path is not None else {}
+    origin: dict[str, str] = {}
+    for name, raw in sorted(environment.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        keys = [part.lower() for part in name[len(ENV_PREFIX):].split("__")]
+        _set_nested(data, keys, _parse_scalar(raw))
+        origin[".".join(keys)] = f"environment {name}"
+    if not data.get("node_name"):
+        data["node_name"] = environment.get("NODE_NAME") or socket.gethostname()
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        where = origin.get(field) or (str(path) if path else "<defaults>")
+        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        raise ConfigError(problem, file=where, field=field) from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"not valid YAML{where}", file=str(path)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping at the top level", file=str(path))
+    return data
+
+
+def _set_nested(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = data
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[keys[-1]] = value
+
+
+def _parse_scalar(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        return raw
+
+
+def config_as_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

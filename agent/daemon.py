@@ -1,0 +1,229 @@
+"""The long-running agent: sources on their own threads feed one pipeline loop; HTTP, reload, shutdown."""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from agent.config import Config
+from agent.engine import RuleSet, builtin_rules_dir, load_rules
+from agent.engine.loader import rule_files
+from agent.errors import AgentError, InputErrors
+from agent.journal import Journal
+from agent.metrics import Metrics
+from agent.model import NodeInventory, Observation
+from agent.pipeline import Pipeline
+from agent.remediation import GuardPolicy
+from agent.sources.base import Source
+
+log = structlog.get_logger("agent.daemon")
+
+
+def rules_dir_of(config: Config) -> Path:
+    return Path(config.rules_dir) if config.rules_dir else builtin_rules_dir()
+
+
+def guard_policy_of(config: Config) -> GuardPolicy:
+    return GuardPolicy(
+        mode=config.mode,
+        dry_run=config.dry_run,
+        max_attempts_per_hour=config.remediation.max_attempts_per_hour,
+        cooldown_seconds=config.remediation.cooldown_seconds,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SourceProbe:
+    """Whether a source can run here, and why not when it cannot."""
+
+    name: str
+    source: Source | None
+    why_not: str = ""
+
+
+def discover_sources(config: Config) -> list[SourceProbe]:
+    """Every source this machine can run, per the config (auto-detected unless forced on or off)."""
+    probes: list[SourceProbe] = []
+    for name, factory in SOURCE_FACTORIES.items():
+        toggle = getattr(config.sources, name).enabled
+        if toggle == "off":
+            probes.append(SourceProbe(name, None, "disabled in config"))
+            continue
+        try:
+            source, why_not = factory(config)
+        except AgentError as exc:
+            source, why_not = None, str(exc)
+        if source is None and toggle == "on":
+            raise AgentError(f"source {name} is enabled in config but cannot run: {why_not}")
+        probes.append(SourceProbe(name, source, why_not))
+    return probes
+
+
+SourceFactory = Callable[[Config], tuple[Source | None, str]]
+SOURCE_FACTORIES: dict[str, SourceFactory] = {}
+
+
+class RulesWatcher:
+    """Notices a changed rules directory by its files' names, sizes and modification times."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.fingerprint = self._fingerprint()
+
+    def _fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        try:
+            for path in rule_files(self.directory):
+                stat = path.stat()
+                digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+        except OSError as exc:
+            digest.update(f"error:{exc.errno}".encode())
+        return digest.hexdigest()
+
+    def changed(self) -> bool:
+        current = self._fingerprint()
+        if current == self.fingerprint:
+            return False
+        self.fingerprint = current
+        return True
+
+
+class Daemon:
+    """Wires sources, pipeline, journal, metrics and HTTP; `run` returns when `stop` is set."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        sources: Sequence[Source],
+        rules: RuleSet,
+        inventory: NodeInventory | None = None,
+        registry: CollectorRegistry | None = None,
+        journal: Journal | None = None,
+        clock: Callable[[], float] = time.time,
+        reload_seconds: float = 5.0,
+    ) -> None:
+        self.config = config
+        self.sources = list(sources)
+        self.metrics = Metrics(registry or CollectorRegistry())
+        self.journal = journal if journal is not None else Journal(config.journal_path)
+        self.clock = clock
+        self.queue: queue.Queue[Observation] = queue.Queue(maxsize=100_000)
+        self.rules_dir = rules_dir_of(config)
+        self.watcher = RulesWatcher(self.rules_dir)
+        self.reload_seconds = reload_seconds
+        self.pipeline = Pipeline(
+            rules=rules,
+            inventory=inventory or NodeInventory(name=config.node_name),
+            policy=guard_policy_of(config),
+            journal=self.journal,
+            metrics=self.metrics,
+            clock=clock,
+        )
+        self.metrics.rules_loaded.set(len(rules.rules))
+        self.heartbeat = clock()
+        self._threads: list[threading.Thread] = []
+        self._running: dict[str, bool] = {}
+        self._finished: set[str] = set()
+        self._dropped = 0
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        age = self.clock() - self.heartbeat
+        running = sorted(name for name, up in self._running.items() if up or name in self._finished)
+        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running)
+        return ok, {"loop_age_seconds": round(age, 3), "sources": running, "mode": str(self.config.mode),
+                    "dry_run": self.config.dry_run}
+
+    def emit(self, observation: Observation) -> None:
+        try:
+            self.queue.put_nowait(observation)
+        except queue.Full:
+            self._dropped += 1
+            self.metrics.source_errors.labels(observation.source).inc()
+
+    def run(self, stop: threading.Event) -> None:
+        log.info("agent_starting", node=self.config.node_name, mode=str(self.config.mode),
+                 dry_run=self.config.dry_run, sources=[s.name for s in self.sources],
+                 rules=len(self.pipeline.rules.rules), local_mode=True)
+        for source in self.sources:
+            thread = threading.Thread(target=self._run_source, args=(source, stop), name=f"source-{source.name}",
+                                      daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        next_reload = self.clock() + self.reload_seconds
+        while not stop.is_set():
+            self._drain(timeout=self.config.tick_seconds, stop=stop)
+            self._safe_step("tick_failed", self.pipeline.tick)
+            self.heartbeat = self.clock()
+            if self.clock() >= next_reload:
+                self.reload_rules_if_changed()
+                next_reload = self.clock() + self.reload_seconds
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._drain(timeout=0, stop=None)
+        self.journal.close()
+        log.info("agent_stopped", node=self.config.node_name)
+
+    def _drain(self, *, timeout: float, stop: threading.Event | None) -> None:
+        deadline = self.clock() + timeout
+        while True:
+            remaining = deadline - self.clock()
+            try:
+                observation = self.queue.get(timeout=remaining) if remaining > 0 else self.queue.get_nowait()
+            except queue.Empty:
+                return
+            self._safe_step("observation_failed", self.pipeline.handle, observation)
+            if stop is not None and stop.is_set():
+                return
+
+    def _safe_step(self, event: str, func: Callable[..., object], *args: object) -> None:
+        try:
+            func(*args)
+        except Exception as exc:
+            log.error(event, error=f"{type(exc).__name__}: {exc}")
+
+    def reload_rules_if_changed(self) -> bool:
+        """Swap in a changed rules directory if it is valid; otherwise keep the last good rules."""
+        if not self.watcher.changed():
+            return False
+        try:
+            rules = load_rules(self.rules_dir)
+        except InputErrors as exc:
+            self.metrics.rules_reload_failures.inc()
+            for problem in exc.problems:
+                log.error("rules_reload_rejected", problem=problem.line())
+            return False
+        self.pipeline.replace_rules(rules)
+        log.info("rules_reloaded", rules=len(rules.rules), directory=str(self.rules_dir))
+        return True
+
+    def _run_source(self, source: Source, stop: threading.Event) -> None:
+        """Run a source, restarting it with backoff when it fails; its failure never reaches the others."""
+        failures = 0
+        while not stop.is_set():
+            self._running[source.name] = True
+            self.metrics.source_up.labels(source.name).set(1)
+            try:
+                source.run(self.emit, stop)
+                failures = 0
+                if not stop.is_set():
+                    log.info("source_finished", source=source.name)
+                    self._finished.add(source.name)
+                    break
+            except Exception as exc:
+                failures += 1
+                self.metrics.source_errors.labels(source.name).inc()
+                log.error("source_failed", source=source.name, error=f"{type(exc).__name__}: {exc}",
+                          failures=failures)
+            finally:
+                self._running[source.name] = False
+                self.metrics.source_up.labels(source.name).set(0)
+            stop.wait(min(60.0, 2.0 ** min(failures, 6)))

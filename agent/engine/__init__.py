@@ -1,0 +1,18 @@
+"""The rules engine: rule schema and loading, and the pure evaluation over per-GPU state."""
+
+from agent.engine.evaluate import EngineState, evaluate, restore, tick
+from agent.engine.loader import RuleSet, builtin_rules_dir, lint_rules, load_rule_texts, load_rules
+from agent.engine.schema import Rule
+
+__all__ = [
+    "EngineState",
+    "Rule",
+    "RuleSet",
+    "builtin_rules_dir",
+    "evaluate",
+    "lint_rules",
+    "load_rule_texts",
+    "load_rules",
+    "restore",
+    "tick",
+]

@@ -1,0 +1,162 @@
+"""Reads `rules/*.yaml` into a RuleSet, reporting every problem with its file, rule id and field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from agent.engine.schema import Rule
+from agent.errors import InputErrors, RuleError
+from agent.model import Signal
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """Validated rules, indexed by signal; per-model variants are computed once and cached."""
+
+    rules: tuple[Rule, ...]
+    files: tuple[str, ...] = ()
+    _by_signal: dict[Signal, tuple[Rule, ...]] = field(default_factory=dict, repr=False)
+    _by_id: dict[str, Rule] = field(default_factory=dict, repr=False)
+    _per_model: dict[tuple[str, str], Rule] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for rule in self.rules:
+            self._by_id[rule.id] = rule
+            self._by_signal[rule.signal] = (*self._by_signal.get(rule.signal, ()), rule)
+
+    def for_signal(self, signal: Signal) -> tuple[Rule, ...]:
+        return self._by_signal.get(signal, ())
+
+    def get(self, rule_id: str) -> Rule | None:
+        return self._by_id.get(rule_id)
+
+    def effective(self, rule: Rule, model: str) -> Rule:
+        """The rule as it applies to a GPU of this model (overrides applied)."""
+        if not rule.overrides:
+            return rule
+        key = (rule.id, model)
+        cached = self._per_model.get(key)
+        if cached is None:
+            cached = rule.for_model(model)
+            self._per_model[key] = cached
+        return cached
+
+
+def rule_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix in {".yaml", ".yml"} and p.is_file())
+
+
+def lint_rules(directory: Path) -> list[RuleError]:
+    """Every problem in the rules directory; an empty list means the rules are valid."""
+    _, problems = _load(directory)
+    return problems
+
+
+def load_rules(directory: Path) -> RuleSet:
+    """Load and validate a rules directory, or raise InputErrors listing every problem."""
+    ruleset, problems = _load(directory)
+    if problems:
+        raise InputErrors(list(problems))
+    return ruleset
+
+
+def load_rule_texts(texts: Iterable[tuple[str, str]]) -> RuleSet:
+    """Load rules from (file name, YAML text) pairs; used by tests and by hot reload."""
+    located: list[tuple[str, Rule]] = []
+    problems: list[RuleError] = []
+    names: list[str] = []
+    for name, text in texts:
+        names.append(name)
+        file_rules, file_problems = _parse_file(name, text)
+        located.extend((name, rule) for rule in file_rules)
+        problems.extend(file_problems)
+    problems.extend(_duplicate_ids(located))
+    if problems:
+        raise InputErrors(list(problems))
+    return RuleSet(rules=tuple(rule for _, rule in located), files=tuple(names))
+
+
+def _load(directory: Path) -> tuple[RuleSet, list[RuleError]]:
+    if not directory.is_dir():
+        return RuleSet(rules=()), [RuleError("rules directory not found", file=str(directory))]
+    paths = rule_files(directory)
+    if not paths:
+        return RuleSet(rules=()), [RuleError("no *.yaml rule files in directory", file=str(directory))]
+    located: list[tuple[str, Rule]] = []
+    problems: list[RuleError] = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(RuleError(f"cannot read: {exc}", file=str(path)))
+            continue
+        file_rules, file_problems = _parse_file(str(path), text)
+        located.extend((str(path), rule) for rule in file_rules)
+        problems.extend(file_problems)
+    problems.extend(_duplicate_ids(located))
+    rules = tuple(rule for _, rule in located)
+    return RuleSet(rules=rules, files=tuple(str(p) for p in paths)), problems
+
+
+def _parse_file(name: str, text: str) -> tuple[list[Rule], list[RuleError]]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        return [], [RuleError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=name)]
+    if data is None:
+        return [], []
+    if not isinstance(data, dict) or not isinstance(data.get("rules", []), list):
+        return [], [RuleError("expected a mapping with a 'rules' list", file=name, field="rules")]
+    extra = sorted(set(data) - {"rules"})
+    problems = [RuleError("unknown top-level key", file=name, field=key) for key in extra]
+    rules: list[Rule] = []
+    for position, raw in enumerate(data.get("rules") or []):
+        rule_id = _raw_id(raw, position)
+        try:
+            rules.append(Rule.model_validate(raw))
+        except ValidationError as exc:
+            problems.extend(_validation_problems(exc, name, rule_id))
+    return rules, problems
+
+
+def _raw_id(raw: Any, position: int) -> str:
+    if isinstance(raw, dict) and isinstance(raw.get("id"), str) and raw["id"]:
+        return str(raw["id"])
+    return f"#{position + 1}"
+
+
+def _validation_problems(exc: ValidationError, file: str, rule_id: str) -> list[RuleError]:
+    problems = []
+    for error in exc.errors():
+        location = ".".join(str(part) for part in error["loc"]) or "(rule)"
+        problems.append(RuleError(error["msg"], file=file, rule_id=rule_id, field=location))
+    return problems
+
+
+def _duplicate_ids(located: list[tuple[str, Rule]]) -> list[RuleError]:
+    problems: list[RuleError] = []
+    first_file: dict[str, str] = {}
+    for file, rule in located:
+        if rule.id in first_file:
+            message = f"duplicate rule id (first defined in {first_file[rule.id]})"
+            problems.append(RuleError(message, file=file, rule_id=rule.id, field="id"))
+        else:
+            first_file[rule.id] = file
+    return problems
+
+
+def builtin_rules_dir() -> Path:
+    """The rules shipped with the agent: inside the wheel, or at the top of a source checkout."""
+    package_dir = Path(__file__).resolve().parent.parent
+    for candidate in (package_dir / "rules", package_dir.parent / "rules"):
+        if candidate.is_dir():
+            return candidate
+    return package_dir / "rules"

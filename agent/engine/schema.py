@@ -1,0 +1,158 @@
+"""The rule schema: what a rule in `rules/*.yaml` may say, checked strictly so mistakes fail at load."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agent.model import Action, FaultClass, Severity, Signal
+
+ScalarValue = bool | int | float | str
+ConditionOp = Literal["eq", "ne", "gt", "ge", "lt", "le", "in", "not_in", "bits_any", "bits_none", "present", "absent"]
+_NEEDS_NOTHING = {"present", "absent"}
+_NEEDS_LIST = {"in", "not_in"}
+_NEEDS_INT = {"bits_any", "bits_none"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Condition(_Strict):
+    """One test on an observation: `field` is `value` or one of its attributes.
+
+    Compare against a literal `value`, or against another attribute named by `ref` plus `offset`
+    (so a temperature is judged against the GPU's own threshold, not a fleet-wide constant).
+    """
+
+    field: str = Field(min_length=1)
+    op: ConditionOp
+    value: ScalarValue | list[ScalarValue] | None = None
+    ref: str | None = None
+    offset: float = 0.0
+
+    @model_validator(mode="after")
+    def _operand_fits_op(self) -> Condition:
+        if self.op in _NEEDS_NOTHING:
+            if self.value is not None or self.ref is not None:
+                raise ValueError(f"op {self.op} takes neither value nor ref")
+        elif self.op in _NEEDS_LIST:
+            if not isinstance(self.value, list) or self.ref is not None:
+                raise ValueError(f"op {self.op} needs a list in value")
+        elif self.op in _NEEDS_INT:
+            if isinstance(self.value, bool) or not isinstance(self.value, int) or self.ref is not None:
+                raise ValueError(f"op {self.op} needs an integer bit mask in value")
+        elif (self.value is None) == (self.ref is None):
+            raise ValueError(f"op {self.op} needs exactly one of value or ref")
+        elif isinstance(self.value, list):
+            raise ValueError(f"op {self.op} needs a single value, not a list")
+        return self
+
+
+class Window(_Strict):
+    """Fire after `count` occurrences within `seconds` (0: no time limit); with `distinct`, count
+    distinct values of that attribute instead (e.g. different pods hitting the same GPU)."""
+
+    count: int = Field(default=1, ge=1)
+    seconds: float = Field(default=0.0, ge=0)
+    distinct: str | None = None
+
+    @model_validator(mode="after")
+    def _window_needs_time_for_counts(self) -> Window:
+        if self.count > 1 and self.seconds == 0:
+            raise ValueError("a count above 1 needs seconds > 0 (N occurrences within T)")
+        return self
+
+
+RecoveryKind = Literal["quiet", "reset", "boot", "operator"]
+
+
+class Recovery(_Strict):
+    """How an active fault clears.
+
+    quiet: no match for `quiet_seconds` (and, for polled levels, a healthy reading since);
+    reset: a verified GPU reset or a new boot; boot: a new boot id; operator: only an operator release.
+    """
+
+    kind: RecoveryKind
+    quiet_seconds: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _quiet_needs_seconds(self) -> Recovery:
+        if self.kind == "quiet" and self.quiet_seconds <= 0:
+            raise ValueError("recovery kind quiet needs quiet_seconds > 0")
+        if self.kind != "quiet" and self.quiet_seconds:
+            raise ValueError(f"quiet_seconds applies only to recovery kind quiet, not {self.kind}")
+        return self
+
+
+class Override(_Strict):
+    """Per-GPU-model changes for heterogeneous fleets; `models` are shell patterns on the model name."""
+
+    models: list[str] = Field(min_length=1)
+    enabled: bool | None = None
+    severity: Severity | None = None
+    action: Action | None = None
+    window: Window | None = None
+    sustain_seconds: float | None = Field(default=None, ge=0)
+
+    def applies_to(self, model: str) -> bool:
+        return any(fnmatchcase(model, pattern) for pattern in self.models)
+
+
+class Rule(_Strict):
+    """One classification rule: which observations it matches and what it decides about them."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    signal: Signal
+    code: int | list[int] | None = None
+    when: list[Condition] = Field(default_factory=list)
+    fallback: bool = False
+    enabled: bool = True
+    severity: Severity
+    action: Action
+    fault_class: FaultClass
+    summary: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    nvidia_action: str | None = None
+    reason: str | None = None
+    window: Window = Field(default_factory=Window)
+    sustain_seconds: float = Field(default=0.0, ge=0)
+    recovery: Recovery
+    overrides: list[Override] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Rule:
+        if self.code is not None and self.signal not in {Signal.XID, Signal.SXID}:
+            raise ValueError("code applies only to the xid and sxid signals")
+        if self.severity is Severity.OK:
+            raise ValueError("severity ok is for cleared verdicts; a rule raises at least info")
+        if self.action.quarantines and self.severity.rank < Severity.DEGRADED.rank:
+            raise ValueError(f"action {self.action} needs severity degraded or fatal, not {self.severity}")
+        if self.fault_class is FaultClass.TELEMETRY and self.action.quarantines:
+            raise ValueError("a telemetry (cannot read the GPU) rule must never quarantine")
+        return self
+
+    @property
+    def codes(self) -> frozenset[int]:
+        if self.code is None:
+            return frozenset()
+        return frozenset([self.code] if isinstance(self.code, int) else self.code)
+
+    def for_model(self, model: str) -> Rule:
+        """This rule with every override for `model` applied, in file order."""
+        update: dict[str, object] = {}
+        for override in self.overrides:
+            if override.applies_to(model):
+                fields = override.model_dump(exclude={"models"}, exclude_none=True)
+                update.update({k: getattr(override, k) for k in fields})
+        return self.model_copy(update=update) if update else self
+
+
+class RuleFile(_Strict):
+    """The top level of a rules file."""
+
+    rules: list[Rule] = Field(default_factory=list)
+

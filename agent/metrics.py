@@ -1,0 +1,79 @@
+"""Prometheus metrics (`gpu_health_` prefix, base units, bounded labels) on a registry the caller owns."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from agent.model import ActionRecord, Observation, Severity, Verdict, VerdictKind
+
+GPU_STATUS = ("healthy", "degraded", "fatal", "unknown")
+
+
+class Metrics:
+    """Every metric the agent exports; one instance per registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.observations = Counter(
+            "gpu_health_observations_total", "Observations received, by source and signal.",
+            ["source", "signal"], registry=registry)
+        self.verdicts = Counter(
+            "gpu_health_verdicts_total", "Verdicts raised or cleared, by kind, severity, fault class and rule.",
+            ["kind", "severity", "fault_class", "rule_id"], registry=registry)
+        self.actions = Counter(
+            "gpu_health_remediation_steps_total", "Remediation steps by kind and result.",
+            ["kind", "result"], registry=registry)
+        self.source_errors = Counter(
+            "gpu_health_source_errors_total", "Runtime errors of a source (it keeps running).",
+            ["source"], registry=registry)
+        self.step_errors = Counter(
+            "gpu_health_step_errors_total", "Remediation steps that failed with an error.",
+            ["kind"], registry=registry)
+        self.rules_reload_failures = Counter(
+            "gpu_health_rules_reload_failures_total", "Rule reloads rejected as invalid; the last good rules stay.",
+            registry=registry)
+        self.rules_loaded = Gauge("gpu_health_rules_loaded", "Rules in force.", registry=registry)
+        self.active_faults = Gauge(
+            "gpu_health_active_faults", "Active faults by severity.", ["severity"], registry=registry)
+        self.gpu_status = Gauge(
+            "gpu_health_gpu_status", "1 for the status each GPU is in (healthy, degraded, fatal, unknown).",
+            ["gpu", "status"], registry=registry)
+        self.detection_latency = Histogram(
+            "gpu_health_detection_latency_seconds", "From an observation's timestamp to its verdict.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=registry)
+        self.source_up = Gauge(
+            "gpu_health_source_up", "1 while a source is running.", ["source"], registry=registry)
+        self.last_observation = Gauge(
+            "gpu_health_source_last_observation_timestamp_seconds", "When a source last reported anything.",
+            ["source"], registry=registry)
+        self.kmsg_records_lost = Counter(
+            "gpu_health_kmsg_records_lost_total", "Kernel-log records overwritten before they were read.",
+            registry=registry)
+        self.kmsg_forged = Counter(
+            "gpu_health_kmsg_forged_records_total", "User-space kernel-log records that looked like Xids, ignored.",
+            registry=registry)
+
+    def observed(self, observation: Observation) -> None:
+        self.observations.labels(observation.source, str(observation.signal)).inc(observation.count)
+        self.last_observation.labels(observation.source).set(observation.at)
+
+    def judged(self, verdict: Verdict, latency_seconds: float | None) -> None:
+        self.verdicts.labels(str(verdict.kind), str(verdict.severity), str(verdict.fault_class),
+                             verdict.rule_id).inc()
+        if latency_seconds is not None and verdict.kind is VerdictKind.FAULT:
+            self.detection_latency.observe(max(latency_seconds, 0.0))
+
+    def acted(self, record: ActionRecord) -> None:
+        self.actions.labels(str(record.step.kind), str(record.result)).inc()
+
+    def set_gpu_status(self, statuses: dict[str, str]) -> None:
+        for gpu, status in statuses.items():
+            for name in GPU_STATUS:
+                self.gpu_status.labels(gpu, name).set(1 if name == status else 0)
+
+    def set_active(self, severities: list[Severity]) -> None:
+        for severity in Severity:
+            self.active_faults.labels(str(severity)).set(sum(1 for s in severities if s is severity))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,386 @@
+"""The domain values every layer shares: GPUs, observations, verdicts, remediation steps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+AttrValue = str | int | float | bool
+Attrs = Mapping[str, AttrValue]
+NODE_KEY = "node"
+
+
+def frozen_attrs(attrs: Mapping[str, AttrValue] | None = None) -> Attrs:
+    """Return a read-only copy of `attrs`, so frozen values stay frozen."""
+    return MappingProxyType(dict(attrs or {}))
+
+
+class Severity(StrEnum):
+    """How bad a verdict is; `rank` orders them from harmless to fatal."""
+
+    OK = "ok"
+    INFO = "info"
+    WARNING = "warning"
+    UNKNOWN = "unknown"
+    DEGRADED = "degraded"
+    FATAL = "fatal"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {
+    Severity.OK: 0,
+    Severity.INFO: 1,
+    Severity.WARNING: 2,
+    Severity.UNKNOWN: 3,
+    Severity.DEGRADED: 4,
+    Severity.FATAL: 5,
+}
+
+
+class FaultClass(StrEnum):
+    """Who is at fault: the application, the driver, the GPU, its links, or our ability to see it."""
+
+    NONE = "none"
+    APPLICATION = "application"
+    DRIVER = "driver"
+    HARDWARE = "hardware"
+    INTERCONNECT = "interconnect"
+    TELEMETRY = "telemetry"
+
+
+class Action(StrEnum):
+    """The recommended remedy, in escalating order; `rank` gives the order."""
+
+    NONE = "none"
+    NOTIFY = "notify"
+    RESTART_APP = "restart_app"
+    RESET_WHEN_IDLE = "reset_when_idle"
+    QUARANTINE = "quarantine"
+    DRAIN = "drain"
+    RESET_GPU = "reset_gpu"
+    REBOOT_NODE = "reboot_node"
+    REPLACE_GPU = "replace_gpu"
+
+    @property
+    def rank(self) -> int:
+        return list(Action).index(self)
+
+    @property
+    def quarantines(self) -> bool:
+        """True when one verdict with this action keeps new work off the node."""
+        return self.rank >= Action.QUARANTINE.rank
+
+    @property
+    def evicts(self) -> bool:
+        """True when this action moves running work off the faulty GPU."""
+        return self.rank >= Action.DRAIN.rank
+
+
+class Signal(StrEnum):
+    """What a source observed. Event signals are occurrences; the others are levels read by polling."""
+
+    XID = "xid"
+    SXID = "sxid"
+    GPU_LOST = "gpu_lost"
+    ECC_DBE = "ecc_dbe"
+    ECC_SBE = "ecc_sbe"
+    RETIRED_PAGES = "retired_pages"
+    RETIRED_PAGES_PENDING = "retired_pages_pending"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    ROW_REMAP_UNCORRECTABLE = "row_remap_uncorrectable"
+    RECOVERY_ACTION = "recovery_action"
+    TEMPERATURE = "temperature"
+    MEMORY_TEMPERATURE = "memory_temperature"
+    CLOCK_EVENTS = "clock_events"
+    POWER = "power"
+    NVLINK_ERRORS = "nvlink_errors"
+    NVLINK_DOWN = "nvlink_down"
+    PCIE_REPLAYS = "pcie_replays"
+    PCIE_LINK = "pcie_link"
+    SOURCE_UNREADABLE = "source_unreadable"
+    BOOT = "boot"
+    GPU_RESET = "gpu_reset"
+    OPERATOR_RELEASE = "operator_release"
+
+    @property
+    def is_event(self) -> bool:
+        return self in _EVENT_SIGNALS
+
+
+_EVENT_SIGNALS = frozenset(
+    {Signal.XID, Signal.SXID, Signal.GPU_LOST, Signal.ECC_DBE, Signal.ECC_SBE, Signal.NVLINK_ERRORS,
+     Signal.PCIE_REPLAYS, Signal.BOOT, Signal.GPU_RESET, Signal.OPERATOR_RELEASE}
+)
+
+#: Signals that carry lifecycle facts (boot, reset, release) rather than faults.
+LIFECYCLE_SIGNALS = frozenset({Signal.BOOT, Signal.GPU_RESET, Signal.OPERATOR_RELEASE})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """One GPU (or MIG device) of the node, by every identity a source may know it by."""
+
+    index: int | None = None
+    uuid: str = ""
+    pci_bus_id: str = ""
+    model: str = ""
+    mig_parent_uuid: str = ""
+    mig_gpu_instance: int | None = None
+    mig_compute_instance: int | None = None
+
+    @property
+    def key(self) -> str:
+        """A stable key for per-GPU state: the (parent) UUID, else the PCI bus id, else the index."""
+        if self.mig_parent_uuid:
+            return self.mig_parent_uuid
+        if self.uuid:
+            return self.uuid
+        if self.pci_bus_id:
+            return f"pci:{self.pci_bus_id}"
+        if self.index is not None:
+            return f"index:{self.index}"
+        return NODE_KEY
+
+    def describe(self) -> str:
+        parts = [f"GPU {self.index}" if self.index is not None else "GPU"]
+        if self.uuid:
+            parts.append(self.uuid)
+        if self.pci_bus_id:
+            parts.append(f"PCI {self.pci_bus_id}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one source saw at one moment. `count` > 1 means deduplicated repeats."""
+
+    signal: Signal
+    value: float
+    at: float
+    source: str
+    gpu: GpuRef | None = None
+    attrs: Attrs = field(default_factory=frozen_attrs)
+    count: int = 1
+
+    @property
+    def gpu_key(self) -> str:
+        return self.gpu.key if self.gpu is not None else NODE_KEY
+
+
+class VerdictKind(StrEnum):
+    """A verdict either raises a fault or clears one."""
+
+    FAULT = "fault"
+    CLEARED = "cleared"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The engine's decision about one GPU under one rule, with the evidence for it."""
+
+    kind: VerdictKind
+    rule_id: str
+    gpu_key: str
+    severity: Severity
+    action: Action
+    fault_class: FaultClass
+    at: float
+    summary: str
+    gpu: GpuRef | None = None
+    evidence: Attrs = field(default_factory=frozen_attrs)
+
+    @property
+    def quarantines(self) -> bool:
+        return self.kind is VerdictKind.FAULT and self.action.quarantines
+
+
+class StepKind(StrEnum):
+    """One concrete remediation step on the node or a pod."""
+
+    EVENT = "event"
+    SET_CONDITION = "set_condition"
+    CLEAR_CONDITION = "clear_condition"
+    TAINT = "taint"
+    UNTAINT = "untaint"
+    EVICT = "evict"
+    RESET_GPU = "reset_gpu"
+    REBOOT_REQUEST = "reboot_request"
+    MARK_REPLACEMENT = "mark_replacement"
+
+    @property
+    def disruptive(self) -> bool:
+        """Disruptive steps spend the cluster-wide budget; all others never wait for it."""
+        return self in {StepKind.EVICT, StepKind.RESET_GPU, StepKind.REBOOT_REQUEST}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A planned step: what to do, to what, and why."""
+
+    kind: StepKind
+    target: str
+    reason: str
+    rule_id: str = ""
+    gpu_key: str = ""
+    details: Attrs = field(default_factory=frozen_attrs)
+
+
+class StepResult(StrEnum):
+    """What became of a step."""
+
+    PLANNED = "planned"
+    APPLIED = "applied"
+    DRY_RUN = "dry_run"
+    BLOCKED = "blocked"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """A step and its outcome, as journalled and reported."""
+
+    step: Step
+    result: StepResult
+    at: float
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """A pod on this node and the GPUs (UUIDs) it holds."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    gpu_uuids: tuple[str, ...] = ()
+    daemonset: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """What is on the node: its GPUs and the pods holding them."""
+
+    name: str
+    gpus: tuple[GpuRef, ...] = ()
+    pods: tuple[PodRef, ...] = ()
+
+    def gpu_by_key(self, key: str) -> GpuRef | None:
+        return next((g for g in self.gpus if g.key == key), None)
+
+    def resolve(self, ref: GpuRef) -> GpuRef:
+        """Fill in a partial identity (only a PCI bus id, only an index) from the inventory."""
+        for gpu in self.gpus:
+            if ref.uuid and gpu.uuid == ref.uuid:
+                return gpu
+            if ref.pci_bus_id and normalise_pci(gpu.pci_bus_id) == normalise_pci(ref.pci_bus_id):
+                return gpu
+            if not ref.uuid and not ref.pci_bus_id and ref.index is not None and gpu.index == ref.index:
+                return gpu
+        return ref
+
+    def pods_holding(self, gpu_uuid: str) -> tuple[PodRef, ...]:
+        return tuple(p for p in self.pods if gpu_uuid in p.gpu_uuids)
+
+
+def normalise_pci(bus_id: str) -> str:
+    """Compare PCI bus ids as `dddd:bb:dd` lower-case, whatever domain width or function a source printed."""
+    text = bus_id.strip().lower().removeprefix("pci:")
+    if "." in text.rsplit(":", 1)[-1]:
+        text = text.rsplit(".", 1)[0]
+    parts = text.split(":")
+    if len(parts) == 3:
+        domain = parts[0][-4:].rjust(4, "0")
+        return f"{domain}:{parts[1]}:{parts[2]}"
+    if len(parts) == 2:
+        return f"0000:{parts[0]}:{parts[1]}"
+    return text
+
+
+def gpu_to_dict(gpu: GpuRef | None) -> dict[str, object] | None:
+    if gpu is None:
+        return None
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "pci_bus_id": gpu.pci_bus_id,
+        "model": gpu.model,
+        "mig_parent_uuid": gpu.mig_parent_uuid,
+        "mig_gpu_instance": gpu.mig_gpu_instance,
+        "mig_compute_instance": gpu.mig_compute_instance,
+    }
+
+
+def gpu_from_dict(data: Mapping[str, object] | None) -> GpuRef | None:
+    if not data:
+        return None
+
+    def optional_int(value: object) -> int | None:
+        return int(str(value)) if value is not None else None
+
+    return GpuRef(
+        index=optional_int(data.get("index")),
+        uuid=str(data.get("uuid") or ""),
+        pci_bus_id=str(data.get("pci_bus_id") or ""),
+        model=str(data.get("model") or ""),
+        mig_parent_uuid=str(data.get("mig_parent_uuid") or ""),
+        mig_gpu_instance=optional_int(data.get("mig_gpu_instance")),
+        mig_compute_instance=optional_int(data.get("mig_compute_instance")),
+    )
+
+
+def verdict_to_dict(verdict: Verdict) -> dict[str, object]:
+    return {
+        "kind": str(verdict.kind),
+        "rule_id": verdict.rule_id,
+        "gpu_key": verdict.gpu_key,
+        "gpu": gpu_to_dict(verdict.gpu),
+        "severity": str(verdict.severity),
+        "action": str(verdict.action),
+        "fault_class": str(verdict.fault_class),
+        "quarantine": verdict.quarantines,
+        "at": verdict.at,
+        "summary": verdict.summary,
+        "evidence": dict(verdict.evidence),
+    }
+
+
+def verdict_from_dict(data: Mapping[str, object]) -> Verdict:
+    evidence = data.get("evidence")
+    gpu = data.get("gpu")
+    return Verdict(
+        kind=VerdictKind(str(data["kind"])),
+        rule_id=str(data["rule_id"]),
+        gpu_key=str(data["gpu_key"]),
+        severity=Severity(str(data["severity"])),
+        action=Action(str(data["action"])),
+        fault_class=FaultClass(str(data["fault_class"])),
+        at=float(str(data["at"])),
+        summary=str(data["summary"]),
+        gpu=gpu_from_dict(gpu if isinstance(gpu, Mapping) else None),
+        evidence=frozen_attrs(evidence if isinstance(evidence, Mapping) else {}),
+    )
+
+
+def action_to_dict(record: ActionRecord) -> dict[str, object]:
+    return {
+        "kind": str(record.step.kind),
+        "target": record.step.target,
+        "result": str(record.result),
+        "reason": record.step.reason,
+        "message": record.message,
+        "rule_id": record.step.rule_id,
+        "gpu_key": record.step.gpu_key,
+        "at": record.at,
+        "details": dict(record.step.details),
+    }

@@ -1,0 +1,249 @@
+"""One pass of the data flow: observation -> engine -> planner -> guard -> actuator -> records.
+
+Shared by the daemon (real time, real sources) and `simulate` (virtual clock, scenario source), so
+what a scenario shows is what the agent does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from agent.engine import EngineState, RuleSet, evaluate, restore, tick
+from agent.journal import Journal
+from agent.metrics import Metrics
+from agent.model import (
+    NODE_KEY,
+    Action,
+    ActionRecord,
+    NodeInventory,
+    Observation,
+    Severity,
+    Step,
+    StepResult,
+    Verdict,
+    VerdictKind,
+)
+from agent.remediation import (
+    ActiveFault,
+    AttemptHistory,
+    ClusterView,
+    GuardPolicy,
+    NodeState,
+    PlanOptions,
+    decide,
+    plan,
+)
+
+_TOOK_EFFECT = frozenset({StepResult.APPLIED, StepResult.PLANNED, StepResult.DRY_RUN})
+
+
+class Actuator(Protocol):
+    """Carries out one step; returns the result and a message. Raises nothing it can report."""
+
+    def apply(self, step: Step) -> tuple[StepResult, str]: ...
+
+
+class ClusterGate(Protocol):
+    """What the cluster says right now about a step: budget, pause, opt-out."""
+
+    def view(self, step: Step) -> ClusterView: ...
+
+
+class LocalActuator:
+    """Local mode (no cluster): every allowed step is recorded as planned, nothing is touched."""
+
+    def apply(self, step: Step) -> tuple[StepResult, str]:
+        return StepResult.PLANNED, "local mode: no cluster to act on"
+
+
+class LocalGate:
+    """Local mode: a single node is its own cluster, so the budget is always there."""
+
+    def view(self, step: Step) -> ClusterView:
+        return ClusterView()
+
+
+@dataclass(slots=True)
+class Outcome:
+    verdicts: list[Verdict] = field(default_factory=list)
+    actions: list[ActionRecord] = field(default_factory=list)
+
+    def extend(self, other: Outcome) -> None:
+        self.verdicts.extend(other.verdicts)
+        self.actions.extend(other.actions)
+
+
+class Pipeline:
+    """Holds the engine state, the node state and the attempt history of one node."""
+
+    def __init__(
+        self,
+        *,
+        rules: RuleSet,
+        inventory: NodeInventory,
+        policy: GuardPolicy,
+        actuator: Actuator | None = None,
+        gate: ClusterGate | None = None,
+        journal: Journal | None = None,
+        metrics: Metrics | None = None,
+        node_state: NodeState | None = None,
+        clock: Callable[[], float] = time.time,
+        retry_seconds: float = 30.0,
+        own_pod: str = "",
+    ) -> None:
+        self.rules = rules
+        self.inventory = inventory
+        self.policy = policy
+        self.actuator: Actuator = actuator or LocalActuator()
+        self.gate: ClusterGate = gate or LocalGate()
+        self.journal = journal
+        self.metrics = metrics
+        self.node = node_state or NodeState()
+        self.clock = clock
+        self.retry_seconds = retry_seconds
+        self.engine = EngineState()
+        self.history = AttemptHistory()
+        self.active: dict[tuple[str, str], ActiveFault] = {}
+        self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod)
+        self._replan_at: float | None = None
+        self._log = structlog.get_logger("agent.pipeline").bind(node=inventory.name)
+        if journal is not None:
+            self._restore(journal.active_faults(inventory.name))
+
+    def _restore(self, verdicts: list[Verdict]) -> None:
+        known = [v for v in verdicts if self.rules.get(v.rule_id) is not None]
+        restore(self.engine, known)
+        for verdict in known:
+            self.active[(verdict.gpu_key, verdict.rule_id)] = ActiveFault.from_verdict(verdict)
+        if known:
+            self._replan_at = 0.0
+            self._log.info("faults_restored", count=len(known))
+
+    def handle(self, observation: Observation, now: float | None = None) -> Outcome:
+        """Classify one observation and act on what it changes."""
+        now = self.clock() if now is None else now
+        if observation.gpu is not None:
+            observation = dataclasses.replace(observation, gpu=self.inventory.resolve(observation.gpu))
+        if self.metrics:
+            self.metrics.observed(observation)
+        verdicts = evaluate(observation, self.engine, now, rules=self.rules)
+        return self._after(verdicts, now, latency_from=observation.at)
+
+    def tick(self, now: float | None = None) -> Outcome:
+        """Let time pass: quiet windows may clear faults; blocked steps are retried."""
+        now = self.clock() if now is None else now
+        verdicts = tick(self.engine, now, rules=self.rules)
+        if verdicts or (self._replan_at is not None and now >= self._replan_at):
+            return self._after(verdicts, now, latency_from=None)
+        return Outcome()
+
+    def replace_rules(self, rules: RuleSet) -> None:
+        self.rules = rules
+        if self.metrics:
+            self.metrics.rules_loaded.set(len(rules.rules))
+
+    def replace_inventory(self, inventory: NodeInventory) -> None:
+        self.inventory = inventory
+
+    def occurrences(self, gpu_key: str, rule_id: str) -> int:
+        state = self.engine.rules.get((gpu_key, rule_id))
+        return state.occurrences if state else 0
+
+    def gpu_statuses(self) -> dict[str, str]:
+        """healthy | degraded | fatal | unknown for every GPU of the inventory and every faulty key."""
+        statuses = {gpu.key: "healthy" for gpu in self.inventory.gpus}
+        for fault in self.active.values():
+            status = _status_of(fault.severity)
+            keys = list(statuses) if fault.gpu_key == NODE_KEY else [fault.gpu_key]
+            for key in keys:
+                if _STATUS_RANK[status] > _STATUS_RANK[statuses.get(key, "healthy")]:
+                    statuses[key] = status
+        return statuses
+
+    def _after(self, verdicts: list[Verdict], now: float, latency_from: float | None) -> Outcome:
+        for verdict in verdicts:
+            self._record_verdict(verdict, now, latency_from)
+        self.node.forget_cleared(
+            {key for key, _ in self.active},
+            any(f.action is Action.REBOOT_NODE for f in self.active.values()),
+        )
+        steps = plan(verdicts, self.active, self.node, self.inventory, options=self._options)
+        actions = [self._carry_out(step, now) for step in steps]
+        retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions)
+        self._replan_at = now + self.retry_seconds if retry else None
+        if self.metrics:
+            self.metrics.set_gpu_status(self.gpu_statuses())
+            self.metrics.set_active([f.severity for f in self.active.values()])
+        return Outcome(verdicts, actions)
+
+    def _record_verdict(self, verdict: Verdict, now: float, latency_from: float | None) -> None:
+        key = (verdict.gpu_key, verdict.rule_id)
+        if verdict.kind is VerdictKind.FAULT:
+            self.active[key] = ActiveFault.from_verdict(verdict)
+        else:
+            self.active.pop(key, None)
+        log = self._log.bind(gpu=verdict.gpu_key, rule_id=verdict.rule_id)
+        level = "warning" if verdict.kind is VerdictKind.FAULT and verdict.severity.rank >= Severity.WARNING.rank \
+            else "info"
+        getattr(log, level)("verdict", kind=str(verdict.kind), severity=str(verdict.severity),
+                            action=str(verdict.action), fault_class=str(verdict.fault_class),
+                            summary=verdict.summary)
+        if self.journal:
+            self._safely("journal_verdict_failed", self.journal.record_verdict, self.inventory.name, verdict)
+        if self.metrics:
+            latency = now - latency_from if latency_from is not None else None
+            self.metrics.judged(verdict, latency)
+
+    def _carry_out(self, step: Step, now: float) -> ActionRecord:
+        try:
+            cluster = self.gate.view(step) if step.kind.disruptive else ClusterView()
+        except Exception as exc:
+            cluster = ClusterView(budget_available=False)
+            self._log.warning("cluster_view_failed", step=str(step.kind), error=str(exc))
+        decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
+        if decision.proceed:
+            if step.kind.disruptive:
+                self.history.record(step, now)
+            try:
+                result, message = self.actuator.apply(step)
+            except Exception as exc:
+                result, message = StepResult.FAILED, f"{type(exc).__name__}: {exc}"
+                if self.metrics:
+                    self.metrics.step_errors.labels(str(step.kind)).inc()
+        else:
+            result, message = decision.result or StepResult.SKIPPED, decision.reason
+        if result in _TOOK_EFFECT:
+            self.node.apply(step)
+        record = ActionRecord(step=step, result=result, at=now, message=message)
+        self._log.bind(gpu=step.gpu_key, rule_id=step.rule_id).info(
+            "step", kind=str(step.kind), target=step.target, result=str(result), message=message)
+        if self.journal:
+            self._safely("journal_action_failed", self.journal.record_action, self.inventory.name, record)
+        if self.metrics:
+            self.metrics.acted(record)
+        return record
+
+    def _safely(self, event: str, func: Callable[..., Any], *args: Any) -> None:
+        try:
+            func(*args)
+        except Exception as exc:
+            self._log.error(event, error=str(exc))
+
+
+_STATUS_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}
+
+
+def _status_of(severity: Severity) -> str:
+    if severity is Severity.FATAL:
+        return "fatal"
+    if severity is Severity.DEGRADED:
+        return "degraded"
+    if severity is Severity.UNKNOWN:
+        return "unknown"
+    return "healthy"

@@ -1,0 +1,102 @@
+"""Decides whether a planned step may run: mode, dry-run, opt-out, pause, cluster budget, attempt caps.
+
+Pure: the caller passes what it knows of the cluster (budget available, paused, opted out) and the
+history of attempts; the guard never blocks clearing, and never lets a disruptive step past an
+exhausted budget.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from agent.model import Step, StepKind, StepResult
+
+
+class Mode(StrEnum):
+    """How far the agent may go: record only, keep new work off, or remediate."""
+
+    OBSERVE = "observe"
+    QUARANTINE = "quarantine"
+    REMEDIATE = "remediate"
+
+
+CLEARING_STEPS = frozenset({StepKind.CLEAR_CONDITION, StepKind.UNTAINT})
+_ALLOWED_BY_MODE = {
+    Mode.OBSERVE: frozenset({StepKind.EVENT}),
+    Mode.QUARANTINE: frozenset(
+        {StepKind.EVENT, StepKind.SET_CONDITION, StepKind.TAINT, StepKind.MARK_REPLACEMENT}
+    ),
+    Mode.REMEDIATE: frozenset(StepKind),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPolicy:
+    mode: Mode = Mode.QUARANTINE
+    dry_run: bool = False
+    max_attempts_per_hour: int = 3
+    cooldown_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What the caller learnt from the cluster just before acting."""
+
+    budget_available: bool = True
+    paused: bool = False
+    opted_out: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """None as result means: go ahead and apply the step."""
+
+    step: Step
+    result: StepResult | None
+    reason: str = ""
+
+    @property
+    def proceed(self) -> bool:
+        return self.result is None
+
+
+@dataclass(slots=True)
+class AttemptHistory:
+    """When each disruptive step (kind, target) was last attempted; bounded per key."""
+
+    attempts: dict[tuple[StepKind, str], deque[float]] = field(default_factory=dict)
+
+    def record(self, step: Step, at: float) -> None:
+        times = self.attempts.setdefault((step.kind, step.target), deque(maxlen=32))
+        times.append(at)
+
+    def recent(self, step: Step, now: float, within: float) -> list[float]:
+        return [t for t in self.attempts.get((step.kind, step.target), ()) if now - t < within]
+
+
+def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: AttemptHistory,
+           now: float) -> Decision:
+    """Whether `step` may run now, and if not, what to record instead and why."""
+    if policy.dry_run:
+        return Decision(step, StepResult.DRY_RUN, "dry-run: recorded what would be done")
+    if step.kind in CLEARING_STEPS:
+        return Decision(step, None, "clearing is never blocked")
+    if step.kind not in _ALLOWED_BY_MODE[policy.mode]:
+        return Decision(step, StepResult.SKIPPED, f"mode {policy.mode} does not {step.kind}")
+    if cluster.opted_out and step.kind is not StepKind.EVENT:
+        return Decision(step, StepResult.SKIPPED, "node opted out of remediation by label")
+    if not step.kind.disruptive:
+        return Decision(step, None)
+    if cluster.paused:
+        return Decision(step, StepResult.BLOCKED, "remediation paused cluster-wide")
+    recent = history.recent(step, now, 3600.0)
+    if len(recent) >= policy.max_attempts_per_hour:
+        return Decision(step, StepResult.BLOCKED,
+                        f"attempt cap: {len(recent)} {step.kind} attempts on {step.target} within the hour")
+    if recent and now - max(recent) < policy.cooldown_seconds:
+        return Decision(step, StepResult.BLOCKED, f"cooldown: last {step.kind} on {step.target} too recent")
+    if not cluster.budget_available:
+        return Decision(step, StepResult.BLOCKED, "cluster-wide disruption budget exhausted")
+    return Decision(step, None)

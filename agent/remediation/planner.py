@@ -1,0 +1,259 @@
+"""Turns verdicts and the node's current state into the steps that bring the node to its desired state.
+
+Pure: it compares what the active faults call for (conditions, taint, evictions, resets, reboot
+request, replacement mark) with what the node already has, and plans only the difference, so
+re-planning after a restart or on every tick repeats nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from agent.model import (
+    NODE_KEY,
+    Action,
+    GpuRef,
+    NodeInventory,
+    PodRef,
+    Severity,
+    Step,
+    StepKind,
+    Verdict,
+    VerdictKind,
+    frozen_attrs,
+)
+
+CONDITION_FATAL = "GpuFatalFault"
+CONDITION_DEGRADED = "GpuDegraded"
+CONDITION_UNKNOWN = "GpuUnreadable"
+CONDITION_FOR_SEVERITY = {
+    Severity.FATAL: CONDITION_FATAL,
+    Severity.DEGRADED: CONDITION_DEGRADED,
+    Severity.UNKNOWN: CONDITION_UNKNOWN,
+}
+CONDITION_REASONS = {
+    CONDITION_FATAL: "GpuFatalFault",
+    CONDITION_DEGRADED: "GpuDegraded",
+    CONDITION_UNKNOWN: "GpuUnreadable",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveFault:
+    """A fault the engine holds active, as the planner needs it."""
+
+    rule_id: str
+    gpu_key: str
+    severity: Severity
+    action: Action
+    summary: str
+    since: float
+    gpu: GpuRef | None = None
+
+    @classmethod
+    def from_verdict(cls, verdict: Verdict) -> ActiveFault:
+        return cls(verdict.rule_id, verdict.gpu_key, verdict.severity, verdict.action, verdict.summary,
+                   verdict.at, verdict.gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionState:
+    status: bool
+    message: str = ""
+
+
+@dataclass(slots=True)
+class NodeState:
+    """What the agent has set on the node (read back from the node after a restart)."""
+
+    conditions: dict[str, ConditionState] = field(default_factory=dict)
+    tainted: bool = False
+    evicted: dict[str, set[str]] = field(default_factory=dict)
+    resets: set[str] = field(default_factory=set)
+    reboot_requested: bool = False
+    replacement: set[str] = field(default_factory=set)
+
+    def apply(self, step: Step) -> None:
+        """Record that a step took effect (or would have, in dry-run and local mode)."""
+        if step.kind is StepKind.SET_CONDITION:
+            self.conditions[step.target] = ConditionState(True, str(step.details.get("message", "")))
+        elif step.kind is StepKind.CLEAR_CONDITION:
+            self.conditions[step.target] = ConditionState(False, str(step.details.get("message", "")))
+        elif step.kind is StepKind.TAINT:
+            self.tainted = True
+        elif step.kind is StepKind.UNTAINT:
+            self.tainted = False
+        elif step.kind is StepKind.EVICT:
+            self.evicted.setdefault(step.gpu_key, set()).add(step.target)
+        elif step.kind is StepKind.RESET_GPU:
+            self.resets.add(step.gpu_key)
+        elif step.kind is StepKind.REBOOT_REQUEST:
+            self.reboot_requested = True
+        elif step.kind is StepKind.MARK_REPLACEMENT:
+            self.replacement.add(step.gpu_key)
+
+    def forget_cleared(self, active_gpu_keys: set[str], reboot_wanted: bool) -> None:
+        """Drop per-GPU remediation memory once that GPU has no active fault left."""
+        for key in list(self.evicted):
+            if key not in active_gpu_keys:
+                del self.evicted[key]
+        self.resets &= active_gpu_keys
+        self.replacement &= active_gpu_keys
+        if not reboot_wanted:
+            self.reboot_requested = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    node_name: str
+    own_pod: str = ""
+
+
+def plan(
+    verdicts: Iterable[Verdict],
+    active: Mapping[tuple[str, str], ActiveFault],
+    node: NodeState,
+    inventory: NodeInventory,
+    *,
+    options: PlanOptions,
+) -> list[Step]:
+    """The steps that report the new verdicts and move the node to what the active faults call for."""
+    steps = [_event(v, options.node_name) for v in verdicts]
+    steps.extend(_pod_events(verdicts, inventory))
+    steps.extend(_condition_steps(active.values(), node))
+    wants_taint = any(f.action.quarantines for f in active.values())
+    if wants_taint and not node.tainted:
+        steps.append(Step(StepKind.TAINT, options.node_name, _worst_summary(active.values()),
+                          rule_id=_worst(active.values()).rule_id))
+    elif not wants_taint and node.tainted:
+        steps.append(Step(StepKind.UNTAINT, options.node_name, "no active fault calls for a quarantine"))
+    for fault in sorted(active.values(), key=lambda f: (-f.action.rank, f.gpu_key, f.rule_id)):
+        steps.extend(_remedy_steps(fault, node, inventory, options, steps))
+    return steps
+
+
+def _event(verdict: Verdict, node_name: str) -> Step:
+    cleared = verdict.kind is VerdictKind.CLEARED
+    reason = "GpuFaultCleared" if cleared else _event_reason(verdict)
+    kind = "Normal" if cleared or verdict.severity.rank <= Severity.INFO.rank else "Warning"
+    details = {"type": kind, "reason": reason, "severity": str(verdict.severity), "action": str(verdict.action)}
+    return Step(StepKind.EVENT, node_name, verdict.summary, rule_id=verdict.rule_id, gpu_key=verdict.gpu_key,
+                details=frozen_attrs(details))
+
+
+def _event_reason(verdict: Verdict) -> str:
+    return {
+        Severity.FATAL: "GpuFatalFault",
+        Severity.DEGRADED: "GpuDegraded",
+        Severity.UNKNOWN: "GpuUnreadable",
+        Severity.WARNING: "GpuWarning",
+        Severity.INFO: "GpuInfo",
+    }.get(verdict.severity, "GpuHealth")
+
+
+def _pod_events(verdicts: Iterable[Verdict], inventory: NodeInventory) -> list[Step]:
+    """Application faults are charged to the pod that caused them, when the source could tell which."""
+    steps = []
+    for verdict in verdicts:
+        if verdict.kind is not VerdictKind.FAULT or verdict.action is not Action.RESTART_APP:
+            continue
+        pod_uid = str(verdict.evidence.get("pod_uid", ""))
+        pod = next((p for p in inventory.pods if pod_uid and p.uid == pod_uid), None)
+        if pod is None:
+            continue
+        details = frozen_attrs({"type": "Warning", "reason": "GpuApplicationFault", "severity": str(verdict.severity),
+                                "action": str(verdict.action)})
+        steps.append(Step(StepKind.EVENT, f"pod/{pod.key}", verdict.summary, rule_id=verdict.rule_id,
+                          gpu_key=verdict.gpu_key, details=details))
+    return steps
+
+
+def _condition_steps(active: Iterable[ActiveFault], node: NodeState) -> list[Step]:
+    by_condition: dict[str, list[ActiveFault]] = {name: [] for name in CONDITION_REASONS}
+    for fault in active:
+        name = CONDITION_FOR_SEVERITY.get(fault.severity)
+        if name is not None:
+            by_condition[name].append(fault)
+    steps = []
+    for name, faults in by_condition.items():
+        current = node.conditions.get(name)
+        if faults:
+            message = condition_message(faults)
+            if current is None or not current.status or current.message != message:
+                steps.append(Step(StepKind.SET_CONDITION, name, message, rule_id=_worst(faults).rule_id,
+                                  details=frozen_attrs({"reason": CONDITION_REASONS[name], "message": message})))
+        elif current is not None and current.status:
+            message = "no active fault of this kind"
+            steps.append(Step(StepKind.CLEAR_CONDITION, name, message,
+                              details=frozen_attrs({"reason": "GpuHealthy", "message": message})))
+    return steps
+
+
+def condition_message(faults: Iterable[ActiveFault]) -> str:
+    """Names every affected GPU (UUID, PCI) and rule, at most 1 KiB."""
+    parts = []
+    for fault in sorted(faults, key=lambda f: (f.gpu_key, f.rule_id)):
+        gpu = fault.gpu
+        who = f"{gpu.uuid or fault.gpu_key} (PCI {gpu.pci_bus_id or '?'})" if gpu else "node"
+        parts.append(f"{who}: {fault.rule_id}: {fault.summary}")
+    message = "; ".join(parts)
+    return message if len(message) <= 1024 else message[:1020] + " ..."
+
+
+def _remedy_steps(
+    fault: ActiveFault, node: NodeState, inventory: NodeInventory, options: PlanOptions, planned: list[Step]
+) -> list[Step]:
+    steps: list[Step] = []
+    key = fault.gpu_key
+    if fault.action.evicts:
+        already = node.evicted.get(key, set()) | {s.target for s in planned if s.kind is StepKind.EVICT}
+        for pod in pods_on_gpu(fault, inventory, options.own_pod):
+            if pod.key not in already:
+                steps.append(Step(StepKind.EVICT, pod.key, f"holds faulty {_gpu_text(fault)}: {fault.summary}",
+                                  rule_id=fault.rule_id, gpu_key=key))
+    wants_reset = fault.action is Action.RESET_GPU or (
+        fault.action is Action.RESET_WHEN_IDLE and not _busy(fault, inventory, node)
+    )
+    if wants_reset and key != NODE_KEY and key not in node.resets and not _planned(planned, StepKind.RESET_GPU, key):
+        steps.append(Step(StepKind.RESET_GPU, fault.gpu.uuid if fault.gpu and fault.gpu.uuid else key,
+                          f"{fault.summary}", rule_id=fault.rule_id, gpu_key=key))
+    if fault.action is Action.REBOOT_NODE and not node.reboot_requested and not _planned(
+        planned, StepKind.REBOOT_REQUEST, ""
+    ):
+        steps.append(Step(StepKind.REBOOT_REQUEST, options.node_name, fault.summary, rule_id=fault.rule_id,
+                          gpu_key=""))
+    if fault.action is Action.REPLACE_GPU and key not in node.replacement:
+        steps.append(Step(StepKind.MARK_REPLACEMENT, fault.gpu.uuid if fault.gpu and fault.gpu.uuid else key,
+                          fault.summary, rule_id=fault.rule_id, gpu_key=key))
+    return steps
+
+
+def pods_on_gpu(fault: ActiveFault, inventory: NodeInventory, own_pod: str = "") -> list[PodRef]:
+    """The pods to move off a faulty GPU: those holding it, or every GPU pod when that cannot be told."""
+    candidates = [p for p in inventory.pods if not p.daemonset and p.key != own_pod and p.gpu_uuids]
+    uuid = fault.gpu.uuid if fault.gpu else ""
+    if fault.gpu_key == NODE_KEY or not uuid:
+        return candidates
+    return [p for p in candidates if uuid in p.gpu_uuids]
+
+
+def _busy(fault: ActiveFault, inventory: NodeInventory, node: NodeState) -> bool:
+    evicted = node.evicted.get(fault.gpu_key, set())
+    return any(p.key not in evicted for p in pods_on_gpu(fault, inventory))
+
+
+def _planned(steps: list[Step], kind: StepKind, gpu_key: str) -> bool:
+    return any(s.kind is kind and s.gpu_key == gpu_key for s in steps)
+
+
+def _gpu_text(fault: ActiveFault) -> str:
+    return fault.gpu.describe() if fault.gpu else "GPU"
+
+
+def _worst(faults: Iterable[ActiveFault]) -> ActiveFault:
+    return max(faults, key=lambda f: (f.severity.rank, f.action.rank))
+
+
+def _worst_summary(faults: Iterable[ActiveFault]) -> str:
+    return _worst(faults).summary

@@ -1,0 +1,115 @@
+"""Replays a scenario through the real pipeline on a virtual clock and reports what happened."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.engine import RuleSet
+from agent.journal import Journal
+from agent.model import Observation, Signal, action_to_dict, gpu_to_dict, verdict_to_dict
+from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
+from agent.remediation import GuardPolicy
+from agent.sources.scenario import Scenario, expand, inventory
+
+
+@dataclass(slots=True)
+class TimelineLine:
+    """One scenario entry (all its repeats) or one clock tick, and what it led to."""
+
+    at: float
+    observation: Observation | None
+    repeats: int = 1
+    outcome: Outcome = field(default_factory=Outcome)
+
+
+@dataclass(slots=True)
+class SimulationReport:
+    scenario: Scenario
+    lines: list[TimelineLine]
+    pipeline: Pipeline
+
+    def to_json(self) -> dict[str, Any]:
+        verdicts = [verdict_to_dict(v) for line in self.lines for v in line.outcome.verdicts]
+        actions = [action_to_dict(a) for line in self.lines for a in line.outcome.actions]
+        active = [
+            {"gpu_key": key, "rule_id": rule_id, "severity": str(f.severity), "action": str(f.action),
+             "occurrences": self.pipeline.occurrences(key, rule_id)}
+            for (key, rule_id), f in sorted(self.pipeline.active.items())
+        ]
+        node = self.pipeline.inventory
+        return {
+            "scenario": self.scenario.name,
+            "description": self.scenario.description.strip(),
+            "node": {
+                "name": node.name,
+                "gpus": [gpu_to_dict(g) for g in node.gpus],
+                "pods": [{"namespace": p.namespace, "name": p.name, "uid": p.uid, "gpus": list(p.gpu_uuids),
+                          "daemonset": p.daemonset} for p in node.pods],
+            },
+            "mode": str(self.pipeline.policy.mode),
+            "dry_run": self.pipeline.policy.dry_run,
+            "verdicts": verdicts,
+            "actions": actions,
+            "active_faults": active,
+            "gpu_status": self.pipeline.gpu_statuses(),
+        }
+
+
+def simulate(
+    scenario: Scenario,
+    *,
+    rules: RuleSet,
+    policy: GuardPolicy,
+    actuator: Actuator | None = None,
+    gate: ClusterGate | None = None,
+    journal: Journal | None = None,
+) -> SimulationReport:
+    """Run every observation of the scenario through a fresh pipeline, ticking the virtual clock."""
+    node = inventory(scenario)
+    clock = _VirtualClock()
+    pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=actuator, gate=gate,
+                        journal=journal, clock=clock)
+    lines: list[TimelineLine] = []
+    current: dict[int, TimelineLine] = {}
+    next_tick = scenario.tick_seconds
+    for timed in expand(scenario, node):
+        at = timed.observation.at
+        while next_tick <= at:
+            _tick(pipeline, clock, next_tick, lines)
+            next_tick += scenario.tick_seconds
+        clock.now = at
+        outcome = pipeline.handle(timed.observation, at)
+        line = current.get(timed.entry)
+        if line is None or timed.observation.signal is Signal.BOOT:
+            line = TimelineLine(at, timed.observation)
+            current[timed.entry] = line
+            lines.append(line)
+        else:
+            line.repeats += 1
+        line.outcome.extend(outcome)
+    while next_tick <= scenario.end:
+        _tick(pipeline, clock, next_tick, lines)
+        next_tick += scenario.tick_seconds
+    return SimulationReport(scenario, [line for line in lines if _worth_showing(line)], pipeline)
+
+
+def _tick(pipeline: Pipeline, clock: _VirtualClock, at: float, lines: list[TimelineLine]) -> None:
+    clock.now = at
+    outcome = pipeline.tick(at)
+    if outcome.verdicts or outcome.actions:
+        lines.append(TimelineLine(at, None, outcome=outcome))
+
+
+def _worth_showing(line: TimelineLine) -> bool:
+    if line.observation is not None and line.observation.signal is Signal.BOOT:
+        return bool(line.outcome.verdicts or line.outcome.actions)
+    return True
+
+
+class _VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now

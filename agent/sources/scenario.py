@@ -1,0 +1,200 @@
+"""Fault scenarios: a node and a timeline of observations on a virtual clock, for demos, tests and replay."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent.errors import ScenarioError
+from agent.model import AttrValue, GpuRef, NodeInventory, Observation, PodRef, Signal, frozen_attrs
+from agent.sources.base import Emit
+
+DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScenarioGpu(_Strict):
+    index: int = Field(ge=0)
+    uuid: str = Field(min_length=1)
+    pci_bus_id: str = Field(min_length=1)
+    model: str = DEFAULT_MODEL
+
+
+class ScenarioPod(_Strict):
+    namespace: str = "default"
+    name: str = Field(min_length=1)
+    uid: str = ""
+    gpus: list[int] = Field(default_factory=list)
+    daemonset: bool = False
+
+
+class ScenarioNode(_Strict):
+    name: str = "gpu-node-1"
+    gpus: int | list[ScenarioGpu] = 8
+    model: str = DEFAULT_MODEL
+    pods: Literal["one-per-gpu"] | list[ScenarioPod] = "one-per-gpu"
+
+
+class ScenarioEvent(_Strict):
+    """One timeline entry: an observation (maybe repeated), at a virtual time in seconds."""
+
+    at: float = Field(ge=0)
+    signal: Signal
+    value: float = 1
+    gpu: int | None = None
+    source: str = "scenario"
+    attrs: dict[str, AttrValue] = Field(default_factory=dict)
+    repeat: int = Field(default=1, ge=1, le=1_000_000)
+    every: float = Field(default=0.0, ge=0)
+    note: str = ""
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    node: ScenarioNode = Field(default_factory=ScenarioNode)
+    timeline: list[ScenarioEvent] = Field(min_length=1)
+    until: float | None = Field(default=None, ge=0)
+    tick_seconds: float = Field(default=1.0, gt=0)
+    boot_id: str = "boot-1"
+
+    @model_validator(mode="after")
+    def _gpus_exist(self) -> Scenario:
+        count = self.node.gpus if isinstance(self.node.gpus, int) else len(self.node.gpus)
+        for position, event in enumerate(self.timeline):
+            if event.gpu is not None and event.gpu >= count:
+                raise ValueError(f"timeline entry {position + 1}: gpu {event.gpu} but the node has {count} GPUs")
+        return self
+
+    @property
+    def end(self) -> float:
+        last = max(e.at + e.every * (e.repeat - 1) for e in self.timeline)
+        return max(self.until or 0.0, last)
+
+
+def inventory(scenario: Scenario) -> NodeInventory:
+    """The node a scenario describes, with generated identities where it gives only a count."""
+    node = scenario.node
+    gpus = _gpus(node)
+    if node.pods == "one-per-gpu":
+        pods = [PodRef("ml", f"trainer-{g.index}", _uid(node.name, f"pod{g.index}"), (g.uuid,)) for g in gpus]
+        pods.append(PodRef("gpu-health", "gpu-health-agent-x7k2p", _uid(node.name, "agent"), (), daemonset=True))
+    else:
+        pods = [
+            PodRef(p.namespace, p.name, p.uid or _uid(node.name, p.name),
+                   tuple(gpus[i].uuid for i in p.gpus if i < len(gpus)), p.daemonset)
+            for p in node.pods
+        ]
+    return NodeInventory(name=node.name, gpus=tuple(gpus), pods=tuple(pods))
+
+
+def _gpus(node: ScenarioNode) -> list[GpuRef]:
+    if isinstance(node.gpus, list):
+        return [GpuRef(g.index, g.uuid, g.pci_bus_id, g.model) for g in node.gpus]
+    return [
+        GpuRef(i, f"GPU-{_uid(node.name, f'gpu{i}')}", f"0000:{HGX_PCI_BUSES[i % 8]}:00.0" if i < 8
+               else f"0000:{0x20 + i:02x}:00.0", node.model)
+        for i in range(node.gpus)
+    ]
+
+
+def _uid(*parts: str) -> str:
+    digest = hashlib.sha256("/".join(parts).encode()).hexdigest()
+    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+@dataclass(frozen=True, slots=True)
+class TimedObservation:
+    """An observation of the expanded timeline, with the entry it came from."""
+
+    entry: int
+    observation: Observation
+
+
+def expand(scenario: Scenario, node: NodeInventory) -> list[TimedObservation]:
+    """Every observation of the timeline in time order, repeats expanded, the boot record first."""
+    boot = Observation(Signal.BOOT, 0, 0.0, "scenario", attrs=frozen_attrs({"boot_id": scenario.boot_id}))
+    timed = [TimedObservation(-1, boot)]
+    for position, event in enumerate(scenario.timeline):
+        gpu = node.gpus[event.gpu] if event.gpu is not None else None
+        attrs = frozen_attrs(event.attrs)
+        for n in range(event.repeat):
+            at = event.at + n * event.every
+            timed.append(TimedObservation(position, Observation(event.signal, event.value, at, event.source,
+                                                                gpu, attrs)))
+    return sorted(timed, key=lambda t: (t.observation.at, t.entry))
+
+
+def parse_scenario(text: str, *, origin: str) -> Scenario:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ScenarioError(f"not valid YAML{where}", file=origin) from None
+    if not isinstance(data, dict):
+        raise ScenarioError("expected a mapping with name and timeline", file=origin)
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(scenario)"
+        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        raise ScenarioError(problem, file=origin, field=field) from None
+
+
+def builtin_names() -> list[str]:
+    folder = resources.files("agent") / "scenarios"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """A built-in scenario by name, or a scenario file by path."""
+    if name_or_path in builtin_names():
+        text = (resources.files("agent") / "scenarios" / f"{name_or_path}.yaml").read_text(encoding="utf-8")
+        return parse_scenario(text, origin=f"built-in scenario {name_or_path}")
+    path = Path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(builtin_names())
+        raise ScenarioError(f"no such scenario file or built-in scenario (built-in: {known})", file=name_or_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"cannot read: {exc}", file=name_or_path) from None
+    return parse_scenario(text, origin=name_or_path)
+
+
+class ScenarioSource:
+    """Replays a scenario in real time (optionally sped up), for injection tests of a running agent."""
+
+    name = "scenario"
+
+    def __init__(self, scenario: Scenario, node: NodeInventory, *, speed: float = 1.0,
+                 clock: Any = time.time) -> None:
+        self.scenario = scenario
+        self.node = node
+        self.speed = speed
+        self.clock = clock
+
+    def run(self, emit: Emit, stop: threading.Event) -> None:
+        start = self.clock()
+        for timed in expand(self.scenario, self.node):
+            if timed.observation.signal is Signal.BOOT:
+                continue
+            due = start + timed.observation.at / self.speed
+            if stop.wait(max(0.0, due - self.clock())):
+                return
+            obs = timed.observation
+            emit(Observation(obs.signal, obs.value, self.clock(), obs.source, obs.gpu, obs.attrs, obs.count))

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Writes rules/xid.yaml from NVIDIA's Xid catalog and our policy, so every Xid is mapped on purpose.
+
+Usage: scripts/gen_xid_rules.py [CATALOG_CSV] > rules/xid.yaml
+The policy (how each NVIDIA resolution bucket becomes our severity, action and fault class, and every
+Xid where we depart from NVIDIA, with the reason) lives in this file; the generated YAML is committed
+and checked against the catalog by tests/unit/test_xid_catalog.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CATALOG = Path(__file__).resolve().parent.parent / "agent" / "data" / "xid_catalog.csv"
+SOURCE = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), row Xid {xid}"
+
+
+@dataclass(frozen=True)
+class Policy:
+    severity: str
+    action: str
+    fault_class: str
+    recovery: dict[str, Any]
+    reason: str | None = None
+
+
+QUIET_APP = {"kind": "quiet", "quiet_seconds": 300}
+QUIET_INFO = {"kind": "quiet", "quiet_seconds": 60}
+QUIET_WARN = {"kind": "quiet", "quiet_seconds": 3600}
+RESET = {"kind": "reset"}
+BOOT = {"kind": "boot"}
+
+UNUSED_REASON = (
+    "NVIDIA lists this code as unused on every current GPU generation; seeing it is unexpected, so it "
+    "is reported for investigation (CONTACT_SUPPORT) but never quarantines a node on its own."
+)
+
+BUCKET_POLICY: dict[str, Policy] = {
+    "RESTART_APP": Policy("warning", "restart_app", "application", QUIET_APP),
+    "IGNORE": Policy("info", "none", "driver", QUIET_INFO),
+    "RESET_GPU": Policy("fatal", "reset_gpu", "hardware", RESET),
+    "RESTART_BM": Policy("fatal", "reboot_node", "hardware", BOOT),
+    "RESTART_VM": Policy(
+        "fatal", "reboot_node", "driver", BOOT,
+        "On a Kubernetes node the VM that owns the GPU is the node itself: restarting it is a node reboot.",
+    ),
+    "WORKFLOW_XID_48": Policy(
+        "fatal", "reset_gpu", "hardware", RESET,
+        "NVIDIA's workflow: solo Xid 48 needs a GPU reset; with Xid 63/64 drain and reset. Both drain the GPU.",
+    ),
+    "CONTACT_SUPPORT": Policy(
+        "warning", "notify", "driver", QUIET_WARN,
+        "CONTACT_SUPPORT asks a human to investigate; an event and an alert do that without a quarantine.",
+    ),
+    "UPDATE_SWFW": Policy(
+        "warning", "notify", "driver", QUIET_WARN,
+        "Needs a driver or firmware update; the GPU itself is not faulty, so nothing is quarantined.",
+    ),
+    "CHECK_UVM": Policy(
+        "warning", "notify", "driver", QUIET_WARN,
+        "NVIDIA: reset only if UVM/vGPU is in use, else ignore. The agent cannot tell, so it reports.",
+    ),
+    "CHECK_MECHANICALS": Policy(
+        "degraded", "quarantine", "hardware", {"kind": "operator"},
+        "Auxiliary power missing needs hands on the machine: no new work until an operator has checked it.",
+    ),
+    "WORKFLOW_NVLINK_ERR": Policy(
+        "degraded", "quarantine", "interconnect", RESET,
+        "NVIDIA's workflow decodes the registers; many bits are benign or sympathetic. A reset or reboot "
+        "clears the link, so new work stays off the node but running work is not evicted on one Xid 74.",
+    ),
+}
+
+# Xids where the fault class (or the whole policy) differs from the bucket's default.
+FAULT_CLASS: dict[int, str] = {
+    37: "driver", 38: "driver", 43: "application", 44: "driver", 46: "driver", 63: "hardware",
+    66: "driver", 67: "driver", 92: "hardware", 93: "hardware", 94: "hardware", 95: "hardware",
+    106: "driver", 107: "driver", 108: "interconnect", 109: "driver", 110: "driver", 119: "driver",
+    120: "driver", 121: "interconnect", 136: "interconnect", 137: "interconnect", 141: "driver",
+    155: "interconnect", 156: "hardware", 157: "hardware", 158: "driver", 159: "interconnect",
+    160: "driver", 161: "driver",
+}
+
+NO_BUCKET: dict[int, Policy] = {
+    162: Policy("info", "none", "hardware", QUIET_INFO, "No bucket in NVIDIA's catalog; power smoothing re-engaged is good news."),
+    163: Policy("warning", "notify", "hardware", QUIET_WARN, "No bucket in NVIDIA's catalog; power smoothing disengaged is reported, not acted on."),
+    164: Policy("warning", "notify", "hardware", QUIET_WARN, "No bucket in NVIDIA's catalog; low remaining lifetime of the power-smoothing circuit is a planning signal."),
+    165: Policy("degraded", "notify", "hardware", {"kind": "operator"}, "No bucket in NVIDIA's catalog; power smoothing lifetime exhausted is worn hardware: degraded until an operator clears it."),
+    166: Policy("warning", "notify", "interconnect", QUIET_WARN, "No bucket in NVIDIA's catalog; a confidential-computing link set-up problem, reported."),
+    167: Policy("fatal", "reset_gpu", "hardware", RESET, "No bucket in NVIDIA's catalog; a fatal PCIe timeout leaves the GPU unusable until reset."),
+    168: Policy("degraded", "notify", "hardware", BOOT, "No bucket in NVIDIA's catalog; per its trigger text, enable ECC or re-attempt boot: degraded until a new boot."),
+    169: Policy("fatal", "reset_gpu", "hardware", RESET, "No bucket in NVIDIA's catalog; a micro-controller halt, treated like Xid 62 (PMU halt), whose bucket is RESET_GPU."),
+    170: Policy("warning", "notify", "interconnect", QUIET_WARN, "No bucket in NVIDIA's catalog; an interrupt in confidential-computing mode, reported."),
+    171: Policy("info", "none", "hardware", QUIET_INFO, "Adds detail to Xid 48, whose rule decides the action."),
+    172: Policy("info", "none", "hardware", QUIET_INFO, "Adds detail to Xid 48, whose rule decides the action."),
+}
+
+RECOVERY_ACTIONS: list[tuple[int, str, str, str, str, dict[str, Any]]] = [
+    # value, name, severity, action, fault class, recovery
+    (0, "None", "info", "none", "hardware", QUIET_INFO),
+    (1, "GPU Reset Required", "fatal", "reset_gpu", "hardware", RESET),
+    (2, "Node Reboot Required", "fatal", "reboot_node", "hardware", BOOT),
+    (3, "Drain P2P", "degraded", "quarantine", "interconnect", RESET),
+    (4, "Drain and Reset", "fatal", "reset_gpu", "hardware", RESET),
+    (5, "Recover IMEX domain", "degraded", "quarantine", "interconnect", RESET),
+    (6, "Bus Reset", "fatal", "reset_gpu", "hardware", RESET),
+    (7, "System Reboot", "fatal", "reboot_node", "hardware", BOOT),
+]
+
+NVLINK5_BUCKETS: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("RESET_GPU", "fatal", "reset_gpu", RESET),
+    ("IGNORE", "info", "none", QUIET_INFO),
+    ("XID_154_EVAL", "info", "none", QUIET_INFO),
+]
+
+
+def xid_rules(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = []
+    for row in rows:
+        xid = int(row["xid"])
+        bucket = row["immediate_action"]
+        if xid == 45:
+            rules.extend(_xid45(row))
+        elif xid == 154:
+            rules.extend(_xid154(row))
+        elif bucket == "WORKFLOW_NVLINK5_ERR":
+            rules.extend(_nvlink5(row))
+        else:
+            rules.append(_plain(row))
+    rules.append(_repeating_application_faults())
+    rules.append(_unknown_xid())
+    return rules
+
+
+def _base(row: dict[str, str], rule_id: str, policy: Policy, summary: str) -> dict[str, Any]:
+    xid = int(row["xid"])
+    rule: dict[str, Any] = {
+        "id": rule_id,
+        "signal": "xid",
+        "code": xid,
+        "severity": policy.severity,
+        "action": policy.action,
+        "fault_class": policy.fault_class,
+        "nvidia_action": row["immediate_action"] or "(none in catalog)",
+        "summary": summary,
+        "source": SOURCE.format(xid=xid),
+        "recovery": policy.recovery,
+    }
+    if policy.reason:
+        rule["reason"] = policy.reason
+    return rule
+
+
+def _plain(row: dict[str, str]) -> dict[str, Any]:
+    xid = int(row["xid"])
+    bucket = row["immediate_action"]
+    unused = row["description"].strip().lower() == "unused"
+    if xid in NO_BUCKET:
+        policy = NO_BUCKET[xid]
+    elif unused and bucket == "CONTACT_SUPPORT":
+        policy = Policy("warning", "notify", "driver", QUIET_WARN, UNUSED_REASON)
+    else:
+        policy = BUCKET_POLICY[bucket]
+    if xid in FAULT_CLASS:
+        policy = Policy(policy.severity, policy.action, FAULT_CLASS[xid], policy.recovery, policy.reason)
+    summary = f"Xid {xid} ({row['mnemonic'].split(' /')[0]}): {row['description'].split(' --')[0]} on {{gpu}}"
+    return _base(row, f"xid-{xid}", policy, summary)
+
+
+def _xid45(row: dict[str, str]) -> list[dict[str, Any]]:
+    follows = _base(
+        row, "xid-45-follows",
+        Policy("info", "none", "driver", QUIET_INFO,
+               "NVIDIA: not solo, follow the guidance of the Xid that caused it; that Xid's rule decides."),
+        "Xid 45: preemptive cleanup after Xid {caused_by} on {gpu}",
+    )
+    follows["when"] = [{"field": "caused_by", "op": "present"}]
+    solo = _base(
+        row, "xid-45-solo",
+        Policy("warning", "notify", "driver", QUIET_WARN,
+               "NVIDIA: solo, restart the fabric manager. That is a node service, not a GPU fault: reported."),
+        "Xid 45: preemptive cleanup with no causing Xid on {gpu}",
+    )
+    solo["when"] = [{"field": "caused_by", "op": "absent"}]
+    return [follows, solo]
+
+
+def _xid154(row: dict[str, str]) -> list[dict[str, Any]]:
+    rules = []
+    for value, name, severity, action, fault_class, recovery in RECOVERY_ACTIONS:
+        policy = Policy(severity, action, fault_class, recovery, "NVIDIA: follow the recovery action Xid 154 reports.")
+        rule = _base(row, f"xid-154-action-{value}", policy, f"Xid 154: GPU recovery action is {name} on {{gpu}}")
+        rule["when"] = [{"field": "recovery_action", "op": "eq", "value": value}]
+        rules.append(rule)
+    other = _base(
+        row, "xid-154-unrecognised",
+        Policy("warning", "notify", "driver", QUIET_WARN,
+               "The recovery action could not be read from the line; reported for investigation."),
+        "Xid 154 with an unrecognised recovery action on {gpu}",
+    )
+    other["fallback"] = True
+    rules.append(other)
+    return rules
+
+
+def _nvlink5(row: dict[str, str]) -> list[dict[str, Any]]:
+    xid = int(row["xid"])
+    rules = []
+    for bucket, severity, action, recovery in NVLINK5_BUCKETS:
+        reason = "NVIDIA's Xid 144-150 decode table gives this bucket for the logged IntrInfo and error status."
+        if bucket == "XID_154_EVAL":
+            reason += " XID_154_EVAL: the Xid 154 that follows carries the action."
+        policy = Policy(severity, action, "interconnect", recovery, reason)
+        rule = _base(row, f"xid-{xid}-{bucket.lower().replace('_', '-')}", policy,
+                     f"Xid {xid} ({row['mnemonic']}) decoded as {bucket} on link {{link}} of {{gpu}}")
+        rule["when"] = [{"field": "decoded_action", "op": "eq", "value": bucket}]
+        rules.append(rule)
+    undecoded = _base(
+        row, f"xid-{xid}-undecoded",
+        Policy("warning", "notify", "interconnect", QUIET_WARN,
+               "The line could not be decoded with NVIDIA's table; reported, never quarantined blind."),
+        f"Xid {xid} ({row['mnemonic']}) that could not be decoded on {{gpu}}",
+    )
+    undecoded["fallback"] = True
+    rules.append(undecoded)
+    return rules
+
+
+def _repeating_application_faults() -> dict[str, Any]:
+    return {
+        "id": "xid-app-faults-across-workloads",
+        "signal": "xid",
+        "code": [13, 31],
+        "severity": "degraded",
+        "action": "quarantine",
+        "fault_class": "hardware",
+        "nvidia_action": "WORKFLOW_XID_13 / WORKFLOW_XID_31",
+        "summary": "application Xids from several different workloads on {gpu}: suspect the GPU",
+        "source": SOURCE.format(xid="13 and 31") + " (investigatory workflows: repeats across workloads point to hardware)",
+        "reason": "NVIDIA's workflows for Xid 13 and 31: repeated faults on the same GPU from different "
+        "applications suggest hardware (run DCGM diagnostics). New work stays off until it is checked.",
+        "window": {"count": 3, "seconds": 3600, "distinct": "workload"},
+        "recovery": {"kind": "quiet", "quiet_seconds": 21600},
+    }
+
+
+def _unknown_xid() -> dict[str, Any]:
+    return {
+        "id": "xid-unknown",
+        "signal": "xid",
+        "fallback": True,
+        "severity": "warning",
+        "action": "notify",
+        "fault_class": "driver",
+        "summary": "Xid {code} is not in NVIDIA's catalog (1-172) on {gpu}",
+        "source": "policy: an unmapped code is a warning, never a quarantine (field reports of fleet-wide false quarantines)",
+        "reason": "Unknown codes come from newer drivers; they are reported for a human, not acted on.",
+        "recovery": QUIET_WARN,
+    }
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes repeated mappings in full: no YAML anchors in a file people read."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def main() -> None:
+    catalog = Path(sys.argv[1]) if len(sys.argv) > 1 else CATALOG
+    with catalog.open(encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    header = (
+        "# Generated by scripts/gen_xid_rules.py from NVIDIA's Xid catalog; edit the policy there, not here.\n"
+        "# Every Xid 1-172 is mapped on purpose; nvidia_action is NVIDIA's bucket verbatim.\n"
+    )
+    body = yaml.dump(
+        {"rules": xid_rules(rows)}, Dumper=_PlainDumper, sort_keys=False, width=120, allow_unicode=True
+    )
+    sys.stdout.write(header + body)
+
+
+if __name__ == "__main__":
+    main()
