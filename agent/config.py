@@ -6,16 +6,25 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from agent.errors import ConfigError
 from agent.remediation.guard import Mode
 
 ENV_PREFIX = "GPU_HEALTH_"
-Toggle = Literal["auto", "on", "off"]
+
+
+def _toggle(value: Any) -> Any:
+    """YAML reads a bare on/off as a boolean; take it as the word that was meant."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
+Toggle = Annotated[Literal["auto", "on", "off"], BeforeValidator(_toggle)]
 
 
 class _Section(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,7 +59,8 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
     candidates = [rules.effective(rule, model) for rule in rules.for_signal(observation.signal)]
     candidates = [rule for rule in candidates if rule.enabled]
     primary = [r for r in candidates if not r.fallback and _matches(r, observation)]
-    matched = primary or [r for r in candidates if r.fallback and _matches(r, observation)]
+    fallbacks = [r for r in candidates if r.fallback and _matches(r, observation)]
+    matched = primary or [r for r in fallbacks if r.codes] or fallbacks
     matched_ids = {r.id for r in matched}
     verdicts: list[Verdict] = []
     for rule in candidates:
@@ -203,7 +205,8 @@ def _quiet_recovered(rule: Rule, st: RuleState, now: float) -> bool:
 def _forgettable(rule: Rule, st: RuleState, now: float) -> bool:
     last = st.last_match if st.last_match is not None else now
     horizon = max(rule.window.seconds, rule.sustain_seconds)
-    return st.sustain_since is None and now - last > horizon
+    holding = st.sustain_since is not None and not rule.signal.is_event
+    return not holding and now - last > horizon
 
 
 def _clear(rule: Rule, gpu_key: str, st: RuleState, now: float, why: str) -> Verdict:
@@ -230,7 +233,7 @@ def _clear(rule: Rule, gpu_key: str, st: RuleState, now: float, why: str) -> Ver
 
 
 def _matches(rule: Rule, obs: Observation) -> bool:
-    if rule.codes and int(obs.value) not in rule.codes:
+    if rule.codes and (not math.isfinite(obs.value) or int(obs.value) not in rule.codes):
         return False
     return all(_holds(cond, obs) for cond in rule.when)
 
@@ -247,7 +250,7 @@ def _holds(cond: Condition, obs: Observation) -> bool:
         inside = any(_equal(actual, item) for item in cond.value or [])  # type: ignore[union-attr]
         return inside if cond.op == "in" else not inside
     if cond.op in {"bits_any", "bits_none"}:
-        if not isinstance(actual, int | float) or isinstance(actual, bool):
+        if not isinstance(actual, int | float) or isinstance(actual, bool) or not math.isfinite(actual):
             return False
         overlap = int(actual) & int(cond.value)  # type: ignore[arg-type]
         return bool(overlap) if cond.op == "bits_any" else not overlap

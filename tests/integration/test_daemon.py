@@ -1,0 +1,146 @@
+"""The agent as a process: real threads, real HTTP, SIGTERM, journal on disk, rules hot reload."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from agent.config import load_config
+from agent.daemon import Daemon
+from agent.engine import builtin_rules_dir, load_rules
+from agent.journal import Journal
+from agent.model import Observation, Signal
+from tests.conftest import gpu
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_agent_runs_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path: Path):
+    port = free_port()
+    env = dict(os.environ, GPU_HEALTH_JOURNAL_PATH=str(tmp_path / "j.db"), GPU_HEALTH_HTTP__HOST="127.0.0.1",
+               GPU_HEALTH_SOURCES__KMSG__ENABLED="off", GPU_HEALTH_SOURCES__NVML__ENABLED="off",
+               GPU_HEALTH_SOURCES__DCGM__ENABLED="off", NODE_NAME="it-node")
+    process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--scenario", "xid79", "--speed", "50",
+                                "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        assert wait_for(lambda: _metric_seen(port, 'rule_id="xid-79"')), process.stderr
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        assert status == 200
+        assert json.loads(body)["ok"] is True
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    stderr = process.stderr.read() if process.stderr else ""
+    assert '"event": "agent_stopped"' in stderr
+    history = Journal(tmp_path / "j.db").history()
+    assert any(e.get("rule_id") == "xid-79" for e in history)
+
+
+def _metric_seen(port: int, text: str) -> bool:
+    try:
+        return text in get(f"http://127.0.0.1:{port}/metrics")[1]
+    except OSError:
+        return False
+
+
+def test_with_no_source_the_agent_says_why_and_exits(tmp_path: Path):
+    env = dict(os.environ, GPU_HEALTH_JOURNAL_PATH=str(tmp_path / "j.db"),
+               GPU_HEALTH_SOURCES__KMSG__ENABLED="off", GPU_HEALTH_SOURCES__NVML__ENABLED="off",
+               GPU_HEALTH_SOURCES__DCGM__ENABLED="off")
+    result = subprocess.run([sys.executable, "-m", "agent", "run", "--port", "0"], env=env, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "no source available on this machine" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+class _FailingSource:
+    name = "broken"
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, emit, stop):
+        self.calls += 1
+        raise RuntimeError("driver exploded")
+
+
+class _OneShotSource:
+    name = "oneshot"
+
+    def run(self, emit, stop):
+        emit(Observation(Signal.XID, 79, time.time(), "oneshot", gpu(0)))
+        stop.wait()
+
+
+def _daemon(tmp_path: Path, sources, rules_dir: Path | None = None) -> Daemon:
+    env = {"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db")}
+    if rules_dir is not None:
+        env["GPU_HEALTH_RULES_DIR"] = str(rules_dir)
+    config = load_config(None, env=env)
+    rules = load_rules(rules_dir or builtin_rules_dir())
+    return Daemon(config, sources=sources, rules=rules, registry=CollectorRegistry(), reload_seconds=0.1)
+
+
+def test_a_failing_source_never_stops_the_others(tmp_path: Path):
+    broken = _FailingSource()
+    daemon = _daemon(tmp_path, [broken, _OneShotSource()])
+    stop = threading.Event()
+    thread = threading.Thread(target=daemon.run, args=(stop,))
+    thread.start()
+    try:
+        assert wait_for(lambda: daemon.pipeline.gpu_statuses().get(gpu(0).key) == "fatal")
+        assert daemon.metrics.registry.get_sample_value("gpu_health_source_errors_total", {"source": "broken"}) >= 1
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_rules_are_hot_reloaded_and_a_broken_change_is_rejected(tmp_path: Path):
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(builtin_rules_dir(), rules_dir)
+    daemon = _daemon(tmp_path, [], rules_dir)
+    before = len(daemon.pipeline.rules.rules)
+    (rules_dir / "zz-broken.yaml").write_text("rules:\n- {id: x, signal: xid}\n")
+    assert daemon.reload_rules_if_changed() is False
+    assert len(daemon.pipeline.rules.rules) == before
+    assert daemon.metrics.registry.get_sample_value("gpu_health_rules_reload_failures_total") == 1
+    (rules_dir / "zz-broken.yaml").write_text(
+        "rules:\n- {id: extra, signal: xid, code: 9999, severity: info, action: none, fault_class: driver,"
+        " summary: s, source: test, recovery: {kind: quiet, quiet_seconds: 60}}\n")
+    assert daemon.reload_rules_if_changed() is True
+    assert len(daemon.pipeline.rules.rules) == before + 1

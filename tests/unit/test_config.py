@@ -1,0 +1,60 @@
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_config
+from agent.errors import ConfigError
+from agent.remediation import Mode
+
+
+def test_defaults_are_safe():
+    config = load_config(None, env={"NODE_NAME": "n1"})
+    assert (config.node_name, config.mode, config.dry_run) == ("n1", Mode.QUARANTINE, False)
+    assert config.remediation.taint_effect == "NoSchedule"
+
+
+def test_a_file_sets_values(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("mode: remediate\nhttp: {port: 9999}\n")
+    config = load_config(path, env={})
+    assert (config.mode, config.http.port) == (Mode.REMEDIATE, 9999)
+
+
+def test_the_environment_overrides_the_file(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("mode: remediate\n")
+    config = load_config(path, env={"GPU_HEALTH_MODE": "observe", "GPU_HEALTH_HTTP__PORT": "9500",
+                                    "GPU_HEALTH_DRY_RUN": "true"})
+    assert (config.mode, config.http.port, config.dry_run) == (Mode.OBSERVE, 9500, True)
+
+
+def test_an_unknown_key_names_file_and_field(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("remediation: {tiant_key: x}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    assert caught.value.line() == f"{path}: field remediation.tiant_key: unknown key"
+
+
+def test_a_bad_environment_value_names_the_variable():
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, env={"GPU_HEALTH_HTTP__PORT": "not-a-port"})
+    assert caught.value.file == "environment GPU_HEALTH_HTTP__PORT"
+    assert caught.value.field == "http.port"
+
+
+def test_an_unknown_environment_key_is_an_error():
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(None, env={"GPU_HEALTH_MOOD": "happy"})
+
+
+def test_noexecute_is_possible_but_not_the_default():
+    assert load_config(None, env={"GPU_HEALTH_REMEDIATION__TAINT_EFFECT": "NoExecute"}).remediation.taint_effect \
+        == "NoExecute"
+
+
+def test_broken_yaml_is_reported_with_the_file(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("mode: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path, env={})

@@ -1,0 +1,47 @@
+from agent.model import Action, GpuRef, NodeInventory, PodRef, Severity, StepKind, normalise_pci
+
+
+def test_severities_rank_from_ok_to_fatal():
+    ranks = [s.rank for s in (Severity.OK, Severity.INFO, Severity.WARNING, Severity.UNKNOWN, Severity.DEGRADED,
+                              Severity.FATAL)]
+    assert ranks == sorted(ranks)
+
+
+def test_only_quarantine_and_above_keep_new_work_off():
+    assert [a for a in Action if a.quarantines] == [
+        Action.QUARANTINE, Action.DRAIN, Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_GPU]
+
+
+def test_restart_app_neither_quarantines_nor_evicts():
+    assert not Action.RESTART_APP.quarantines
+    assert not Action.RESTART_APP.evicts
+
+
+def test_disruptive_steps_are_eviction_reset_and_reboot_request():
+    assert {k for k in StepKind if k.disruptive} == {StepKind.EVICT, StepKind.RESET_GPU, StepKind.REBOOT_REQUEST}
+
+
+def test_pci_ids_compare_whatever_the_printed_form():
+    assert normalise_pci("PCI:0000:3B:00") == "0000:3b:00"
+    assert normalise_pci("00000000:3b:00.0") == "0000:3b:00"
+    assert normalise_pci("3b:00") == "0000:3b:00"
+    assert normalise_pci("0002:3b:00.0") == "0002:3b:00"
+
+
+def test_gpu_key_prefers_mig_parent_then_uuid_then_pci_then_index():
+    assert GpuRef(uuid="MIG-1", mig_parent_uuid="GPU-P").key == "GPU-P"
+    assert GpuRef(uuid="GPU-A", pci_bus_id="0000:01:00.0").key == "GPU-A"
+    assert GpuRef(pci_bus_id="0000:01:00.0").key == "pci:0000:01:00.0"
+    assert GpuRef(index=3).key == "index:3"
+
+
+def test_inventory_resolves_a_pci_only_identity_to_the_full_gpu():
+    full = GpuRef(2, "GPU-X", "0000:3a:00.0", "H100")
+    node = NodeInventory("n", (full,))
+    assert node.resolve(GpuRef(pci_bus_id="PCI:0000:3a:00")) == full
+    assert node.resolve(GpuRef(pci_bus_id="0000:99:00.0")) == GpuRef(pci_bus_id="0000:99:00.0")
+
+
+def test_inventory_lists_the_pods_holding_a_gpu():
+    node = NodeInventory("n", (), (PodRef("a", "p1", gpu_uuids=("GPU-1",)), PodRef("a", "p2", gpu_uuids=("GPU-2",))))
+    assert [p.name for p in node.pods_holding("GPU-2")] == ["p2"]

@@ -1,0 +1,76 @@
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from agent.journal import Journal
+from agent.metrics import Metrics
+from agent.model import NodeInventory, PodRef, Signal, StepKind
+from agent.pipeline import Pipeline
+from agent.remediation import GuardPolicy, Mode
+from tests.conftest import gpu, obs
+
+NODE = NodeInventory("node-1", (gpu(0), gpu(1)), (PodRef("ml", "p0", "u0", (gpu(0).uuid,)),))
+
+
+def pipeline(rules, journal=None, metrics=None):
+    return Pipeline(rules=rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), journal=journal,
+                    metrics=metrics, clock=lambda: 100.0)
+
+
+def test_a_restart_does_not_raise_or_act_on_a_known_fault_again(shipped_rules, tmp_path: Path):
+    journal = Journal(tmp_path / "j.db")
+    first = pipeline(shipped_rules, journal)
+    assert first.handle(obs(Signal.XID, 79, 1.0), 1.0).verdicts
+    second = pipeline(shipped_rules, Journal(tmp_path / "j.db"))
+    again = second.handle(obs(Signal.XID, 79, 2.0), 2.0)
+    assert again.verdicts == []
+    assert second.gpu_statuses()[gpu(0).key] == "fatal"
+
+
+def test_a_pci_only_observation_is_resolved_to_the_full_gpu(shipped_rules):
+    from agent.model import GpuRef
+    p = pipeline(shipped_rules)
+    [verdict] = p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=GpuRef(pci_bus_id="0000:19:00")), 1.0).verdicts
+    assert verdict.gpu == gpu(1)
+
+
+def test_metrics_count_observations_verdicts_and_steps(shipped_rules):
+    registry = CollectorRegistry()
+    p = pipeline(shipped_rules, metrics=Metrics(registry))
+    p.handle(obs(Signal.XID, 79, 99.5, source="kmsg"), 100.0)
+    value = registry.get_sample_value
+    assert value("gpu_health_observations_total", {"source": "kmsg", "signal": "xid"}) == 1
+    assert value("gpu_health_verdicts_total", {"kind": "fault", "severity": "fatal", "fault_class": "hardware",
+                                               "rule_id": "xid-79"}) == 1
+    assert value("gpu_health_remediation_steps_total", {"kind": "taint", "result": "planned"}) == 1
+    assert value("gpu_health_gpu_status", {"gpu": gpu(0).key, "status": "fatal"}) == 1
+    assert value("gpu_health_detection_latency_seconds_count") == 1
+    assert value("gpu_health_detection_latency_seconds_sum") == 0.5
+
+
+def test_a_blocked_step_is_retried_later(shipped_rules):
+    class EmptyBudget:
+        def __init__(self):
+            self.available = False
+
+        def view(self, step):
+            from agent.remediation import ClusterView
+            return ClusterView(budget_available=self.available)
+
+    gate = EmptyBudget()
+    p = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), gate=gate,
+                 retry_seconds=30)
+    first = p.handle(obs(Signal.XID, 79, 0.0), 0.0)
+    assert {a.step.kind: str(a.result) for a in first.actions}[StepKind.EVICT] == "blocked"
+    assert p.tick(10.0).actions == []
+    gate.available = True
+    retried = p.tick(31.0)
+    assert [(a.step.kind, str(a.result)) for a in retried.actions if a.step.kind is StepKind.EVICT] == [
+        (StepKind.EVICT, "planned")]
+
+
+def test_a_broken_journal_does_not_stop_detection(shipped_rules, tmp_path: Path):
+    journal = Journal(tmp_path / "j.db")
+    p = pipeline(shipped_rules, journal)
+    journal.close()
+    assert p.handle(obs(Signal.XID, 79, 1.0), 1.0).verdicts

@@ -1,0 +1,123 @@
+from agent.model import (
+    NODE_KEY,
+    Action,
+    NodeInventory,
+    PodRef,
+    Severity,
+    StepKind,
+    Verdict,
+    VerdictKind,
+    frozen_attrs,
+)
+from agent.remediation import ActiveFault, NodeState, PlanOptions, plan
+from tests.conftest import gpu
+
+GPUS = tuple(gpu(i) for i in range(4))
+PODS = (
+    PodRef("ml", "trainer-0", "u0", (GPUS[0].uuid,)),
+    PodRef("ml", "trainer-1", "u1", (GPUS[1].uuid,)),
+    PodRef("ml", "pair", "u2", (GPUS[2].uuid, GPUS[3].uuid)),
+    PodRef("monitoring", "dcgm-exporter-x", "u3", (), daemonset=True),
+    PodRef("gpu-health", "agent-abc", "u4", (GPUS[1].uuid,)),
+)
+NODE = NodeInventory("node-1", GPUS, PODS)
+OPTIONS = PlanOptions(node_name="node-1", own_pod="gpu-health/agent-abc")
+
+
+def fault(index, action=Action.REBOOT_NODE, severity=Severity.FATAL, rule="xid-79", kind=VerdictKind.FAULT, **ev):
+    g = GPUS[index] if index is not None else None
+    return Verdict(kind, rule, g.key if g else NODE_KEY, severity, action, "hardware", 1.0, f"{rule} on {index}", g,
+                   frozen_attrs(ev))
+
+
+def active_of(*verdicts):
+    return {(v.gpu_key, v.rule_id): ActiveFault.from_verdict(v) for v in verdicts if v.kind is VerdictKind.FAULT}
+
+
+def kinds(steps):
+    return [(s.kind, s.target) for s in steps]
+
+
+def test_a_fatal_fault_sets_condition_taints_evicts_its_pods_and_requests_a_reboot():
+    v = fault(1)
+    steps = plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
+    assert kinds(steps) == [
+        (StepKind.EVENT, "node-1"), (StepKind.SET_CONDITION, "GpuFatalFault"), (StepKind.TAINT, "node-1"),
+        (StepKind.EVICT, "ml/trainer-1"), (StepKind.REBOOT_REQUEST, "node-1")]
+
+
+def test_only_the_pods_holding_the_faulty_gpu_are_evicted():
+    v = fault(3, action=Action.RESET_GPU, rule="xid-48")
+    steps = plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
+    assert [s.target for s in steps if s.kind is StepKind.EVICT] == ["ml/pair"]
+
+
+def test_daemonset_pods_and_the_agent_itself_are_never_evicted():
+    v = fault(None, rule="sxid-fatal")
+    steps = plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
+    assert sorted(s.target for s in steps if s.kind is StepKind.EVICT) == ["ml/pair", "ml/trainer-0", "ml/trainer-1"]
+
+
+def test_the_condition_message_names_uuid_pci_and_rule():
+    v = fault(2, action=Action.RESET_GPU, rule="xid-48")
+    [cond] = [s for s in plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
+              if s.kind is StepKind.SET_CONDITION]
+    assert GPUS[2].uuid in cond.reason
+    assert GPUS[2].pci_bus_id in cond.reason
+    assert "xid-48" in cond.reason
+
+
+def test_planning_again_after_applying_repeats_nothing():
+    v = fault(1)
+    node = NodeState()
+    for step in plan([v], active_of(v), node, NODE, options=OPTIONS):
+        node.apply(step)
+    assert plan([], active_of(v), node, NODE, options=OPTIONS) == []
+
+
+def test_clearing_the_last_fault_removes_taint_and_condition():
+    v = fault(1)
+    node = NodeState()
+    for step in plan([v], active_of(v), node, NODE, options=OPTIONS):
+        node.apply(step)
+    cleared = fault(1, kind=VerdictKind.CLEARED, severity=Severity.OK)
+    steps = plan([cleared], {}, node, NODE, options=OPTIONS)
+    assert kinds(steps) == [(StepKind.EVENT, "node-1"), (StepKind.CLEAR_CONDITION, "GpuFatalFault"),
+                            (StepKind.UNTAINT, "node-1")]
+
+
+def test_an_application_fault_disrupts_nothing_and_is_charged_to_its_pod():
+    v = fault(0, action=Action.RESTART_APP, severity=Severity.WARNING, rule="xid-13", pod_uid="u0")
+    steps = plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
+    assert kinds(steps) == [(StepKind.EVENT, "node-1"), (StepKind.EVENT, "pod/ml/trainer-0")]
+
+
+def test_a_degraded_notify_fault_sets_a_condition_without_a_taint():
+    v = fault(0, action=Action.NOTIFY, severity=Severity.DEGRADED, rule="hot")
+    steps = plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
+    assert kinds(steps) == [(StepKind.EVENT, "node-1"), (StepKind.SET_CONDITION, "GpuDegraded")]
+
+
+def test_reset_when_idle_waits_for_the_gpu_to_be_free():
+    busy = fault(0, action=Action.RESET_WHEN_IDLE, severity=Severity.DEGRADED, rule="row-remap-pending")
+    assert StepKind.RESET_GPU not in [s.kind for s in plan([busy], active_of(busy), NodeState(), NODE,
+                                                                 options=OPTIONS)]
+    idle_node = NodeInventory("node-1", GPUS, ())
+    steps = plan([busy], active_of(busy), NodeState(), idle_node, options=OPTIONS)
+    assert (StepKind.RESET_GPU, GPUS[0].uuid) in kinds(steps)
+
+
+def test_a_replacement_candidate_is_marked_once():
+    v = fault(0, action=Action.REPLACE_GPU, rule="row-remap-failure")
+    node = NodeState()
+    steps = plan([v], active_of(v), node, NODE, options=OPTIONS)
+    assert (StepKind.MARK_REPLACEMENT, GPUS[0].uuid) in kinds(steps)
+    for step in steps:
+        node.apply(step)
+    assert plan([], active_of(v), node, NODE, options=OPTIONS) == []
+
+
+def test_an_unknown_reading_sets_its_own_condition_and_never_taints():
+    v = fault(0, action=Action.NOTIFY, severity=Severity.UNKNOWN, rule="source-unreadable")
+    steps = plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
+    assert kinds(steps) == [(StepKind.EVENT, "node-1"), (StepKind.SET_CONDITION, "GpuUnreadable")]

@@ -1,0 +1,101 @@
+from pathlib import Path
+
+import pytest
+
+from agent.engine import lint_rules, load_rule_texts, load_rules
+from agent.errors import InputErrors
+
+VALID = """
+rules:
+- id: demo-xid
+  signal: xid
+  code: 79
+  severity: fatal
+  action: reboot_node
+  fault_class: hardware
+  summary: "Xid {code} on {gpu}"
+  source: test
+  recovery: {kind: boot}
+"""
+
+
+def _problems(text: str, name: str = "demo.yaml") -> list[str]:
+    with pytest.raises(InputErrors) as caught:
+        load_rule_texts([(name, text)])
+    return [p.line() for p in caught.value.problems]
+
+
+def test_a_valid_rules_file_loads():
+    rules = load_rule_texts([("demo.yaml", VALID)])
+    assert [r.id for r in rules.rules] == ["demo-xid"]
+
+
+def test_invalid_yaml_names_the_file_and_line():
+    [line] = _problems("rules:\n  - id: [unclosed\n")
+    assert line.startswith("demo.yaml: not valid YAML at line")
+
+
+def test_an_unknown_field_names_file_rule_and_field():
+    [line] = _problems(VALID.replace("source: test", "source: test\n  sevrity: fatal"))
+    assert line.startswith("demo.yaml: rule demo-xid: field sevrity:")
+
+
+def test_a_bad_enum_value_names_the_field():
+    [line] = _problems(VALID.replace("severity: fatal", "severity: catastrophic"))
+    assert "rule demo-xid: field severity:" in line
+
+
+def test_a_rule_without_an_id_is_named_by_its_position():
+    lines = _problems(VALID.replace("- id: demo-xid\n  ", "- "))
+    assert any("rule #1: field id:" in line for line in lines)
+
+
+def test_duplicate_ids_are_reported_with_both_files():
+    with pytest.raises(InputErrors) as caught:
+        load_rule_texts([("a.yaml", VALID), ("b.yaml", VALID)])
+    [problem] = caught.value.problems
+    assert problem.file == "b.yaml"
+    assert problem.rule_id == "demo-xid"
+    assert "a.yaml" in problem.message
+
+
+def test_a_quarantining_action_needs_a_serious_severity():
+    [line] = _problems(VALID.replace("severity: fatal", "severity: warning"))
+    assert "needs severity degraded or fatal" in line
+
+
+def test_a_telemetry_rule_may_never_quarantine():
+    text = VALID.replace("fault_class: hardware", "fault_class: telemetry")
+    assert any("must never quarantine" in line for line in _problems(text))
+
+
+def test_comparison_needs_exactly_one_operand():
+    text = VALID.replace("code: 79", "when: [{field: value, op: ge}]")
+    assert any("field when.0" in line and "exactly one of value or ref" in line for line in _problems(text))
+
+
+def test_a_count_window_needs_a_time_span():
+    text = VALID.replace("code: 79", "code: 79\n  window: {count: 3}")
+    assert any("field window" in line for line in _problems(text))
+
+
+def test_every_problem_of_a_directory_is_listed(tmp_path: Path):
+    (tmp_path / "a.yaml").write_text(VALID.replace("severity: fatal", "severity: nope"))
+    (tmp_path / "b.yaml").write_text("rules: [")
+    problems = lint_rules(tmp_path)
+    assert {Path(p.file).name for p in problems} == {"a.yaml", "b.yaml"}
+
+
+def test_a_missing_directory_is_one_clear_problem(tmp_path: Path):
+    [problem] = lint_rules(tmp_path / "absent")
+    assert problem.message == "rules directory not found"
+
+
+def test_the_shipped_rules_are_valid(shipped_rules):
+    assert len(shipped_rules.rules) > 172
+
+
+def test_load_rules_raises_with_all_problems(tmp_path: Path):
+    (tmp_path / "a.yaml").write_text("rules: 3")
+    with pytest.raises(InputErrors):
+        load_rules(tmp_path)

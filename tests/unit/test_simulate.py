@@ -1,0 +1,119 @@
+"""The built-in scenarios through the real pipeline: what `simulate` promises."""
+
+import pytest
+
+from agent.errors import ScenarioError
+from agent.model import StepKind, StepResult, VerdictKind
+from agent.remediation import GuardPolicy, Mode
+from agent.simulate import simulate
+from agent.sources.scenario import builtin_names, load_scenario, parse_scenario
+
+REMEDIATE = GuardPolicy(mode=Mode.REMEDIATE)
+DISRUPTIVE = {"taint", "evict", "reset_gpu", "reboot_request"}
+
+
+def run(name, policy=REMEDIATE, rules=None, **kwargs):
+    from agent.engine import builtin_rules_dir, load_rules
+    return simulate(load_scenario(name), rules=rules or load_rules(builtin_rules_dir()), policy=policy,
+                    **kwargs).to_json()
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_every_builtin_scenario_runs(name):
+    report = run(name)
+    assert report["verdicts"], f"{name} produced no verdict"
+
+
+def test_the_required_scenarios_are_built_in():
+    assert {"xid79", "xid13", "ecc-dbe", "row-remap-pending", "thermal-slowdown", "xid-storm",
+            "recovery"} <= set(builtin_names())
+
+
+def test_xid79_quarantines_and_evicts_exactly_the_pod_on_that_gpu():
+    report = run("xid79")
+    [verdict] = report["verdicts"]
+    assert (verdict["severity"], verdict["rule_id"], verdict["gpu"]["index"]) == ("fatal", "xid-79", 3)
+    kinds = {(a["kind"], a["target"]) for a in report["actions"]}
+    assert ("taint", "gpu-node-1") in kinds
+    assert ("set_condition", "GpuFatalFault") in kinds
+    assert [a["target"] for a in report["actions"] if a["kind"] == "evict"] == ["ml/trainer-3"]
+    assert all(a["result"] == "planned" for a in report["actions"])
+
+
+def test_xid13_disrupts_nothing():
+    report = run("xid13")
+    assert report["verdicts"][0]["severity"] == "warning"
+    assert not {a["kind"] for a in report["actions"]} & DISRUPTIVE
+
+
+def test_an_xid_storm_gives_one_verdict_and_keeps_the_count():
+    report = run("xid-storm")
+    assert len([v for v in report["verdicts"] if v["kind"] == "fault"]) == 1
+    assert report["active_faults"][0]["occurrences"] == 20000
+
+
+def test_recovery_clears_what_the_fault_set():
+    report = run("recovery")
+    assert [v["kind"] for v in report["verdicts"]] == ["fault", "cleared"]
+    kinds = [a["kind"] for a in report["actions"]]
+    assert kinds.index("untaint") > kinds.index("taint")
+    assert "clear_condition" in kinds
+    assert report["gpu_status"] and set(report["gpu_status"].values()) == {"healthy"}
+
+
+def test_row_remap_pending_is_no_quarantine():
+    report = run("row-remap-pending")
+    assert "taint" not in {a["kind"] for a in report["actions"]}
+    assert [a["target"] for a in report["actions"] if a["kind"] == "reset_gpu"] == [
+        report["node"]["gpus"][6]["uuid"]]
+
+
+def test_an_unreadable_gpu_is_unknown_never_a_fault():
+    report = run("gpu-unreadable")
+    assert report["verdicts"][0]["severity"] == "unknown"
+    assert not {a["kind"] for a in report["actions"]} & DISRUPTIVE
+
+
+def test_dry_run_changes_every_result_to_dry_run():
+    report = run("xid79", GuardPolicy(mode=Mode.REMEDIATE, dry_run=True))
+    assert {a["result"] for a in report["actions"]} == {str(StepResult.DRY_RUN)}
+
+
+def test_quarantine_mode_skips_evictions():
+    report = run("xid79", GuardPolicy(mode=Mode.QUARANTINE))
+    results = {a["kind"]: a["result"] for a in report["actions"]}
+    assert results["taint"] == "planned"
+    assert results["evict"] == "skipped"
+
+
+def test_a_failing_actuator_fails_its_step_and_the_others_still_run():
+    class Flaky:
+        def apply(self, step):
+            if step.kind is StepKind.TAINT:
+                raise RuntimeError("api server down")
+            return StepResult.APPLIED, "ok"
+
+    report = run("xid79", actuator=Flaky())
+    results = {a["kind"]: a["result"] for a in report["actions"]}
+    assert results["taint"] == "failed"
+    assert results["evict"] == "applied"
+
+
+def test_a_malformed_scenario_names_the_field():
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario("name: x\ntimeline:\n  - {at: 1, signal: nonsense}\n", origin="bad.yaml")
+    assert caught.value.line().startswith("bad.yaml: field timeline.0.signal:")
+
+
+def test_a_scenario_naming_a_missing_gpu_is_rejected():
+    with pytest.raises(ScenarioError, match="gpu 9 but the node has 8"):
+        parse_scenario("name: x\ntimeline:\n  - {at: 1, signal: xid, value: 79, gpu: 9}\n", origin="bad.yaml")
+
+
+def test_an_unknown_scenario_lists_the_builtin_ones():
+    with pytest.raises(ScenarioError, match="xid79"):
+        load_scenario("no-such-scenario")
+
+
+def test_verdict_kinds_are_fault_or_cleared():
+    assert {v["kind"] for v in run("recovery")["verdicts"]} <= {str(k) for k in VerdictKind}
