@@ -15,7 +15,7 @@ import click
 
 from agent import __version__
 from agent.config import Config, config_as_yaml, load_config
-from agent.daemon import Daemon, discover_sources, rules_dir_of
+from agent.daemon import Daemon, rules_dir_of
 from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
 from agent.errors import AgentError, InputError, InputErrors
 from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
@@ -25,6 +25,7 @@ from agent.logs import configure_logging
 from agent.model import AttrValue, Signal, VerdictKind
 from agent.remediation import GuardPolicy, Mode
 from agent.simulate import SimulationReport, TimelineLine, simulate
+from agent.sources.kernel_log import KernelLogParser
 from agent.sources.scenario import ScenarioSource, builtin_names, inventory, load_scenario
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,7 +49,7 @@ def _reporting_bad_input(func: F) -> F:
         except InputError as exc:
             _fail([exc.line()])
         except AgentError as exc:
-            _fail([f"error: {exc}"], code=1)
+            _fail([f"gpu-health-agent: {exc}"], code=1)
 
     wrapper.__name__ = func.__name__
     wrapper.__doc__ = func.__doc__
@@ -88,23 +89,19 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
     config = config.model_copy(update=overrides)
     configure_logging(config.log.level, config.log.format)
     rules = load_rules(rules_dir_of(config))
-    probes = discover_sources(config)
-    sources = [p.source for p in probes if p.source is not None]
     node = None
+    extra = []
     if scenario:
         replay = load_scenario(scenario)
         node = dataclasses.replace(inventory(replay), name=config.node_name)
-        sources.append(ScenarioSource(replay, node, speed=speed))
-    if not sources:
-        reasons = "; ".join(f"{p.name}: {p.why_not}" for p in probes)
-        _fail([f"no source available on this machine ({reasons}). Use --scenario NAME to replay one."], code=1)
-    daemon = Daemon(config, sources=sources, rules=rules, inventory=node)
+        extra.append(ScenarioSource(replay, node, speed=speed))
+    daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra)
     server = AgentHttpServer(config.http.host, config.http.port, metrics=daemon.metrics.exposition,
                              health=daemon.health)
     server.start()
     click.echo(f"gpu-health-agent: node {config.node_name}, mode {config.mode}"
                f"{' (dry-run)' if config.dry_run else ''}, local mode (no cluster), "
-               f"sources {', '.join(s.name for s in sources)}, http :{server.port}", err=True)
+               f"sources {', '.join(s.name for s in daemon.sources)}, http :{server.port}", err=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -197,6 +194,35 @@ def _render_line(line: TimelineLine) -> list[str]:
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+@main.group()
+def kmsg() -> None:
+    """Work with kernel logs."""
+
+
+@kmsg.command(name="parse")
+@click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per recognised Xid or SXid line.")
+@click.option("--all", "all_kinds", is_flag=True, help="Also GPU-loss and GPU banner records.")
+def kmsg_parse(path: str, as_json: bool, all_kinds: bool) -> None:
+    """Parse a kernel log (dmesg, syslog, journalctl or raw /dev/kmsg records) for NVIDIA records."""
+    parser = KernelLogParser()
+    try:
+        handle = sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+    except OSError as exc:
+        _fail([f"{path}: cannot read: {exc.strerror}"])
+    with handle:
+        records = [r for n, line in enumerate(handle, 1) if (r := parser.feed(line, n)) is not None]
+    shown = [r for r in records if all_kinds or r.kind in {"xid", "sxid"}]
+    if as_json:
+        for record in shown:
+            click.echo(json.dumps(record.to_json(), default=str))
+        return
+    click.echo(f"{'line':>6}  {'kind':8} {'code':>6}  {'pci':14} {'pid':>8}  {'process':16} message")
+    for r in shown:
+        click.echo(f"{r.line:>6}  {r.kind:8} {r.code if r.code is not None else '-':>6}  {r.pci:14} "
+                   f"{r.pid if r.pid is not None else '-':>8}  {(r.process or '-')[:16]:16} {r.message}")
 
 
 @main.group()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
 import threading
 import time
@@ -23,6 +24,7 @@ from agent.model import NodeInventory, Observation
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy
 from agent.sources.base import Source
+from agent.sources.kmsg import KmsgSource
 
 log = structlog.get_logger("agent.daemon")
 
@@ -49,26 +51,51 @@ class SourceProbe:
     why_not: str = ""
 
 
-def discover_sources(config: Config) -> list[SourceProbe]:
+@dataclass(frozen=True, slots=True)
+class SourceContext:
+    """What a source factory may use: the config, the journal (for cursors), a counter hook."""
+
+    config: Config
+    journal: Journal
+    count: Callable[[str, str, int], None]
+
+
+def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
+    settings = ctx.config.sources.kmsg
+    path = Path(settings.path)
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        return None, f"cannot open {path}: {exc.strerror} (the agent needs CAP_SYSLOG and the device mounted)"
+    source = KmsgSource(path=path, admit_user_records=settings.admit_user_records, cursor=ctx.journal,
+                        count=lambda name, amount: ctx.count("kmsg", name, amount))
+    return source, ""
+
+
+SourceFactory = Callable[[SourceContext], tuple[Source | None, str]]
+SOURCE_FACTORIES: dict[str, SourceFactory] = {"kmsg": _kmsg_factory}
+
+
+def discover_sources(ctx: SourceContext) -> list[SourceProbe]:
     """Every source this machine can run, per the config (auto-detected unless forced on or off)."""
     probes: list[SourceProbe] = []
-    for name, factory in SOURCE_FACTORIES.items():
-        toggle = getattr(config.sources, name).enabled
+    for name in type(ctx.config.sources).model_fields:
+        toggle = getattr(ctx.config.sources, name).enabled
+        factory = SOURCE_FACTORIES.get(name)
         if toggle == "off":
             probes.append(SourceProbe(name, None, "disabled in config"))
             continue
-        try:
-            source, why_not = factory(config)
-        except AgentError as exc:
-            source, why_not = None, str(exc)
+        if factory is None:
+            why_not = "not available in this version of the agent"
+            if toggle == "on":
+                raise AgentError(f"source {name} is enabled in config but {why_not}")
+            probes.append(SourceProbe(name, None, why_not))
+            continue
+        source, why_not = factory(ctx)
         if source is None and toggle == "on":
             raise AgentError(f"source {name} is enabled in config but cannot run: {why_not}")
         probes.append(SourceProbe(name, source, why_not))
     return probes
-
-
-SourceFactory = Callable[[Config], tuple[Source | None, str]]
-SOURCE_FACTORIES: dict[str, SourceFactory] = {}
 
 
 class RulesWatcher:
@@ -103,8 +130,9 @@ class Daemon:
         self,
         config: Config,
         *,
-        sources: Sequence[Source],
         rules: RuleSet,
+        sources: Sequence[Source] | None = None,
+        extra_sources: Sequence[Source] = (),
         inventory: NodeInventory | None = None,
         registry: CollectorRegistry | None = None,
         journal: Journal | None = None,
@@ -112,9 +140,18 @@ class Daemon:
         reload_seconds: float = 5.0,
     ) -> None:
         self.config = config
-        self.sources = list(sources)
         self.metrics = Metrics(registry or CollectorRegistry())
         self.journal = journal if journal is not None else Journal(config.journal_path)
+        self.probes: list[SourceProbe] = []
+        if sources is None:
+            self.probes = discover_sources(SourceContext(config, self.journal, self._count))
+            sources = [p.source for p in self.probes if p.source is not None]
+        self.sources = [*sources, *extra_sources]
+        if not self.sources:
+            reasons = "; ".join(f"{p.name}: {p.why_not}" for p in self.probes) or "none configured"
+            self.journal.close()
+            raise AgentError(f"no source available on this machine ({reasons}); "
+                             "--scenario NAME replays a fault scenario instead")
         self.clock = clock
         self.queue: queue.Queue[Observation] = queue.Queue(maxsize=100_000)
         self.rules_dir = rules_dir_of(config)
@@ -134,6 +171,14 @@ class Daemon:
         self._running: dict[str, bool] = {}
         self._finished: set[str] = set()
         self._dropped = 0
+
+    def _count(self, source: str, name: str, amount: int) -> None:
+        if name == "lost":
+            self.metrics.kmsg_records_lost.inc(amount)
+        elif name == "forged":
+            self.metrics.kmsg_forged.inc(amount)
+        else:
+            self.metrics.source_errors.labels(source).inc(amount)
 
     def health(self) -> tuple[bool, dict[str, object]]:
         age = self.clock() - self.heartbeat

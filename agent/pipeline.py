@@ -24,6 +24,7 @@ from agent.model import (
     NodeInventory,
     Observation,
     Severity,
+    Signal,
     Step,
     StepResult,
     Verdict,
@@ -40,6 +41,7 @@ from agent.remediation import (
     plan,
 )
 
+BOOT_CURSOR = "boot_id"
 _TOOK_EFFECT = frozenset({StepResult.APPLIED, StepResult.PLANNED, StepResult.DRY_RUN})
 
 
@@ -119,6 +121,8 @@ class Pipeline:
     def _restore(self, verdicts: list[Verdict]) -> None:
         known = [v for v in verdicts if self.rules.get(v.rule_id) is not None]
         restore(self.engine, known)
+        if self.journal is not None:
+            self.engine.boot_id = self.journal.cursor(BOOT_CURSOR) or ""
         for verdict in known:
             self.active[(verdict.gpu_key, verdict.rule_id)] = ActiveFault.from_verdict(verdict)
         if known:
@@ -133,6 +137,8 @@ class Pipeline:
         if self.metrics:
             self.metrics.observed(observation)
         verdicts = evaluate(observation, self.engine, now, rules=self.rules)
+        if observation.signal is Signal.BOOT and self.journal is not None and self.engine.boot_id:
+            self._safely("journal_boot_failed", self.journal.set_cursor, BOOT_CURSOR, self.engine.boot_id)
         return self._after(verdicts, now, latency_from=observation.at)
 
     def tick(self, now: float | None = None) -> Outcome:

@@ -133,7 +133,7 @@ def test_a_failing_source_never_stops_the_others(tmp_path: Path):
 def test_rules_are_hot_reloaded_and_a_broken_change_is_rejected(tmp_path: Path):
     rules_dir = tmp_path / "rules"
     shutil.copytree(builtin_rules_dir(), rules_dir)
-    daemon = _daemon(tmp_path, [], rules_dir)
+    daemon = _daemon(tmp_path, [_OneShotSource()], rules_dir)
     before = len(daemon.pipeline.rules.rules)
     (rules_dir / "zz-broken.yaml").write_text("rules:\n- {id: x, signal: xid}\n")
     assert daemon.reload_rules_if_changed() is False

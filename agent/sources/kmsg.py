@@ -1,0 +1,244 @@
+"""The kernel-log source: tails /dev/kmsg (or follows a text log) and emits Xid, SXid and GPU-loss observations.
+
+Event-driven: it waits in poll() on the device and wakes the moment the kernel writes a record.
+Records overwritten before they were read (EPIPE) are counted and skipped; after a restart it resumes
+after the last record it emitted in the same boot, so nothing is handled twice.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs, normalise_pci
+from agent.sources.attribution import pod_of_pid
+from agent.sources.base import Emit
+from agent.sources.dedup import Deduplicator
+from agent.sources.kernel_log import KERNEL_FACILITY, KernelLogParser, KernelRecord
+
+CURSOR_NAME = "kmsg"
+_RECORD_SIGNALS = {"xid": Signal.XID, "sxid": Signal.SXID, "gpu_lost": Signal.GPU_LOST}
+
+
+class CursorStore(Protocol):
+    """Where the last handled kmsg position is kept across restarts (the journal)."""
+
+    def cursor(self, name: str) -> str | None: ...
+
+    def set_cursor(self, name: str, value: str) -> None: ...
+
+
+Count = Callable[[str, int], None]
+
+
+def _no_count(name: str, amount: int) -> None:
+    return None
+
+
+@dataclass(slots=True)
+class KmsgStats:
+    lines: int = 0
+    records: int = 0
+    lost: int = 0
+    forged: int = 0
+    skipped_after_restart: int = 0
+
+
+class KernelLogProcessor:
+    """Line -> observations, with attribution, forgery filtering and storm deduplication. No device I/O."""
+
+    def __init__(self, *, admit_user_records: bool = False, proc_root: Path = Path("/proc"),
+                 dedup_seconds: float = 1.0, count: Count = _no_count, source: str = "kmsg") -> None:
+        self.parser = KernelLogParser()
+        self.dedup = Deduplicator(window_seconds=dedup_seconds)
+        self.admit_user_records = admit_user_records
+        self.proc_root = proc_root
+        self.count = count
+        self.source = source
+        self.stats = KmsgStats()
+
+    def handle(self, line: str, now: float, line_no: int = 0) -> list[Observation]:
+        self.stats.lines += 1
+        record = self.parser.feed(line, line_no)
+        if record is None or record.kind not in _RECORD_SIGNALS:
+            return [] if self.dedup.idle else self.dedup.flush(now)
+        if record.extras.get("continuation"):
+            return []
+        facility = record.prefix.facility
+        if facility is not None and facility != KERNEL_FACILITY and not self.admit_user_records:
+            self.stats.forged += 1
+            self.count("forged", 1)
+            return []
+        self.stats.records += 1
+        observation = self.observation_of(record, now)
+        key = (record.kind, record.code, record.pci, record.pid, record.message)
+        return self.dedup.offer(key, observation, now)
+
+    def flush(self, now: float, *, force: bool = False) -> list[Observation]:
+        return self.dedup.flush(now, force=force)
+
+    def observation_of(self, record: KernelRecord, now: float) -> Observation:
+        attrs: dict[str, AttrValue] = {"message": record.message}
+        if record.pid is not None:
+            attrs["pid"] = record.pid
+            pod = pod_of_pid(record.pid, self.proc_root)
+            if pod is not None:
+                attrs["pod_uid"] = pod.pod_uid
+                if pod.container_id:
+                    attrs["container_id"] = pod.container_id
+            attrs["workload"] = pod.pod_uid if pod is not None else f"pid:{record.pid}"
+        if record.process is not None:
+            attrs["process"] = record.process
+        if record.prefix.seq is not None:
+            attrs["kmsg_seq"] = record.prefix.seq
+        for key, value in record.extras.items():
+            if isinstance(value, str | int | float | bool):
+                attrs[key] = value
+        signal = _RECORD_SIGNALS[record.kind]
+        if signal is Signal.SXID:
+            attrs["pci"] = record.pci
+            return Observation(signal, float(record.code or 0), now, self.source, None, frozen_attrs(attrs))
+        uuid = self.parser.pci_to_uuid.get(record.pci, "")
+        if not uuid:
+            wanted = normalise_pci(record.pci)
+            uuid = next((u for p, u in self.parser.pci_to_uuid.items() if normalise_pci(p) == wanted), "")
+        gpu = GpuRef(pci_bus_id=record.pci, uuid=uuid)
+        value = float(record.code) if record.code is not None else 1.0
+        return Observation(signal, value, now, self.source, gpu, frozen_attrs(attrs))
+
+
+def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except OSError:
+        return ""
+
+
+class KmsgSource:
+    """Tails /dev/kmsg, or follows a plain text log when `path` is a regular file."""
+
+    name = "kmsg"
+
+    def __init__(
+        self,
+        *,
+        path: Path = Path("/dev/kmsg"),
+        admit_user_records: bool = False,
+        cursor: CursorStore | None = None,
+        boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id"),
+        proc_root: Path = Path("/proc"),
+        count: Count = _no_count,
+        clock: Callable[[], float] = time.time,
+        dedup_seconds: float = 1.0,
+        wake_seconds: float = 0.5,
+    ) -> None:
+        self.path = path
+        self.cursor = cursor
+        self.boot_id_path = boot_id_path
+        self.count = count
+        self.clock = clock
+        self.wake_seconds = wake_seconds
+        self.processor = KernelLogProcessor(admit_user_records=admit_user_records, proc_root=proc_root,
+                                            dedup_seconds=dedup_seconds, count=count, source=self.name)
+        self.ready = threading.Event()
+
+    @property
+    def stats(self) -> KmsgStats:
+        return self.processor.stats
+
+    def run(self, emit: Emit, stop: threading.Event) -> None:
+        if stat.S_ISREG(os.stat(self.path).st_mode):
+            self._follow_text(emit, stop)
+        else:
+            self._tail_device(emit, stop)
+
+    def _tail_device(self, emit: Emit, stop: threading.Event) -> None:
+        boot_id = read_boot_id(self.boot_id_path)
+        emit(Observation(Signal.BOOT, 0, self.clock(), self.name, attrs=frozen_attrs({"boot_id": boot_id})))
+        resume_after = self._resume_point(boot_id)
+        last_seq: int | None = None
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            self.ready.set()
+            while not stop.is_set():
+                if not poller.poll(self.wake_seconds * 1000):
+                    self._emit_all(emit, self.processor.flush(self.clock()), boot_id, last_seq)
+                    continue
+                while not stop.is_set():
+                    try:
+                        data = os.read(fd, 16384)
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        if exc.errno == errno.EPIPE:
+                            self.count("lost", 1)
+                            self.stats.lost += 1
+                            continue
+                        raise
+                    if not data:
+                        break
+                    line = data.decode("utf-8", errors="replace").split("\n", 1)[0]
+                    seq = _seq_of(line)
+                    if seq is not None:
+                        if last_seq is not None and seq > last_seq + 1:
+                            gap = seq - last_seq - 1
+                            self.stats.lost += gap
+                            self.count("lost", gap)
+                        last_seq = seq
+                        if resume_after is not None and seq <= resume_after:
+                            self.stats.skipped_after_restart += 1
+                            continue
+                    self._emit_all(emit, self.processor.handle(line, self.clock(), seq or 0), boot_id, last_seq)
+        finally:
+            os.close(fd)
+            self._emit_all(emit, self.processor.flush(self.clock(), force=True), boot_id, last_seq)
+
+    def _resume_point(self, boot_id: str) -> int | None:
+        if self.cursor is None or not boot_id:
+            return None
+        saved = self.cursor.cursor(CURSOR_NAME)
+        if not saved or ":" not in saved:
+            return None
+        saved_boot, _, seq = saved.rpartition(":")
+        return int(seq) if saved_boot == boot_id and seq.isdigit() else None
+
+    def _emit_all(self, emit: Emit, observations: list[Observation], boot_id: str, seq: int | None) -> None:
+        for observation in observations:
+            emit(observation)
+        if observations and self.cursor is not None and boot_id and seq is not None:
+            self.cursor.set_cursor(CURSOR_NAME, f"{boot_id}:{seq}")
+
+    def _follow_text(self, emit: Emit, stop: threading.Event) -> None:
+        line_no = 0
+        with self.path.open(encoding="utf-8", errors="replace") as handle:
+            self.ready.set()
+            while not stop.is_set():
+                line = handle.readline()
+                if not line:
+                    for observation in self.processor.flush(self.clock()):
+                        emit(observation)
+                    stop.wait(self.wake_seconds)
+                    continue
+                line_no += 1
+                for observation in self.processor.handle(line, self.clock(), line_no):
+                    emit(observation)
+        for observation in self.processor.flush(self.clock(), force=True):
+            emit(observation)
+
+
+def _seq_of(line: str) -> int | None:
+    head = line.split(";", 1)[0]
+    parts = head.split(",")
+    if len(parts) >= 3 and parts[1].isdigit():
+        return int(parts[1])
+    return None
