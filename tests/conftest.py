@@ -27,3 +27,14 @@ def obs(signal: Signal, value: float, at: float = 0.0, *, gpu_ref: GpuRef | None
         count: int = 1, source: str = "test", **attrs: object) -> Observation:
     return Observation(signal, value, at, source, gpu_ref if gpu_ref is not None else gpu(),
                        frozen_attrs(attrs), count)  # type: ignore[arg-type]
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> bool:
+    """Poll `predicate` until it holds or `timeout` passes (integration tests on real threads)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

@@ -31,6 +31,15 @@ class Deduplicator:
         """True when no burst is open (nothing waits to be flushed)."""
         return not self._bursts
 
+    def repeat(self, key: Hashable, now: float) -> bool:
+        """Count a repeat of an open burst without building its observation; False if it is not one."""
+        burst = self._bursts.get(key)
+        if burst is None or now - burst.started >= self.window:
+            return False
+        burst.pending += 1
+        self.suppressed += 1
+        return True
+
     def offer(self, key: Hashable, observation: Observation, now: float) -> list[Observation]:
         """What to emit now for this observation (plus any bursts whose window has closed)."""
         out = self.flush(now)

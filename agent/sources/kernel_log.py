@@ -95,6 +95,8 @@ def strip_prefix(line: str) -> tuple[str, Prefix]:
         value = int(match.group(1))
         prefix = Prefix(int(match.group(2)), int(match.group(3)), value >> 3, value & 7)
         text = text[match.end():]
+        if text.startswith(("NVRM", "nvidia-nvswitch")):
+            return text.strip(), prefix
     for _ in range(6):
         for pattern in _PREFIXES:
             match = pattern.match(text)

@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs, normalise_pci
-from agent.sources.attribution import pod_of_pid
+from agent.sources.attribution import PodAttribution, pod_of_pid
 from agent.sources.base import Emit
 from agent.sources.dedup import Deduplicator
 from agent.sources.kernel_log import KERNEL_FACILITY, KernelLogParser, KernelRecord
 
 CURSOR_NAME = "kmsg"
+_POD_CACHE_SECONDS = 5.0
+_POD_CACHE_SIZE = 4096
 _RECORD_SIGNALS = {"xid": Signal.XID, "sxid": Signal.SXID, "gpu_lost": Signal.GPU_LOST}
 
 
@@ -64,6 +66,7 @@ class KernelLogProcessor:
         self.count = count
         self.source = source
         self.stats = KmsgStats()
+        self._pods: dict[int, tuple[float, PodAttribution | None]] = {}
 
     def handle(self, line: str, now: float, line_no: int = 0) -> list[Observation]:
         self.stats.lines += 1
@@ -78,18 +81,30 @@ class KernelLogProcessor:
             self.count("forged", 1)
             return []
         self.stats.records += 1
-        observation = self.observation_of(record, now)
         key = (record.kind, record.code, record.pci, record.pid, record.message)
-        return self.dedup.offer(key, observation, now)
+        if self.dedup.repeat(key, now):
+            return []
+        return self.dedup.offer(key, self.observation_of(record, now), now)
 
     def flush(self, now: float, *, force: bool = False) -> list[Observation]:
         return self.dedup.flush(now, force=force)
+
+    def _pod_of(self, pid: int, now: float) -> PodAttribution | None:
+        """Reads /proc/<pid>/cgroup at most once per pid every few seconds: storms stay cheap."""
+        cached = self._pods.get(pid)
+        if cached is not None and now - cached[0] < _POD_CACHE_SECONDS:
+            return cached[1]
+        pod = pod_of_pid(pid, self.proc_root)
+        if len(self._pods) >= _POD_CACHE_SIZE:
+            self._pods.clear()
+        self._pods[pid] = (now, pod)
+        return pod
 
     def observation_of(self, record: KernelRecord, now: float) -> Observation:
         attrs: dict[str, AttrValue] = {"message": record.message}
         if record.pid is not None:
             attrs["pid"] = record.pid
-            pod = pod_of_pid(record.pid, self.proc_root)
+            pod = self._pod_of(record.pid, now)
             if pod is not None:
                 attrs["pod_uid"] = pod.pod_uid
                 if pod.container_id:
@@ -107,7 +122,7 @@ class KernelLogProcessor:
             attrs["pci"] = record.pci
             return Observation(signal, float(record.code or 0), now, self.source, None, frozen_attrs(attrs))
         uuid = self.parser.pci_to_uuid.get(record.pci, "")
-        if not uuid:
+        if not uuid and self.parser.pci_to_uuid:
             wanted = normalise_pci(record.pci)
             uuid = next((u for p, u in self.parser.pci_to_uuid.items() if normalise_pci(p) == wanted), "")
         gpu = GpuRef(pci_bus_id=record.pci, uuid=uuid)
@@ -165,6 +180,7 @@ class KmsgSource:
         emit(Observation(Signal.BOOT, 0, self.clock(), self.name, attrs=frozen_attrs({"boot_id": boot_id})))
         resume_after = self._resume_point(boot_id)
         last_seq: int | None = None
+        partial = ""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             poller = select.poll()
@@ -187,21 +203,31 @@ class KmsgSource:
                         raise
                     if not data:
                         break
-                    line = data.decode("utf-8", errors="replace").split("\n", 1)[0]
-                    seq = _seq_of(line)
-                    if seq is not None:
-                        if last_seq is not None and seq > last_seq + 1:
-                            gap = seq - last_seq - 1
-                            self.stats.lost += gap
-                            self.count("lost", gap)
-                        last_seq = seq
-                        if resume_after is not None and seq <= resume_after:
-                            self.stats.skipped_after_restart += 1
-                            continue
-                    self._emit_all(emit, self.processor.handle(line, self.clock(), seq or 0), boot_id, last_seq)
+                    # /dev/kmsg returns one record per read; a pipe standing in for it may return several.
+                    lines = (partial + data.decode("utf-8", errors="replace")).split("\n")
+                    partial = lines.pop()
+                    for line in lines:
+                        if not line or line.startswith(" "):
+                            continue  # the record's dictionary (SUBSYSTEM=..., DEVICE=...)
+                        last_seq = self._handle_record(line, emit, boot_id, last_seq, resume_after)
         finally:
             os.close(fd)
             self._emit_all(emit, self.processor.flush(self.clock(), force=True), boot_id, last_seq)
+
+    def _handle_record(self, line: str, emit: Emit, boot_id: str, last_seq: int | None,
+                       resume_after: int | None) -> int | None:
+        seq = _seq_of(line)
+        if seq is not None:
+            if last_seq is not None and seq > last_seq + 1:
+                gap = seq - last_seq - 1
+                self.stats.lost += gap
+                self.count("lost", gap)
+            last_seq = seq
+            if resume_after is not None and seq <= resume_after:
+                self.stats.skipped_after_restart += 1
+                return last_seq
+        self._emit_all(emit, self.processor.handle(line, self.clock(), seq or 0), boot_id, last_seq)
+        return last_seq
 
     def _resume_point(self, boot_id: str) -> int | None:
         if self.cursor is None or not boot_id:

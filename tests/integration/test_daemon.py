@@ -19,7 +19,7 @@ from agent.daemon import Daemon
 from agent.engine import builtin_rules_dir, load_rules
 from agent.journal import Journal
 from agent.model import Observation, Signal
-from tests.conftest import gpu
+from tests.conftest import gpu, wait_for
 
 
 def free_port() -> int:
@@ -35,15 +35,6 @@ def get(url: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_the_agent_runs_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path: Path):
