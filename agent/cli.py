@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -14,6 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from agent import __version__
+from agent.check import check_node, kmsg_snapshot
 from agent.config import Config, config_as_yaml, load_config
 from agent.daemon import Daemon, rules_dir_of
 from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
@@ -26,6 +28,7 @@ from agent.model import AttrValue, Signal, VerdictKind
 from agent.remediation import GuardPolicy, Mode
 from agent.simulate import SimulationReport, TimelineLine, simulate
 from agent.sources.kernel_log import KernelLogParser
+from agent.sources.nvml import NvmlSource, load_pynvml, probe_calls
 from agent.sources.scenario import ScenarioSource, builtin_names, inventory, load_scenario
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -194,6 +197,100 @@ def _render_line(line: TimelineLine) -> list[str]:
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(), help="Config file (YAML).")
+@click.option("--json", "as_json", is_flag=True, help='{"gpus": [{"uuid", "status", "verdicts", ...}]}')
+@_reporting_bad_input
+def check(config_path: str | None, as_json: bool) -> None:
+    """Read every available source once and print each GPU's status and why (read-only)."""
+    config = _config(config_path)
+    configure_logging("error", "auto")
+    ruleset = load_rules(rules_dir_of(config))
+    now = time.time()
+    sources: dict[str, str] = {}
+    nvml_source = _nvml_or_reason(config, sources)
+    kmsg_observations = []
+    kmsg_path = Path(config.sources.kmsg.path)
+    if config.sources.kmsg.enabled == "off":
+        sources["kmsg"] = "disabled in config"
+    else:
+        try:
+            kmsg_observations = kmsg_snapshot(kmsg_path, now=now)
+            sources["kmsg"] = f"read {kmsg_path}"
+        except OSError as exc:
+            sources["kmsg"] = f"cannot read {kmsg_path}: {exc.strerror}"
+    if nvml_source is None and not kmsg_observations and not sources["kmsg"].startswith("read"):
+        _fail([f"gpu-health-agent check: no source to read ({'; '.join(f'{k}: {v}' for k, v in sources.items())})"],
+              code=1)
+    try:
+        report = check_node(ruleset, nvml=nvml_source, kmsg=kmsg_observations, now=now, sources=sources)
+    finally:
+        if nvml_source is not None:
+            nvml_source.stop()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, default=str))
+        return
+    click.echo(f"{'idx':>3}  {'uuid':40} {'model':24} {'temp':>9} {'power':>13} {'ecc sbe/dbe':>11} "
+               f"{'remap':>7}  status    why")
+    for gpu in report.gpus:
+        r = gpu.readings
+        temp = f"{_num_or(r.get('temperature_c'))}/{_num_or(r.get('slowdown_c'))}/{_num_or(r.get('shutdown_c'))}"
+        power = f"{_num_or(r.get('power_w'))}/{_num_or(r.get('power_limit_w'))}W"
+        ecc = f"{_num_or(r.get('ecc_sbe_volatile'))}/{_num_or(r.get('ecc_dbe_volatile'))}"
+        remap = "pending" if r.get("remap_pending") else ("failed" if r.get("remap_failure") else "ok")
+        remap = remap if "remap_pending" in r else "-"
+        index = gpu.gpu.index if gpu.gpu.index is not None else "-"
+        click.echo(f"{index:>3}  {gpu.gpu.uuid or gpu.gpu.pci_bus_id:40} {gpu.gpu.model[:24]:24} {temp:>9} "
+                   f"{power:>13} {ecc:>11} {remap:>7}  {gpu.status:9} {gpu.why}")
+    for verdict in report.node_verdicts:
+        click.echo(f"node: {verdict.severity} {verdict.rule_id}: {verdict.summary}")
+    for name, state in report.sources.items():
+        click.echo(f"source {name}: {state}", err=True)
+
+
+def _num_or(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.0f}"
+    return str(value)
+
+
+def _nvml_or_reason(config: Config, sources: dict[str, str]) -> NvmlSource | None:
+    if config.sources.nvml.enabled == "off":
+        sources["nvml"] = "disabled in config"
+        return None
+    try:
+        source = NvmlSource(load_pynvml(), call_timeout_seconds=config.sources.nvml.call_timeout_seconds)
+        source.start()
+    except Exception as exc:
+        sources["nvml"] = f"unavailable: {exc}"
+        return None
+    sources["nvml"] = f"{len(source.gpus)} GPUs, driver {source.driver_version}"
+    return source
+
+
+@main.group()
+def nvml() -> None:
+    """Work with NVML directly (read-only)."""
+
+
+@nvml.command(name="probe")
+@_reporting_bad_input
+def nvml_probe() -> None:
+    """One line per GPU and NVML call the agent makes: supported, NotSupported or error."""
+    sources: dict[str, str] = {}
+    source = _nvml_or_reason(load_config(None), sources)
+    if source is None:
+        _fail([f"nvml: {sources['nvml']}"], code=1)
+    try:
+        click.echo(f"# {sources['nvml']}")
+        for index, call, status in probe_calls(source):
+            click.echo(f"gpu {index}  {call:48} {status}")
+    finally:
+        source.stop()
 
 
 @main.group()

@@ -25,6 +25,7 @@ from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy
 from agent.sources.base import Source
 from agent.sources.kmsg import KmsgSource
+from agent.sources.nvml import NvmlSource, load_pynvml
 
 log = structlog.get_logger("agent.daemon")
 
@@ -72,8 +73,25 @@ def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     return source, ""
 
 
+def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
+    settings = ctx.config.sources.nvml
+    try:
+        nvml = load_pynvml()
+    except ImportError as exc:
+        return None, f"pynvml is not installed ({exc})"
+    probe = NvmlSource(nvml, call_timeout_seconds=settings.call_timeout_seconds)
+    try:
+        probe.start()
+    except Exception as exc:
+        probe.caller.close()
+        return None, f"NVML unavailable: {exc}"
+    probe.stop()
+    return NvmlSource(nvml, poll_seconds=settings.poll_seconds,
+                      call_timeout_seconds=settings.call_timeout_seconds), ""
+
+
 SourceFactory = Callable[[SourceContext], tuple[Source | None, str]]
-SOURCE_FACTORIES: dict[str, SourceFactory] = {"kmsg": _kmsg_factory}
+SOURCE_FACTORIES: dict[str, SourceFactory] = {"kmsg": _kmsg_factory, "nvml": _nvml_factory}
 
 
 def discover_sources(ctx: SourceContext) -> list[SourceProbe]:

@@ -21,6 +21,7 @@ from agent.model import (
     NODE_KEY,
     Action,
     ActionRecord,
+    GpuRef,
     NodeInventory,
     Observation,
     Severity,
@@ -133,6 +134,7 @@ class Pipeline:
         """Classify one observation and act on what it changes."""
         now = self.clock() if now is None else now
         if observation.gpu is not None:
+            self._learn(observation.gpu)
             observation = dataclasses.replace(observation, gpu=self.inventory.resolve(observation.gpu))
         if self.metrics:
             self.metrics.observed(observation)
@@ -156,6 +158,16 @@ class Pipeline:
 
     def replace_inventory(self, inventory: NodeInventory) -> None:
         self.inventory = inventory
+
+    def _learn(self, gpu: GpuRef) -> None:
+        """A source that knows a GPU's whole identity (NVML, DCGM) teaches it to the inventory, so a
+        kernel-log record that names only the PCI bus id is resolved to the same GPU."""
+        if not gpu.uuid or not gpu.pci_bus_id or gpu.mig_parent_uuid or gpu.index is None:
+            return
+        if any(known.uuid == gpu.uuid for known in self.inventory.gpus):
+            return
+        gpus = tuple(sorted((*self.inventory.gpus, gpu), key=lambda g: (g.index is None, g.index or 0)))
+        self.inventory = dataclasses.replace(self.inventory, gpus=gpus)
 
     def occurrences(self, gpu_key: str, rule_id: str) -> int:
         state = self.engine.rules.get((gpu_key, rule_id))

@@ -1,0 +1,130 @@
+"""One look at the node: read every available source once and judge each GPU, for `gpu-health-agent check`."""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.engine import EngineState, RuleSet, evaluate
+from agent.model import (
+    NODE_KEY,
+    GpuRef,
+    Observation,
+    Severity,
+    Verdict,
+    gpu_to_dict,
+    normalise_pci,
+    verdict_to_dict,
+)
+from agent.sources.kmsg import KernelLogProcessor
+from agent.sources.nvml import NvmlSource
+
+_STATUS = {Severity.FATAL: "fatal", Severity.DEGRADED: "degraded", Severity.UNKNOWN: "unknown"}
+_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}
+
+
+@dataclass(slots=True)
+class GpuReport:
+    gpu: GpuRef
+    status: str = "healthy"
+    verdicts: list[Verdict] = field(default_factory=list)
+    readings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def why(self) -> str:
+        serious = [v for v in self.verdicts if v.severity.rank >= Severity.WARNING.rank]
+        return "; ".join(f"{v.rule_id}: {v.summary}" for v in serious) or "no fault"
+
+    def to_json(self) -> dict[str, Any]:
+        gpu = gpu_to_dict(self.gpu) or {}
+        return {**gpu, "status": self.status, "why": self.why, "verdicts": [verdict_to_dict(v) for v in self.verdicts],
+                "readings": self.readings}
+
+
+@dataclass(slots=True)
+class CheckReport:
+    gpus: list[GpuReport]
+    node_verdicts: list[Verdict]
+    sources: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpus": [g.to_json() for g in self.gpus],
+                "node": {"verdicts": [verdict_to_dict(v) for v in self.node_verdicts]},
+                "sources": self.sources}
+
+
+def instantaneous(rules: RuleSet) -> RuleSet:
+    """The rules with debounce removed: a single reading is judged as if it had lasted."""
+    return RuleSet(rules=tuple(r.model_copy(update={"sustain_seconds": 0.0}) for r in rules.rules), files=rules.files)
+
+
+def kmsg_snapshot(path: Path, *, now: float) -> list[Observation]:
+    """Every NVIDIA record still in the kernel ring buffer (this boot), read without waiting."""
+    processor = KernelLogProcessor(dedup_seconds=float("inf"))
+    observations: list[Observation] = []
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                data = os.read(fd, 16384)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue
+                raise
+            if not data:
+                break
+            for line in data.decode("utf-8", errors="replace").split("\n"):
+                if line and not line.startswith(" "):
+                    observations.extend(processor.handle(line, now))
+    finally:
+        os.close(fd)
+    observations.extend(processor.flush(now, force=True))
+    return observations
+
+
+def check_node(rules: RuleSet, *, nvml: NvmlSource | None, kmsg: list[Observation], now: float,
+               sources: dict[str, str]) -> CheckReport:
+    """Judge every GPU from one reading of NVML and what the kernel log holds."""
+    observations: list[Observation] = list(kmsg)
+    reports: dict[str, GpuReport] = {}
+    if nvml is not None:
+        observations.extend(nvml.poll())
+        for state in nvml.gpus:
+            reports[state.ref.key] = GpuReport(state.ref, readings=dict(state.readings))
+    by_pci = {normalise_pci(r.gpu.pci_bus_id): r for r in reports.values() if r.gpu.pci_bus_id}
+    engine = EngineState()
+    judged = instantaneous(rules)
+    node_verdicts: list[Verdict] = []
+    for observation in sorted(observations, key=lambda o: o.at):
+        for verdict in evaluate(observation, engine, now, rules=judged):
+            report = _report_for(verdict, observation, reports, by_pci)
+            if report is None:
+                node_verdicts.append(verdict)
+                continue
+            report.verdicts.append(verdict)
+            status = _STATUS.get(verdict.severity, "healthy")
+            if _RANK[status] > _RANK[report.status]:
+                report.status = status
+    ordered = sorted(reports.values(), key=lambda r: (r.gpu.index is None, r.gpu.index or 0, r.gpu.pci_bus_id))
+    return CheckReport(ordered, node_verdicts, sources)
+
+
+def _report_for(verdict: Verdict, observation: Observation, reports: dict[str, GpuReport],
+                by_pci: dict[str, GpuReport]) -> GpuReport | None:
+    if verdict.gpu_key == NODE_KEY or observation.gpu is None:
+        return None
+    if verdict.gpu_key in reports:
+        return reports[verdict.gpu_key]
+    pci = normalise_pci(observation.gpu.pci_bus_id) if observation.gpu.pci_bus_id else ""
+    if pci in by_pci:
+        return by_pci[pci]
+    report = GpuReport(observation.gpu)
+    reports[verdict.gpu_key] = report
+    if pci:
+        by_pci[pci] = report
+    return report

@@ -1,0 +1,479 @@
+"""The NVML source: polls every GPU's health counters and waits on NVML events, each call under a deadline.
+
+Counters become deltas between polls; NotSupported is remembered per GPU and call; a hung call makes
+that GPU Unknown (its own observation), never a hardware fault; GPU lost is its own observation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs
+from agent.sources.base import Emit
+from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
+
+# NVML constants used here (public NVML API documentation).
+ERROR_NOT_SUPPORTED = 3
+ERROR_TIMEOUT = 10
+ERROR_GPU_IS_LOST = 15
+ERROR_FUNCTION_NOT_FOUND = 13
+NO_MIG_INSTANCE = 0xFFFFFFFF
+TEMPERATURE_GPU = 0
+THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_MEM_MAX = 0, 1, 2
+MEMORY_ERROR_CORRECTED, MEMORY_ERROR_UNCORRECTED = 0, 1
+VOLATILE_ECC, AGGREGATE_ECC = 0, 1
+RETIREMENT_SBE, RETIREMENT_DBE = 0, 1
+FIELD_RECOVERY_ACTION = 230
+FIELD_MEMORY_TEMP = 82
+FIELD_PCIE_REPLAY = 94
+NVLINK_FIELDS = {38: "crc_flit", 45: "crc_data", 52: "replay", 59: "recovery", 160: "ecc_data"}
+POLL_FIELDS = [FIELD_RECOVERY_ACTION, FIELD_MEMORY_TEMP, FIELD_PCIE_REPLAY, *NVLINK_FIELDS]
+EVENT_SBE, EVENT_DBE, EVENT_XID = 0x1, 0x2, 0x8
+EVENT_GPU_UNAVAILABLE, EVENT_RECOVERY_ACTION = 0x4000, 0x8000
+WANTED_EVENTS = EVENT_DBE | EVENT_XID | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
+MAX_NVLINKS = 18
+# DCGM's PCIe watch: replays per minute per lane allowed at each generation (a 1e-12 bit-error rate).
+PCIE_REPLAYS_PER_LANE_PER_MIN = {1: 0.15, 2: 0.3, 3: 0.48, 4: 0.96, 5: 1.92, 6: 3.84}
+
+
+@dataclass(slots=True)
+class GpuState:
+    """One GPU as the source knows it: identity, handle, static limits, counters of the last poll."""
+
+    ref: GpuRef
+    handle: Any
+    handle_key: int
+    mig_mode: int = 0
+    slowdown_c: float | None = None
+    shutdown_c: float | None = None
+    mem_max_c: float | None = None
+    unsupported: set[str] = field(default_factory=set)
+    counters: dict[str, float] = field(default_factory=dict)
+    links_seen_up: set[int] = field(default_factory=set)
+    nvlinks: int | None = None
+    replay_at: float | None = None
+    readings: dict[str, Any] = field(default_factory=dict)
+    lost: bool = False
+
+
+class GpuLost(Exception):
+    """The GPU answered NVML_ERROR_GPU_IS_LOST."""
+
+
+class NvmlSource:
+    """Polls GPUs every `poll_seconds`; a second thread turns NVML events into observations at once."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any, *, poll_seconds: float = 10.0, call_timeout_seconds: float = 2.0,
+                 clock: Callable[[], float] = time.time, event_wait_ms: int = 500) -> None:
+        self.nvml = nvml
+        self.poll_seconds = poll_seconds
+        self.caller = BoundedCaller(timeout_seconds=call_timeout_seconds)
+        self.clock = clock
+        self.event_wait_ms = event_wait_ms
+        self.gpus: list[GpuState] = []
+        self.driver_version = ""
+        self.ready = threading.Event()
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        """nvmlInit and discover the GPUs (raises the NVML error when the driver or library is missing)."""
+        self._call("nvmlInit", self.nvml.nvmlInit)
+        self.driver_version = _text(self._call("nvmlSystemGetDriverVersion", self.nvml.nvmlSystemGetDriverVersion))
+        count = int(self._call("nvmlDeviceGetCount", self.nvml.nvmlDeviceGetCount))
+        self.gpus = [self._discover(index) for index in range(count)]
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):  # shutting down a wedged driver is best effort
+            self._call("nvmlShutdown", self.nvml.nvmlShutdown)
+        self.caller.close()
+
+    def run(self, emit: Emit, stop: threading.Event) -> None:
+        self.start()
+        events = threading.Thread(target=self._events, args=(emit, stop), name="nvml-events", daemon=True)
+        events.start()
+        self.ready.set()
+        try:
+            while not stop.is_set():
+                started = self.clock()
+                for observation in self.poll():
+                    emit(observation)
+                stop.wait(max(0.0, self.poll_seconds - (self.clock() - started)))
+        finally:
+            events.join(timeout=2 * self.event_wait_ms / 1000 + 1)
+            self.stop()
+
+    def _discover(self, index: int) -> GpuState:
+        handle = self._call("nvmlDeviceGetHandleByIndex", self.nvml.nvmlDeviceGetHandleByIndex, index)
+        try:
+            uuid = _text(self._call("nvmlDeviceGetUUID", self.nvml.nvmlDeviceGetUUID, handle))
+            pci = _text(self._call("nvmlDeviceGetPciInfo", self.nvml.nvmlDeviceGetPciInfo, handle).busId)
+            name = _text(self._call("nvmlDeviceGetName", self.nvml.nvmlDeviceGetName, handle))
+        except self.nvml.NVMLError as exc:
+            # A GPU that cannot even name itself is still a GPU of this node: known by index, read as lost.
+            gpu = GpuState(GpuRef(index=index), handle, _handle_key(handle))
+            gpu.readings["discovery_error"] = str(exc)
+            gpu.lost = getattr(exc, "value", None) == ERROR_GPU_IS_LOST
+            return gpu
+        gpu = GpuState(GpuRef(index, uuid, pci.lower(), name), handle, _handle_key(handle))
+        mig = self._optional(gpu, "nvmlDeviceGetMigMode", self.nvml.nvmlDeviceGetMigMode, handle)
+        gpu.mig_mode = int(mig[0]) if mig else 0
+        gpu.shutdown_c = self._optional(gpu, "threshold.shutdown", self.nvml.nvmlDeviceGetTemperatureThreshold,
+                                        handle, THRESHOLD_SHUTDOWN)
+        gpu.slowdown_c = self._optional(gpu, "threshold.slowdown", self.nvml.nvmlDeviceGetTemperatureThreshold,
+                                        handle, THRESHOLD_SLOWDOWN)
+        gpu.mem_max_c = self._optional(gpu, "threshold.mem_max", self.nvml.nvmlDeviceGetTemperatureThreshold,
+                                       handle, THRESHOLD_MEM_MAX)
+        return gpu
+
+    # ---- calls ----
+    def _call(self, name: str, func: Callable[..., Any], *args: Any) -> Any:
+        return self.caller.call(name, func, *args)
+
+    def _optional(self, gpu: GpuState, name: str, func: Callable[..., Any], *args: Any) -> Any:
+        """A call whose NotSupported is remembered; GPU lost and timeouts propagate; other errors give None."""
+        if name in gpu.unsupported:
+            return None
+        try:
+            return self._call(name, func, *args)
+        except self.nvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == ERROR_GPU_IS_LOST:
+                raise GpuLost(name) from None
+            if code in {ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND}:
+                gpu.unsupported.add(name)
+            else:
+                gpu.readings.setdefault("errors", {})[name] = str(exc)
+            return None
+
+    # ---- polling ----
+    def poll(self) -> list[Observation]:
+        """One reading of every GPU (also what `check` uses)."""
+        observations: list[Observation] = []
+        for gpu in self.gpus:
+            observations.extend(self.poll_gpu(gpu))
+        return observations
+
+    def poll_gpu(self, gpu: GpuState) -> list[Observation]:
+        now = self.clock()
+        out: list[Observation] = []
+        gpu.readings.pop("errors", None)
+        try:
+            if gpu.lost:
+                raise GpuLost("nvmlDeviceGetUUID")
+            self._read_all(gpu, now, out)
+        except GpuLost as lost:
+            out.append(self._obs(gpu, Signal.GPU_LOST, 1, now, message=f"{lost} returned GPU_IS_LOST"))
+            gpu.readings["status_note"] = "GPU lost"
+            return out
+        except (CallTimeout, TooManyHungCalls) as exc:
+            out.append(self._obs(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=str(exc)))
+            gpu.readings["status_note"] = str(exc)
+            return out
+        out.append(self._obs(gpu, Signal.SOURCE_UNREADABLE, 0, now))
+        gpu.readings.pop("status_note", None)
+        return out
+
+    def _read_all(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        nvml, h = self.nvml, gpu.handle
+        self._read_temperature(gpu, now, out)
+        self._read_fields(gpu, now, out)
+        usage = self._optional(gpu, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
+        limit = self._optional(gpu, "nvmlDeviceGetEnforcedPowerLimit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        if usage is not None:
+            gpu.readings.update(power_w=usage / 1000, power_limit_w=limit / 1000 if limit else None)
+            out.append(self._obs(gpu, Signal.POWER, usage / 1000, now, limit_w=limit / 1000 if limit else None))
+        reasons = self._optional(gpu, "nvmlDeviceGetCurrentClocksEventReasons",
+                                 nvml.nvmlDeviceGetCurrentClocksEventReasons, h)
+        if reasons is not None:
+            gpu.readings["clocks_event_reasons"] = int(reasons)
+            out.append(self._obs(gpu, Signal.CLOCK_EVENTS, int(reasons), now))
+        self._read_ecc(gpu, now, out)
+        self._read_retired_pages(gpu, now, out)
+        self._read_remapped_rows(gpu, now, out)
+        self._read_nvlink_state(gpu, now, out)
+        self._read_pcie_link(gpu, now, out)
+        utilization = self._optional(gpu, "nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, h)
+        if utilization is not None:
+            gpu.readings.update(utilization_gpu=utilization.gpu, utilization_memory=utilization.memory)
+
+    def _read_temperature(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        nvml, h = self.nvml, gpu.handle
+        temp = self._optional(gpu, "nvmlDeviceGetTemperatureV", nvml.nvmlDeviceGetTemperatureV, h, TEMPERATURE_GPU)
+        if temp is None and "nvmlDeviceGetTemperatureV" in gpu.unsupported:
+            temp = self._optional(gpu, "nvmlDeviceGetTemperature", nvml.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU)
+        if temp is None:
+            return
+        gpu.readings.update(temperature_c=temp, slowdown_c=gpu.slowdown_c, shutdown_c=gpu.shutdown_c)
+        out.append(self._obs(gpu, Signal.TEMPERATURE, temp, now, slowdown_c=gpu.slowdown_c,
+                             shutdown_c=gpu.shutdown_c))
+
+    def _read_fields(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        values = self._optional(gpu, "nvmlDeviceGetFieldValues", self.nvml.nvmlDeviceGetFieldValues, gpu.handle,
+                                POLL_FIELDS)
+        if values is None:
+            return
+        readings: dict[int, float] = {}
+        for value in values:
+            if value.nvmlReturn == 0:
+                readings[int(value.fieldId)] = float(value.value.ullVal)
+            elif value.nvmlReturn == ERROR_GPU_IS_LOST:
+                raise GpuLost("nvmlDeviceGetFieldValues")
+        if FIELD_RECOVERY_ACTION in readings:
+            gpu.readings["recovery_action"] = int(readings[FIELD_RECOVERY_ACTION])
+            out.append(self._obs(gpu, Signal.RECOVERY_ACTION, readings[FIELD_RECOVERY_ACTION], now))
+        if FIELD_MEMORY_TEMP in readings:
+            gpu.readings["memory_temperature_c"] = readings[FIELD_MEMORY_TEMP]
+            out.append(self._obs(gpu, Signal.MEMORY_TEMPERATURE, readings[FIELD_MEMORY_TEMP], now,
+                                 mem_max_c=gpu.mem_max_c))
+        for field_id, counter in NVLINK_FIELDS.items():
+            if field_id in readings:
+                delta = self._delta(gpu, f"nvlink.{counter}", readings[field_id])
+                if delta:
+                    out.append(self._obs(gpu, Signal.NVLINK_ERRORS, delta, now, count=int(delta), counter=counter,
+                                         link="all"))
+        if FIELD_PCIE_REPLAY in readings:
+            self._pcie_replay_rate(gpu, readings[FIELD_PCIE_REPLAY], now, out)
+
+    def _pcie_replay_rate(self, gpu: GpuState, total: float, now: float, out: list[Observation]) -> None:
+        previous_at = gpu.replay_at
+        delta = self._delta(gpu, "pcie.replay", total)
+        gpu.replay_at = now
+        gpu.readings["pcie_replays"] = total
+        if previous_at is None or delta is None or now <= previous_at:
+            return
+        rate = delta / ((now - previous_at) / 60.0)
+        gen = gpu.readings.get("pcie_max_gen") or 5
+        width = gpu.readings.get("pcie_max_width") or 16
+        limit = math.ceil(PCIE_REPLAYS_PER_LANE_PER_MIN.get(int(gen), 1.92) * int(width))
+        out.append(self._obs(gpu, Signal.PCIE_REPLAYS, rate, now, limit_per_min=limit))
+
+    def _read_ecc(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        nvml, h = self.nvml, gpu.handle
+        dbe = self._optional(gpu, "ecc.dbe", nvml.nvmlDeviceGetTotalEccErrors, h, MEMORY_ERROR_UNCORRECTED,
+                             VOLATILE_ECC)
+        sbe = self._optional(gpu, "ecc.sbe", nvml.nvmlDeviceGetTotalEccErrors, h, MEMORY_ERROR_CORRECTED,
+                             VOLATILE_ECC)
+        if dbe is not None:
+            first = "ecc.dbe" not in gpu.counters
+            delta = self._delta(gpu, "ecc.dbe", float(dbe))
+            gpu.readings["ecc_dbe_volatile"] = int(dbe)
+            new = float(dbe) if first else (delta or 0.0)
+            if new > 0:
+                out.append(self._obs(gpu, Signal.ECC_DBE, new, now, volatile_total=int(dbe)))
+        if sbe is not None:
+            delta = self._delta(gpu, "ecc.sbe", float(sbe))
+            gpu.readings["ecc_sbe_volatile"] = int(sbe)
+            if delta:
+                out.append(self._obs(gpu, Signal.ECC_SBE, delta, now, count=int(delta), volatile_total=int(sbe)))
+
+    def _read_retired_pages(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        nvml, h = self.nvml, gpu.handle
+        sbe = self._optional(gpu, "retired.sbe", nvml.nvmlDeviceGetRetiredPages, h, RETIREMENT_SBE)
+        dbe = self._optional(gpu, "retired.dbe", nvml.nvmlDeviceGetRetiredPages, h, RETIREMENT_DBE)
+        if sbe is not None and dbe is not None:
+            gpu.readings.update(retired_pages_sbe=len(sbe), retired_pages_dbe=len(dbe))
+            out.append(self._obs(gpu, Signal.RETIRED_PAGES, len(sbe) + len(dbe), now, sbe=len(sbe), dbe=len(dbe)))
+        pending = self._optional(gpu, "retired.pending", nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        if pending is not None:
+            gpu.readings["retired_pages_pending"] = int(pending)
+            out.append(self._obs(gpu, Signal.RETIRED_PAGES_PENDING, int(pending), now))
+
+    def _read_remapped_rows(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        rows = self._optional(gpu, "nvmlDeviceGetRemappedRows", self.nvml.nvmlDeviceGetRemappedRows, gpu.handle)
+        if rows is None:
+            return
+        corr, unc, pending, failure = (int(v) for v in rows)
+        gpu.readings.update(remap_correctable=corr, remap_uncorrectable=unc, remap_pending=pending,
+                            remap_failure=failure)
+        out.append(self._obs(gpu, Signal.ROW_REMAP_PENDING, pending, now, correctable_rows=corr,
+                             uncorrectable_rows=unc))
+        out.append(self._obs(gpu, Signal.ROW_REMAP_FAILURE, failure, now))
+        out.append(self._obs(gpu, Signal.ROW_REMAP_UNCORRECTABLE, unc, now))
+
+    def _read_nvlink_state(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        if "nvlink.state" in gpu.unsupported:
+            return
+        down: list[int] = []
+        links = gpu.nvlinks if gpu.nvlinks is not None else MAX_NVLINKS
+        for link in range(links):
+            try:
+                active = self._call("nvmlDeviceGetNvLinkState", self.nvml.nvmlDeviceGetNvLinkState, gpu.handle, link)
+            except self.nvml.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code == ERROR_GPU_IS_LOST:
+                    raise GpuLost("nvmlDeviceGetNvLinkState") from None
+                if gpu.nvlinks is None:
+                    gpu.nvlinks = link
+                    if link == 0:
+                        gpu.unsupported.add("nvlink.state")
+                break
+            if active:
+                gpu.links_seen_up.add(link)
+            elif link in gpu.links_seen_up:
+                down.append(link)
+        else:
+            gpu.nvlinks = links
+        if gpu.links_seen_up:
+            gpu.readings.update(nvlinks_up=len(gpu.links_seen_up) - len(down), nvlinks_down=down)
+            out.append(self._obs(gpu, Signal.NVLINK_DOWN, len(down), now,
+                                 links=",".join(str(n) for n in down) or "none"))
+
+    def _read_pcie_link(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        nvml, h = self.nvml, gpu.handle
+        width = self._optional(gpu, "nvmlDeviceGetCurrPcieLinkWidth", nvml.nvmlDeviceGetCurrPcieLinkWidth, h)
+        if "pcie_max_width" not in gpu.readings:
+            gpu.readings["pcie_max_width"] = self._optional(gpu, "nvmlDeviceGetMaxPcieLinkWidth",
+                                                            nvml.nvmlDeviceGetMaxPcieLinkWidth, h)
+            gpu.readings["pcie_max_gen"] = self._optional(gpu, "nvmlDeviceGetMaxPcieLinkGeneration",
+                                                          nvml.nvmlDeviceGetMaxPcieLinkGeneration, h)
+        gen = self._optional(gpu, "nvmlDeviceGetCurrPcieLinkGeneration", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        gpu.readings.update(pcie_width=width, pcie_gen=gen)
+        max_width = gpu.readings.get("pcie_max_width")
+        if width is not None and max_width:
+            out.append(self._obs(gpu, Signal.PCIE_LINK, int(width), now, max_width=int(max_width),
+                                 gen=int(gen or 0), max_gen=int(gpu.readings.get("pcie_max_gen") or 0)))
+
+    def _delta(self, gpu: GpuState, name: str, value: float) -> float | None:
+        """The increase since the last poll (None on the first); a counter that went back restarted (reset)."""
+        previous = gpu.counters.get(name)
+        gpu.counters[name] = value
+        if previous is None:
+            return None
+        return value - previous if value >= previous else value
+
+    def _obs(self, gpu: GpuState, signal: Signal, value: float, now: float, *, count: int = 1,
+             **attrs: AttrValue | None) -> Observation:
+        clean = {k: v for k, v in attrs.items() if v is not None}
+        if gpu.mig_mode:
+            clean["mig_mode"] = gpu.mig_mode
+        return Observation(signal, float(value), now, self.name, gpu.ref, frozen_attrs(clean), max(1, count))
+
+    # ---- events ----
+    def _events(self, emit: Emit, stop: threading.Event) -> None:
+        nvml = self.nvml
+        try:
+            event_set = self._call("nvmlEventSetCreate", nvml.nvmlEventSetCreate)
+        except Exception:
+            return
+        by_handle = {gpu.handle_key: gpu for gpu in self.gpus}
+        for gpu in self.gpus:
+            supported = self._optional(gpu, "nvmlDeviceGetSupportedEventTypes", nvml.nvmlDeviceGetSupportedEventTypes,
+                                       gpu.handle)
+            mask = int(supported or 0) & WANTED_EVENTS
+            if mask:
+                self._optional(gpu, "nvmlDeviceRegisterEvents", nvml.nvmlDeviceRegisterEvents, gpu.handle, mask,
+                               event_set)
+        try:
+            while not stop.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait_v2(event_set, self.event_wait_ms)
+                except nvml.NVMLError as exc:
+                    if getattr(exc, "value", None) != ERROR_TIMEOUT:
+                        stop.wait(self.event_wait_ms / 1000)
+                    continue
+                source_gpu = by_handle.get(_handle_key(data.device))
+                if source_gpu is not None:
+                    observation = self.event_observation(source_gpu, data)
+                    if observation is not None:
+                        emit(observation)
+        finally:
+            with contextlib.suppress(Exception):  # freeing on a wedged driver is best effort
+                nvml.nvmlEventSetFree(event_set)
+
+    def event_observation(self, gpu: GpuState, data: Any) -> Observation | None:
+        """An NVML event as an observation: Xid, double-bit ECC, GPU unavailable, recovery action."""
+        now = self.clock()
+        kind, payload = int(data.eventType), int(data.eventData)
+        ref = gpu.ref
+        attrs: dict[str, AttrValue] = {"event_type": kind}
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        if gi != NO_MIG_INSTANCE:
+            attrs.update(gpu_instance=gi, compute_instance=ci if ci != NO_MIG_INSTANCE else -1)
+            ref = GpuRef(ref.index, ref.uuid, ref.pci_bus_id, ref.model, mig_parent_uuid=ref.uuid,
+                         mig_gpu_instance=gi, mig_compute_instance=ci if ci != NO_MIG_INSTANCE else None)
+        signal = {EVENT_XID: Signal.XID, EVENT_DBE: Signal.ECC_DBE, EVENT_GPU_UNAVAILABLE: Signal.GPU_LOST,
+                  EVENT_RECOVERY_ACTION: Signal.RECOVERY_ACTION}.get(kind)
+        if signal is None:
+            return None
+        value = float(payload) if signal in {Signal.XID, Signal.RECOVERY_ACTION} else 1.0
+        return Observation(signal, value, now, "nvml-event", ref, frozen_attrs(attrs))
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _handle_key(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+def load_pynvml() -> Any:
+    """The real pynvml module (nvidia-ml-py)."""
+    import pynvml  # noqa: PLC0415 - only the NVML source touches the driver bindings
+
+    return pynvml
+
+
+def probe_calls(source: NvmlSource) -> list[tuple[int, str, str]]:
+    """(GPU index, NVML call, supported | NotSupported | error: ...) for every read the agent makes."""
+    nvml = source.nvml
+    results: list[tuple[int, str, str]] = []
+    for gpu in source.gpus:
+        calls: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = [
+            ("nvmlDeviceGetTemperatureV", nvml.nvmlDeviceGetTemperatureV, (TEMPERATURE_GPU,)),
+            ("nvmlDeviceGetTemperatureThreshold(SHUTDOWN)", nvml.nvmlDeviceGetTemperatureThreshold,
+             (THRESHOLD_SHUTDOWN,)),
+            ("nvmlDeviceGetTemperatureThreshold(SLOWDOWN)", nvml.nvmlDeviceGetTemperatureThreshold,
+             (THRESHOLD_SLOWDOWN,)),
+            ("nvmlDeviceGetTemperatureThreshold(MEM_MAX)", nvml.nvmlDeviceGetTemperatureThreshold,
+             (THRESHOLD_MEM_MAX,)),
+            ("nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, ()),
+            ("nvmlDeviceGetEnforcedPowerLimit", nvml.nvmlDeviceGetEnforcedPowerLimit, ()),
+            ("nvmlDeviceGetCurrentClocksEventReasons", nvml.nvmlDeviceGetCurrentClocksEventReasons, ()),
+            ("nvmlDeviceGetTotalEccErrors(DBE, volatile)", nvml.nvmlDeviceGetTotalEccErrors,
+             (MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC)),
+            ("nvmlDeviceGetTotalEccErrors(SBE, volatile)", nvml.nvmlDeviceGetTotalEccErrors,
+             (MEMORY_ERROR_CORRECTED, VOLATILE_ECC)),
+            ("nvmlDeviceGetRetiredPages(DBE)", nvml.nvmlDeviceGetRetiredPages, (RETIREMENT_DBE,)),
+            ("nvmlDeviceGetRetiredPagesPendingStatus", nvml.nvmlDeviceGetRetiredPagesPendingStatus, ()),
+            ("nvmlDeviceGetRemappedRows", nvml.nvmlDeviceGetRemappedRows, ()),
+            ("nvmlDeviceGetNvLinkState(0)", nvml.nvmlDeviceGetNvLinkState, (0,)),
+            ("nvmlDeviceGetCurrPcieLinkWidth", nvml.nvmlDeviceGetCurrPcieLinkWidth, ()),
+            ("nvmlDeviceGetMaxPcieLinkWidth", nvml.nvmlDeviceGetMaxPcieLinkWidth, ()),
+            ("nvmlDeviceGetCurrPcieLinkGeneration", nvml.nvmlDeviceGetCurrPcieLinkGeneration, ()),
+            ("nvmlDeviceGetMaxPcieLinkGeneration", nvml.nvmlDeviceGetMaxPcieLinkGeneration, ()),
+            ("nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, ()),
+            ("nvmlDeviceGetSupportedEventTypes", nvml.nvmlDeviceGetSupportedEventTypes, ()),
+            ("nvmlDeviceGetMigMode", nvml.nvmlDeviceGetMigMode, ()),
+        ]
+        calls.extend((f"nvmlDeviceGetFieldValues({f})", _field_status, (nvml, f)) for f in POLL_FIELDS)
+        for name, func, args in calls:
+            call_args = (args[0], gpu.handle, *args[1:]) if func is _field_status else (gpu.handle, *args)
+            results.append((gpu.ref.index or 0, name, _probe(source, name, func, call_args)))
+    return results
+
+
+def _probe(source: NvmlSource, name: str, func: Callable[..., Any], args: tuple[Any, ...]) -> str:
+    try:
+        source.caller.call(name, func, *args)
+    except source.nvml.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        return "NotSupported" if code in {ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND} else f"error: {exc}"
+    except Exception as exc:
+        return f"error: {exc}"
+    return "supported"
+
+
+def _field_status(nvml: Any, handle: Any, field_id: int) -> None:
+    [value] = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
+    if value.nvmlReturn != 0:
+        raise nvml.NVMLError(value.nvmlReturn)

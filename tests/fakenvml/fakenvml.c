@@ -1,0 +1,583 @@
+/*
+ * A fake libnvidia-ml.so.1 for tests: the real pynvml loads it and gets GPUs whose state comes from a
+ * JSON file named by $FAKE_NVML_STATE, re-read whenever it changes, so a test can change a GPU under
+ * a running agent. Prototypes are declared here from NVML's public documentation; nothing of NVIDIA's
+ * header is copied. Only what the agent calls is implemented; everything else is absent, which pynvml
+ * reports as NVML_ERROR_FUNCTION_NOT_FOUND.
+ *
+ * State (all keys optional):
+ * {"driver_loaded": true, "driver_version": "550.90.07",
+ *  "gpus": [{"uuid": "GPU-...", "pci": "00000000:18:00.0", "name": "NVIDIA H100 80GB HBM3", "mig_mode": 0,
+ *            "temp": 40, "mem_temp": 45,
+ *            "thresholds": {"shutdown": 92, "slowdown": 90, "mem_max": 95, "gpu_max": 87},
+ *            "power_mw": 100000, "power_limit_mw": 700000, "clocks_event_reasons": 0,
+ *            "ecc": {"sbe_volatile": 0, "dbe_volatile": 0, "sbe_aggregate": 0, "dbe_aggregate": 0},
+ *            "retired_pages": {"sbe": 0, "dbe": 0, "pending": 0},
+ *            "remapped_rows": {"corr": 0, "unc": 0, "pending": 0, "failure": 0},
+ *            "recovery_action": 0,
+ *            "nvlink": {"links": 18, "down": [3], "crc_flit": 0, "crc_data": 0, "replay": 0, "recovery": 0,
+ *                       "ecc_data": 0},
+ *            "pcie": {"replay": 0, "gen": 5, "max_gen": 5, "width": 16, "max_width": 16},
+ *            "utilization": {"gpu": 0, "memory": 0},
+ *            "lost": false,
+ *            "errors": {"nvmlDeviceGetPowerUsage": 3},
+ *            "hang": ["nvmlDeviceGetTemperatureV"]}],
+ *  "events": [{"id": 1, "gpu": 3, "type": 8, "data": 79, "gi": 4294967295, "ci": 4294967295}]}
+ * A value of null for "retired_pages", "remapped_rows", "ecc" or "nvlink" makes those calls NotSupported.
+ * A call named in "hang" blocks until the state no longer names it.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- NVML types and values, declared from the public API documentation ---- */
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10, NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_UNKNOWN = 999
+};
+typedef struct fake_device *nvmlDevice_t;
+typedef struct fake_event_set *nvmlEventSet_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+typedef union {
+    double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal;
+    long long sllVal; int siVal; unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+/* ---- a small JSON reader ---- */
+typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jtype;
+typedef struct jnode {
+    jtype type;
+    double num;
+    char *str;
+    struct jnode **items;
+    char **keys;
+    int count;
+} jnode;
+
+static const char *jp;
+
+static void skip_ws(void) { while (*jp && isspace((unsigned char)*jp)) jp++; }
+static jnode *jparse(void);
+
+static jnode *jnew(jtype t) { jnode *n = calloc(1, sizeof(jnode)); n->type = t; return n; }
+
+static char *jstring(void) {
+    size_t cap = 32, len = 0;
+    char *out = malloc(cap);
+    jp++;
+    while (*jp && *jp != '"') {
+        char c = *jp++;
+        if (c == '\\' && *jp) {
+            c = *jp++;
+            if (c == 'n') c = '\n'; else if (c == 't') c = '\t';
+            else if (c == 'u') { for (int i = 0; i < 4 && *jp; i++) jp++; c = '?'; }
+        }
+        if (len + 2 > cap) { cap *= 2; out = realloc(out, cap); }
+        out[len++] = c;
+    }
+    if (*jp == '"') jp++;
+    out[len] = 0;
+    return out;
+}
+
+static jnode *jparse(void) {
+    skip_ws();
+    if (*jp == '{' || *jp == '[') {
+        int object = *jp == '{';
+        jnode *n = jnew(object ? J_OBJ : J_ARR);
+        jp++;
+        for (;;) {
+            skip_ws();
+            if (*jp == '}' || *jp == ']') { jp++; break; }
+            if (!*jp) break;
+            char *key = NULL;
+            if (object) {
+                if (*jp != '"') break;
+                key = jstring();
+                skip_ws();
+                if (*jp == ':') jp++;
+            }
+            jnode *child = jparse();
+            n->items = realloc(n->items, sizeof(jnode *) * (n->count + 1));
+            n->keys = realloc(n->keys, sizeof(char *) * (n->count + 1));
+            n->items[n->count] = child;
+            n->keys[n->count] = key;
+            n->count++;
+            skip_ws();
+            if (*jp == ',') jp++;
+        }
+        return n;
+    }
+    if (*jp == '"') { jnode *n = jnew(J_STR); n->str = jstring(); return n; }
+    if (!strncmp(jp, "true", 4)) { jp += 4; jnode *n = jnew(J_BOOL); n->num = 1; return n; }
+    if (!strncmp(jp, "false", 5)) { jp += 5; return jnew(J_BOOL); }
+    if (!strncmp(jp, "null", 4)) { jp += 4; return jnew(J_NULL); }
+    char *end;
+    double v = strtod(jp, &end);
+    if (end == jp) { if (*jp) jp++; return jnew(J_NULL); }
+    jp = end;
+    jnode *n = jnew(J_NUM);
+    n->num = v;
+    return n;
+}
+
+static void jfree(jnode *n) {
+    if (!n) return;
+    for (int i = 0; i < n->count; i++) { jfree(n->items[i]); free(n->keys ? n->keys[i] : NULL); }
+    free(n->items); free(n->keys); free(n->str); free(n);
+}
+
+static jnode *jget(jnode *n, const char *key) {
+    if (!n || n->type != J_OBJ) return NULL;
+    for (int i = 0; i < n->count; i++) if (n->keys[i] && !strcmp(n->keys[i], key)) return n->items[i];
+    return NULL;
+}
+
+static double jnum(jnode *n, const char *key, double fallback) {
+    jnode *v = jget(n, key);
+    return v && (v->type == J_NUM || v->type == J_BOOL) ? v->num : fallback;
+}
+
+static const char *jstr(jnode *n, const char *key, const char *fallback) {
+    jnode *v = jget(n, key);
+    return v && v->type == J_STR ? v->str : fallback;
+}
+
+/* ---- state ---- */
+#define MAX_GPUS 64
+struct fake_device { int index; };
+struct fake_event_set { unsigned long long masks[MAX_GPUS]; unsigned long long delivered; };
+
+static struct fake_device devices[MAX_GPUS];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static jnode *state;
+static struct timespec state_mtime;
+static off_t state_size;
+static int initialised;
+
+static void reload_locked(void) {
+    const char *path = getenv("FAKE_NVML_STATE");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return;
+    if (state && st.st_mtim.tv_sec == state_mtime.tv_sec && st.st_mtim.tv_nsec == state_mtime.tv_nsec &&
+        st.st_size == state_size) return;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char *text = calloc(1, st.st_size + 1);
+    size_t got = fread(text, 1, st.st_size, f);
+    fclose(f);
+    text[got] = 0;
+    if (got == 0) { free(text); return; }  /* a writer is mid-way: keep the last state */
+    jp = text;
+    jnode *fresh = jparse();
+    free(text);
+    jfree(state);
+    state = fresh;
+    state_mtime = st.st_mtim;
+    state_size = st.st_size;
+}
+
+static jnode *gpus_locked(void) { jnode *g = jget(state, "gpus"); return g && g->type == J_ARR ? g : NULL; }
+
+static jnode *gpu_locked(nvmlDevice_t device) {
+    jnode *gpus = gpus_locked();
+    if (!device || !gpus) return NULL;
+    int i = device->index;
+    return i >= 0 && i < gpus->count ? gpus->items[i] : NULL;
+}
+
+static int names(jnode *list, const char *call) {
+    if (!list || list->type != J_ARR) return 0;
+    for (int i = 0; i < list->count; i++)
+        if (list->items[i]->type == J_STR && !strcmp(list->items[i]->str, call)) return 1;
+    return 0;
+}
+
+/* Every device call starts here: reload, hang if asked, then lost / injected error / ok. */
+static nvmlReturn_t enter(nvmlDevice_t device, const char *call, jnode **gpu_out) {
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        reload_locked();
+        if (!initialised) { pthread_mutex_unlock(&lock); return NVML_ERROR_UNINITIALIZED; }
+        jnode *gpu = gpu_locked(device);
+        if (!gpu) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
+        if (names(jget(gpu, "hang"), call)) { pthread_mutex_unlock(&lock); usleep(20000); continue; }
+        if (jnum(gpu, "lost", 0)) { pthread_mutex_unlock(&lock); return NVML_ERROR_GPU_IS_LOST; }
+        jnode *errors = jget(gpu, "errors");
+        double injected = jnum(errors, call, 0);
+        if (injected) { pthread_mutex_unlock(&lock); return (nvmlReturn_t)injected; }
+        *gpu_out = gpu;
+        return NVML_SUCCESS; /* the caller unlocks */
+    }
+}
+
+#define ENTER(call)                                                   \
+    jnode *gpu = NULL;                                                \
+    nvmlReturn_t status = enter(device, call, &gpu);                  \
+    if (status != NVML_SUCCESS) return status;
+#define LEAVE(value) do { pthread_mutex_unlock(&lock); return (value); } while (0)
+
+static void copy_out(char *out, unsigned int size, const char *text) {
+    if (!out || size == 0) return;
+    size_t n = strlen(text);
+    if (n >= size) n = size - 1;
+    memcpy(out, text, n);
+    out[n] = 0;
+}
+
+/* ---- the API ---- */
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    reload_locked();
+    if (!state || !jnum(state, "driver_loaded", 1)) { pthread_mutex_unlock(&lock); return NVML_ERROR_DRIVER_NOT_LOADED; }
+    for (int i = 0; i < MAX_GPUS; i++) devices[i].index = i;
+    initialised++;
+    pthread_mutex_unlock(&lock);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&lock);
+    if (initialised) initialised--;
+    pthread_mutex_unlock(&lock);
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    pthread_mutex_lock(&lock);
+    reload_locked();
+    copy_out(version, length, jstr(state, "driver_version", "550.90.07"));
+    pthread_mutex_unlock(&lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    pthread_mutex_lock(&lock);
+    reload_locked();
+    if (!initialised) { pthread_mutex_unlock(&lock); return NVML_ERROR_UNINITIALIZED; }
+    jnode *gpus = gpus_locked();
+    *count = gpus ? (unsigned int)(gpus->count < MAX_GPUS ? gpus->count : MAX_GPUS) : 0;
+    pthread_mutex_unlock(&lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    unsigned int count = 0;
+    nvmlReturn_t status = nvmlDeviceGetCount_v2(&count);
+    if (status != NVML_SUCCESS) return status;
+    if (index >= count) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    ENTER("nvmlDeviceGetIndex");
+    *index = (unsigned int)device->index;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    ENTER("nvmlDeviceGetUUID");
+    char fallback[64];
+    snprintf(fallback, sizeof fallback, "GPU-00000000-0000-0000-0000-%012d", device->index);
+    copy_out(uuid, length, jstr(gpu, "uuid", fallback));
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    ENTER("nvmlDeviceGetName");
+    copy_out(name, length, jstr(gpu, "name", "NVIDIA H100 80GB HBM3"));
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    ENTER("nvmlDeviceGetPciInfo_v3");
+    memset(pci, 0, sizeof *pci);
+    char fallback[32];
+    snprintf(fallback, sizeof fallback, "00000000:%02X:00.0", 0x18 + device->index);
+    const char *bus_id = jstr(gpu, "pci", fallback);
+    copy_out(pci->busId, sizeof pci->busId, bus_id);
+    copy_out(pci->busIdLegacy, sizeof pci->busIdLegacy, bus_id);
+    unsigned int domain = 0, bus = 0, dev = 0;
+    sscanf(bus_id, "%x:%x:%x", &domain, &bus, &dev);
+    pci->domain = domain; pci->bus = bus; pci->device = dev; pci->pciDeviceId = 0x233010de;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    ENTER("nvmlDeviceGetMigMode");
+    *current = *pending = (unsigned int)jnum(gpu, "mig_mode", 0);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature) {
+    ENTER("nvmlDeviceGetTemperatureV");
+    temperature->temperature = (int)jnum(gpu, "temp", 40);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned int *temp) {
+    (void)sensor;
+    ENTER("nvmlDeviceGetTemperature");
+    *temp = (unsigned int)jnum(gpu, "temp", 40);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, int type, unsigned int *temp) {
+    ENTER("nvmlDeviceGetTemperatureThreshold");
+    static const char *keys[] = {"shutdown", "slowdown", "mem_max", "gpu_max"};
+    static const double defaults[] = {92, 90, 95, 87};
+    if (type < 0 || type > 3) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    jnode *thresholds = jget(gpu, "thresholds");
+    *temp = (unsigned int)jnum(thresholds, keys[type], defaults[type]);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    ENTER("nvmlDeviceGetPowerUsage");
+    *power = (unsigned int)jnum(gpu, "power_mw", 100000);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
+    ENTER("nvmlDeviceGetEnforcedPowerLimit");
+    *limit = (unsigned int)jnum(gpu, "power_limit_mw", 700000);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons) {
+    ENTER("nvmlDeviceGetCurrentClocksEventReasons");
+    *reasons = (unsigned long long)jnum(gpu, "clocks_event_reasons", 0);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending) {
+    ENTER("nvmlDeviceGetEccMode");
+    jnode *ecc = jget(gpu, "ecc");
+    if (ecc && ecc->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *current = *pending = 1;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type, int counter_type,
+                                         unsigned long long *count) {
+    ENTER("nvmlDeviceGetTotalEccErrors");
+    jnode *ecc = jget(gpu, "ecc");
+    if (ecc && ecc->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    const char *key = error_type == 0 ? (counter_type == 0 ? "sbe_volatile" : "sbe_aggregate")
+                                      : (counter_type == 0 ? "dbe_volatile" : "dbe_aggregate");
+    *count = (unsigned long long)jnum(ecc, key, 0);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause, unsigned int *count,
+                                       unsigned long long *addresses) {
+    ENTER("nvmlDeviceGetRetiredPages");
+    jnode *pages = jget(gpu, "retired_pages");
+    if (!pages || pages->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int have = (unsigned int)jnum(pages, cause == 0 ? "sbe" : "dbe", 0);
+    if (!addresses || *count < have) { *count = have; LEAVE(have ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS); }
+    for (unsigned int i = 0; i < have; i++) addresses[i] = 0x1000ULL * (i + 1) + (unsigned long long)cause;
+    *count = have;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *pending) {
+    ENTER("nvmlDeviceGetRetiredPagesPendingStatus");
+    jnode *pages = jget(gpu, "retired_pages");
+    if (!pages || pages->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *pending = (int)jnum(pages, "pending", 0);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corr, unsigned int *unc,
+                                       unsigned int *pending, unsigned int *failure) {
+    ENTER("nvmlDeviceGetRemappedRows");
+    jnode *rows = jget(gpu, "remapped_rows");
+    if (rows && rows->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *corr = (unsigned int)jnum(rows, "corr", 0);
+    *unc = (unsigned int)jnum(rows, "unc", 0);
+    *pending = (unsigned int)jnum(rows, "pending", 0);
+    *failure = (unsigned int)jnum(rows, "failure", 0);
+    LEAVE(NVML_SUCCESS);
+}
+
+static double field_value(jnode *gpu, unsigned int field, int *supported) {
+    jnode *nvlink = jget(gpu, "nvlink");
+    jnode *pcie = jget(gpu, "pcie");
+    *supported = 1;
+    switch (field) {
+    case 230: return jnum(gpu, "recovery_action", 0);
+    case 82: return jnum(gpu, "mem_temp", 45);
+    case 94: return jnum(pcie, "replay", 0);
+    case 38: case 45: case 52: case 59: case 160:
+        if (nvlink && nvlink->type == J_NULL) { *supported = 0; return 0; }
+        return jnum(nvlink, field == 38 ? "crc_flit" : field == 45 ? "crc_data" : field == 52 ? "replay"
+                          : field == 59 ? "recovery" : "ecc_data", 0);
+    default: *supported = 0; return 0;
+    }
+}
+
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
+    ENTER("nvmlDeviceGetFieldValues");
+    for (int i = 0; i < count; i++) {
+        int supported = 0;
+        double v = field_value(gpu, values[i].fieldId, &supported);
+        values[i].timestamp = (long long)time(NULL) * 1000000LL;
+        values[i].latencyUsec = 0;
+        values[i].valueType = 3; /* unsigned long long */
+        values[i].nvmlReturn = supported ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+        values[i].value.ullVal = (unsigned long long)v;
+    }
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *active) {
+    ENTER("nvmlDeviceGetNvLinkState");
+    jnode *nvlink = jget(gpu, "nvlink");
+    if (!nvlink || nvlink->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= (unsigned int)jnum(nvlink, "links", 18)) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    jnode *down = jget(nvlink, "down");
+    *active = 1;
+    for (int i = 0; down && down->type == J_ARR && i < down->count; i++)
+        if ((unsigned int)down->items[i]->num == link) *active = 0;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value) {
+    ENTER("nvmlDeviceGetPcieReplayCounter");
+    *value = (unsigned int)jnum(jget(gpu, "pcie"), "replay", 0);
+    LEAVE(NVML_SUCCESS);
+}
+
+static nvmlReturn_t pcie_value(nvmlDevice_t device, const char *call, const char *key, double fallback,
+                               unsigned int *out) {
+    ENTER(call);
+    *out = (unsigned int)jnum(jget(gpu, "pcie"), key, fallback);
+    LEAVE(NVML_SUCCESS);
+}
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *v) {
+    return pcie_value(d, "nvmlDeviceGetCurrPcieLinkWidth", "width", 16, v);
+}
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *v) {
+    return pcie_value(d, "nvmlDeviceGetMaxPcieLinkWidth", "max_width", 16, v);
+}
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) {
+    return pcie_value(d, "nvmlDeviceGetCurrPcieLinkGeneration", "gen", 5, v);
+}
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) {
+    return pcie_value(d, "nvmlDeviceGetMaxPcieLinkGeneration", "max_gen", 5, v);
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    ENTER("nvmlDeviceGetUtilizationRates");
+    jnode *u = jget(gpu, "utilization");
+    utilization->gpu = (unsigned int)jnum(u, "gpu", 0);
+    utilization->memory = (unsigned int)jnum(u, "memory", 0);
+    LEAVE(NVML_SUCCESS);
+}
+
+/* ---- events ---- */
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    *set = calloc(1, sizeof(struct fake_event_set));
+    return *set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) { free(set); return NVML_SUCCESS; }
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    ENTER("nvmlDeviceGetSupportedEventTypes");
+    *types = 0x1ULL | 0x2ULL | 0x8ULL | 0x4000ULL | 0x8000ULL;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
+    ENTER("nvmlDeviceRegisterEvents");
+    set->masks[device->index] |= types;
+    LEAVE(NVML_SUCCESS);
+}
+
+/* Delivers queued events in id order, each once per set; waits up to the timeout for a new one. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    long waited = 0;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        reload_locked();
+        jnode *events = jget(state, "events");
+        jnode *gpus = gpus_locked();
+        jnode *best = NULL;
+        unsigned long long best_id = 0;
+        for (int i = 0; events && events->type == J_ARR && i < events->count; i++) {
+            jnode *e = events->items[i];
+            unsigned long long id = (unsigned long long)jnum(e, "id", 0);
+            int index = (int)jnum(e, "gpu", 0);
+            if (id <= set->delivered || index < 0 || index >= MAX_GPUS || !gpus || index >= gpus->count) continue;
+            if (!(set->masks[index] & (unsigned long long)jnum(e, "type", 0))) continue;
+            if (!best || id < best_id) { best = e; best_id = id; }
+        }
+        if (best) {
+            set->delivered = best_id;
+            data->device = &devices[(int)jnum(best, "gpu", 0)];
+            data->eventType = (unsigned long long)jnum(best, "type", 0);
+            data->eventData = (unsigned long long)jnum(best, "data", 0);
+            data->gpuInstanceId = (unsigned int)jnum(best, "gi", 4294967295.0);
+            data->computeInstanceId = (unsigned int)jnum(best, "ci", 4294967295.0);
+            pthread_mutex_unlock(&lock);
+            return NVML_SUCCESS;
+        }
+        pthread_mutex_unlock(&lock);
+        if (waited >= (long)timeout_ms) return NVML_ERROR_TIMEOUT;
+        usleep(5000);
+        waited += 5;
+    }
+}
