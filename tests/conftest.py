@@ -38,3 +38,47 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+FAKE_NVML_DIR = Path(__file__).resolve().parent / "fakenvml" / "build"
+FAKE_NVML = FAKE_NVML_DIR / "libnvidia-ml.so.1"
+
+
+def eight_gpus(**overrides: object) -> dict[str, object]:
+    """A healthy HGX node in the fake library's state format; `overrides` maps GPU index to changes."""
+    gpus = []
+    for index in range(8):
+        gpu: dict[str, object] = {"uuid": f"GPU-fa4e0000-0000-0000-0000-00000000000{index}",
+                                  "pci": f"00000000:{0x18 + index * 0x10:02X}:00.0", "name": "NVIDIA H100 80GB HBM3",
+                                  "temp": 35 + index, "retired_pages": None}
+        gpu.update(overrides.get(str(index), {}))  # type: ignore[call-overload]
+        gpus.append(gpu)
+    return {"driver_loaded": True, "gpus": gpus, "events": []}
+
+
+class FakeNvml:
+    """The fake libnvidia-ml's state file; `write` swaps it atomically so the library re-reads it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, state: dict[str, object]) -> None:
+        import json
+        import os
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state))
+        os.replace(temporary, self.path)
+
+
+@pytest.fixture
+def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The real pynvml bound to the fake library (loaded by its soname), with a fresh state file."""
+    import ctypes
+    import os
+    if not FAKE_NVML.exists():
+        pytest.fail(f"{FAKE_NVML} is missing: run tests/fakenvml/build.sh (scripts/test does)")
+    ctypes.CDLL(str(FAKE_NVML), mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
+    fake = FakeNvml(tmp_path / "nvml-state.json")
+    fake.write(eight_gpus())
+    monkeypatch.setenv("FAKE_NVML_STATE", str(fake.path))
+    return fake

@@ -484,7 +484,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *active) {
     ENTER("nvmlDeviceGetNvLinkState");
     jnode *nvlink = jget(gpu, "nvlink");
-    if (!nvlink || nvlink->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (nvlink && nvlink->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     if (link >= (unsigned int)jnum(nvlink, "links", 18)) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     jnode *down = jget(nvlink, "down");
     *active = 1;

@@ -1,0 +1,250 @@
+"""The NVML source on the real pynvml, through the fake libnvidia-ml.so.1 built from tests/fakenvml."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.engine import builtin_rules_dir, load_rules
+from agent.model import NodeInventory, Signal
+from agent.pipeline import Pipeline
+from agent.remediation import GuardPolicy, Mode
+from agent.sources.nvml import NvmlSource, load_pynvml, probe_calls
+from tests.conftest import FAKE_NVML_DIR, eight_gpus, wait_for
+
+RULES = load_rules(builtin_rules_dir())
+
+
+def source(timeout: float = 2.0) -> NvmlSource:
+    nvml_source = NvmlSource(load_pynvml(), poll_seconds=0.05, call_timeout_seconds=timeout, event_wait_ms=50)
+    nvml_source.start()
+    return nvml_source
+
+
+def judge(observations):
+    pipeline = Pipeline(rules=RULES, inventory=NodeInventory("n"), policy=GuardPolicy(mode=Mode.OBSERVE),
+                        clock=lambda: 0.0)
+    verdicts = []
+    for o in observations:
+        verdicts += pipeline.handle(o, o.at).verdicts
+    return verdicts, pipeline
+
+
+def test_a_healthy_eight_gpu_node_is_healthy(fake_nvml):
+    nvml = source()
+    try:
+        assert [g.ref.index for g in nvml.gpus] == list(range(8))
+        assert nvml.gpus[3].ref.uuid == "GPU-fa4e0000-0000-0000-0000-000000000003"
+        assert nvml.gpus[3].ref.pci_bus_id == "00000000:48:00.0"
+        verdicts, pipeline = judge(nvml.poll() + nvml.poll())
+        assert [v for v in verdicts if v.severity.rank > 1] == []
+        assert set(pipeline.gpu_statuses().values()) == {"healthy"}
+    finally:
+        nvml.stop()
+
+
+def test_a_dbe_increment_between_polls_is_fatal(fake_nvml):
+    nvml = source()
+    try:
+        first = nvml.poll()
+        fake_nvml.write(eight_gpus(**{"5": {"ecc": {"dbe_volatile": 1, "dbe_aggregate": 1}}}))
+        second = nvml.poll()
+        verdicts, _ = judge(first + second)
+        [dbe] = [v for v in verdicts if v.rule_id == "ecc-dbe"]
+        assert (dbe.severity, dbe.gpu.index) == ("fatal", 5)
+    finally:
+        nvml.stop()
+
+
+def test_correctable_errors_become_counted_deltas(fake_nvml):
+    nvml = source()
+    try:
+        nvml.poll()
+        fake_nvml.write(eight_gpus(**{"2": {"ecc": {"sbe_volatile": 40}}}))
+        [sbe] = [o for o in nvml.poll() if o.signal is Signal.ECC_SBE]
+        assert (sbe.value, sbe.count, sbe.gpu.index) == (40, 40, 2)
+    finally:
+        nvml.stop()
+
+
+def test_a_pending_row_remap_is_degraded_not_fatal(fake_nvml):
+    fake_nvml.write(eight_gpus(**{"2": {"remapped_rows": {"pending": 1, "unc": 1}}}))
+    nvml = source()
+    try:
+        verdicts, _ = judge(nvml.poll())
+        [remap] = [v for v in verdicts if v.rule_id == "row-remap-pending"]
+        assert (remap.severity, remap.action, remap.gpu.index) == ("degraded", "reset_when_idle", 2)
+    finally:
+        nvml.stop()
+
+
+def test_an_xid_79_event_arrives_without_polling(fake_nvml):
+    nvml = NvmlSource(load_pynvml(), poll_seconds=3600, event_wait_ms=50)
+    seen, stop = [], threading.Event()
+    thread = threading.Thread(target=nvml.run, args=(seen.append, stop), daemon=True)
+    thread.start()
+    try:
+        assert nvml.ready.wait(5)
+        state = eight_gpus()
+        state["events"] = [{"id": 1, "gpu": 4, "type": 8, "data": 79}]
+        fake_nvml.write(state)
+        assert wait_for(lambda: any(o.signal is Signal.XID for o in seen))
+        [xid] = [o for o in seen if o.signal is Signal.XID]
+        assert (xid.value, xid.gpu.index, xid.source) == (79, 4, "nvml-event")
+        verdicts, _ = judge([xid])
+        assert verdicts[0].rule_id == "xid-79"
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_a_mig_event_carries_the_instance_and_the_parent_gpu(fake_nvml):
+    nvml = NvmlSource(load_pynvml(), poll_seconds=3600, event_wait_ms=50)
+    seen, stop = [], threading.Event()
+    thread = threading.Thread(target=nvml.run, args=(seen.append, stop), daemon=True)
+    state = eight_gpus(**{"1": {"mig_mode": 1}})
+    fake_nvml.write(state)
+    thread.start()
+    try:
+        assert nvml.ready.wait(5)
+        state["events"] = [{"id": 7, "gpu": 1, "type": 8, "data": 31, "gi": 3, "ci": 0}]
+        fake_nvml.write(state)
+        assert wait_for(lambda: any(o.signal is Signal.XID for o in seen))
+        [xid] = [o for o in seen if o.signal is Signal.XID]
+        assert (xid.gpu.mig_gpu_instance, xid.gpu.mig_compute_instance) == (3, 0)
+        assert xid.gpu.key == "GPU-fa4e0000-0000-0000-0000-000000000001"
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_a_lost_gpu_is_its_own_fatal_observation(fake_nvml):
+    nvml = source()
+    try:
+        nvml.poll()
+        fake_nvml.write(eight_gpus(**{"6": {"lost": True}}))
+        observations = nvml.poll()
+        lost = [o for o in observations if o.signal is Signal.GPU_LOST]
+        assert [o.gpu.index for o in lost] == [6]
+        verdicts, _ = judge(observations)
+        assert [v.rule_id for v in verdicts if v.severity == "fatal"] == ["gpu-lost"]
+    finally:
+        nvml.stop()
+
+
+def test_driver_not_loaded_is_a_clear_error(fake_nvml):
+    fake_nvml.write({"driver_loaded": False, "gpus": []})
+    nvml = NvmlSource(load_pynvml())
+    with pytest.raises(load_pynvml().NVMLError, match="Driver Not Loaded"):
+        nvml.start()
+    nvml.caller.close()
+
+
+def test_a_hanging_call_makes_the_gpu_unknown_and_never_a_fault(fake_nvml):
+    fake_nvml.write(eight_gpus(**{"5": {"hang": ["nvmlDeviceGetPowerUsage"]}}))
+    nvml = source(timeout=0.3)
+    try:
+        observations = nvml.poll()
+        unreadable = [o for o in observations if o.signal is Signal.SOURCE_UNREADABLE and o.value == 1]
+        assert [o.gpu.index for o in unreadable] == [5]
+        assert "timed out" in str(unreadable[0].attrs["message"])
+        verdicts, pipeline = judge(observations)
+        assert {str(v.severity) for v in verdicts if v.gpu.index == 5} == {"unknown"}
+        assert pipeline.gpu_statuses()["GPU-fa4e0000-0000-0000-0000-000000000005"] == "unknown"
+        assert [o.gpu.index for o in observations if o.signal is Signal.TEMPERATURE] == list(range(8))
+        fake_nvml.write(eight_gpus())
+        assert wait_for(lambda: nvml.caller.hung == 0, timeout=5)
+        healthy = [o for o in nvml.poll() if o.signal is Signal.SOURCE_UNREADABLE and o.gpu.index == 5]
+        assert healthy[0].value == 0
+    finally:
+        nvml.stop()
+
+
+def test_not_supported_is_remembered_per_gpu_and_call(fake_nvml):
+    nvml = source()
+    try:
+        nvml.poll()
+        assert {"retired.sbe", "retired.dbe", "retired.pending"} <= nvml.gpus[0].unsupported
+        assert "errors" not in nvml.gpus[0].readings
+    finally:
+        nvml.stop()
+
+
+def test_an_nvlink_that_was_up_and_went_down_is_counted(fake_nvml):
+    nvml = source()
+    try:
+        nvml.poll()
+        fake_nvml.write(eight_gpus(**{"0": {"nvlink": {"links": 18, "down": [3, 7]}}}))
+        [down] = [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 0]
+        assert (down.value, down.attrs["links"]) == (2, "3,7")
+    finally:
+        nvml.stop()
+
+
+def test_a_link_down_since_boot_is_not_counted(fake_nvml):
+    fake_nvml.write(eight_gpus(**{"0": {"nvlink": {"links": 18, "down": [3]}}}))
+    nvml = source()
+    try:
+        [down] = [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 0]
+        assert down.value == 0
+    finally:
+        nvml.stop()
+
+
+def test_the_probe_lists_every_call(fake_nvml):
+    nvml = source()
+    try:
+        results = probe_calls(nvml)
+        assert ("nvmlDeviceGetRetiredPages(DBE)", "NotSupported") in [(c, s) for i, c, s in results if i == 0]
+        assert ("nvmlDeviceGetRemappedRows", "supported") in [(c, s) for i, c, s in results if i == 0]
+    finally:
+        nvml.stop()
+
+
+def _agent_env(tmp_path: Path, state: Path) -> dict[str, str]:
+    return dict(os.environ, LD_LIBRARY_PATH=str(FAKE_NVML_DIR), FAKE_NVML_STATE=str(state),
+                GPU_HEALTH_SOURCES__KMSG__ENABLED="off", GPU_HEALTH_JOURNAL_PATH=str(tmp_path / "j.db"),
+                GPU_HEALTH_HTTP__HOST="127.0.0.1", NODE_NAME="nvml-node")
+
+
+def test_check_json_reports_every_gpu_with_status_and_why(fake_nvml, tmp_path: Path):
+    fake_nvml.write(eight_gpus(**{"1": {"temp": 93}, "3": {"ecc": {"dbe_volatile": 1}}}))
+    env = _agent_env(tmp_path, fake_nvml.path)
+    result = subprocess.run([sys.executable, "-m", "agent", "check", "--json"], env=env, capture_output=True,
+                            text=True, timeout=60, check=True)
+    document = json.loads(result.stdout)
+    statuses = {g["index"]: g["status"] for g in document["gpus"]}
+    assert statuses == {0: "healthy", 1: "fatal", 2: "healthy", 3: "fatal", 4: "healthy", 5: "healthy",
+                        6: "healthy", 7: "healthy"}
+    gpu3 = document["gpus"][3]
+    assert gpu3["uuid"] == "GPU-fa4e0000-0000-0000-0000-000000000003"
+    assert [v["rule_id"] for v in gpu3["verdicts"]] == ["ecc-dbe"]
+    assert gpu3["readings"]["temperature_c"] == 38
+
+
+def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
+    from tests.integration.test_daemon import free_port, get
+    port = free_port()
+    env = _agent_env(tmp_path, fake_nvml.path) | {"GPU_HEALTH_SOURCES__NVML__POLL_SECONDS": "0.2"}
+    process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", str(port), "--duration", "60"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    gpu = 'gpu="GPU-fa4e0000-0000-0000-0000-000000000002"'
+
+    def status_is(status: str) -> bool:
+        try:
+            body = get(f"http://127.0.0.1:{port}/metrics")[1]
+        except OSError:
+            return False
+        return f'gpu_health_gpu_status{{{gpu},status="{status}"}} 1.0' in body
+
+    try:
+        assert wait_for(lambda: status_is("healthy"), timeout=30), process.stderr
+        fake_nvml.write(eight_gpus(**{"2": {"ecc": {"dbe_volatile": 3}}}))
+        assert wait_for(lambda: status_is("fatal"), timeout=30)
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
