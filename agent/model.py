@@ -280,13 +280,19 @@ class NodeInventory:
 
     def resolve(self, ref: GpuRef) -> GpuRef:
         """Fill in a partial identity (only a PCI bus id, only an index) from the inventory."""
-        for gpu in self.gpus:
-            if ref.uuid and gpu.uuid == ref.uuid:
-                return gpu
-            if ref.pci_bus_id and normalise_pci(gpu.pci_bus_id) == normalise_pci(ref.pci_bus_id):
-                return gpu
-            if not ref.uuid and not ref.pci_bus_id and ref.index is not None and gpu.index == ref.index:
-                return gpu
+        if ref.uuid:
+            for gpu in self.gpus:
+                if gpu.uuid == ref.uuid:
+                    return ref if ref.mig_parent_uuid else gpu
+        if ref.pci_bus_id:
+            wanted = normalise_pci(ref.pci_bus_id)
+            for gpu in self.gpus:
+                if normalise_pci(gpu.pci_bus_id) == wanted:
+                    return gpu
+        if not ref.uuid and not ref.pci_bus_id and ref.index is not None:
+            for gpu in self.gpus:
+                if gpu.index == ref.index:
+                    return gpu
         return ref
 
     def pods_holding(self, gpu_uuid: str) -> tuple[PodRef, ...]:

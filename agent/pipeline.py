@@ -115,6 +115,7 @@ class Pipeline:
         self.active: dict[tuple[str, str], ActiveFault] = {}
         self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod)
         self._replan_at: float | None = None
+        self._metrics_primed = False
         self._log = structlog.get_logger("agent.pipeline").bind(node=inventory.name)
         if journal is not None:
             self._restore(journal.active_faults(inventory.name))
@@ -168,6 +169,7 @@ class Pipeline:
             return
         gpus = tuple(sorted((*self.inventory.gpus, gpu), key=lambda g: (g.index is None, g.index or 0)))
         self.inventory = dataclasses.replace(self.inventory, gpus=gpus)
+        self._metrics_primed = False
 
     def occurrences(self, gpu_key: str, rule_id: str) -> int:
         state = self.engine.rules.get((gpu_key, rule_id))
@@ -195,7 +197,8 @@ class Pipeline:
         actions = [self._carry_out(step, now) for step in steps]
         retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions)
         self._replan_at = now + self.retry_seconds if retry else None
-        if self.metrics:
+        if self.metrics and (verdicts or actions or not self._metrics_primed):
+            self._metrics_primed = True
             self.metrics.set_gpu_status(self.gpu_statuses())
             self.metrics.set_active([f.severity for f in self.active.values()])
         return Outcome(verdicts, actions)

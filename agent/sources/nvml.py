@@ -7,6 +7,7 @@ that GPU Unknown (its own observation), never a hardware fault; GPU lost is its 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import math
 import threading
@@ -67,6 +68,18 @@ class GpuLost(Exception):
     """The GPU answered NVML_ERROR_GPU_IS_LOST."""
 
 
+class _Abandoned(Exception):
+    """The poll that made this call has timed out and moved on."""
+
+
+@dataclass(slots=True)
+class _Reading:
+    """One poll of one GPU on the worker thread: which call it is in, and whether it was abandoned."""
+
+    abandoned: threading.Event = field(default_factory=threading.Event)
+    current: str = ""
+
+
 class NvmlSource:
     """Polls GPUs every `poll_seconds`; a second thread turns NVML events into observations at once."""
 
@@ -80,6 +93,7 @@ class NvmlSource:
         self.clock = clock
         self.event_wait_ms = event_wait_ms
         self.gpus: list[GpuState] = []
+        self._reading: contextvars.ContextVar[_Reading | None] = contextvars.ContextVar("nvml_reading", default=None)
         self.driver_version = ""
         self.ready = threading.Event()
 
@@ -136,7 +150,18 @@ class NvmlSource:
 
     # ---- calls ----
     def _call(self, name: str, func: Callable[..., Any], *args: Any) -> Any:
-        return self.caller.call(name, func, *args)
+        """A driver call: on the poll's worker thread it runs directly (the whole poll of a GPU is under
+        one deadline); anywhere else it gets a deadline of its own."""
+        reading = self._reading.get()
+        if reading is None:
+            return self.caller.call(name, func, *args)
+        if reading.abandoned.is_set():
+            raise _Abandoned
+        reading.current = name
+        result = func(*args)
+        if reading.abandoned.is_set():
+            raise _Abandoned  # the poll gave up on this call: touch no state with its late answer
+        return result
 
     def _optional(self, gpu: GpuState, name: str, func: Callable[..., Any], *args: Any) -> Any:
         """A call whose NotSupported is remembered; GPU lost and timeouts propagate; other errors give None."""
@@ -163,24 +188,40 @@ class NvmlSource:
         return observations
 
     def poll_gpu(self, gpu: GpuState) -> list[Observation]:
+        """Every reading of one GPU, all under one deadline: a hung call makes the GPU Unknown."""
         now = self.clock()
         out: list[Observation] = []
         gpu.readings.pop("errors", None)
+        reading = _Reading()
         try:
             if gpu.lost:
                 raise GpuLost("nvmlDeviceGetUUID")
-            self._read_all(gpu, now, out)
+            self.caller.call("poll", self._read_in_worker, reading, gpu, now, out)
+        except CallTimeout:
+            reading.abandoned.set()
+            message = f"{reading.current or 'an NVML call'} timed out after {self.caller.timeout:g}s"
+            # what was read before the hung call stands; the worker adds nothing once abandoned
+            out = [*out, self._obs(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=message)]
+            gpu.readings["status_note"] = message
+            return out
         except GpuLost as lost:
             out.append(self._obs(gpu, Signal.GPU_LOST, 1, now, message=f"{lost} returned GPU_IS_LOST"))
             gpu.readings["status_note"] = "GPU lost"
             return out
-        except (CallTimeout, TooManyHungCalls) as exc:
+        except TooManyHungCalls as exc:
             out.append(self._obs(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=str(exc)))
             gpu.readings["status_note"] = str(exc)
             return out
         out.append(self._obs(gpu, Signal.SOURCE_UNREADABLE, 0, now))
         gpu.readings.pop("status_note", None)
         return out
+
+    def _read_in_worker(self, reading: _Reading, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        self._reading.set(reading)
+        try:
+            self._read_all(gpu, now, out)
+        finally:
+            self._reading.set(None)
 
     def _read_all(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         nvml, h = self.nvml, gpu.handle

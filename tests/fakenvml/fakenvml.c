@@ -527,6 +527,9 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 }
 
 /* ---- events ---- */
+#ifndef FAKE_EVENT_POLL_MS
+#define FAKE_EVENT_POLL_MS 20
+#endif
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     *set = calloc(1, sizeof(struct fake_event_set));
@@ -577,7 +580,8 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         }
         pthread_mutex_unlock(&lock);
         if (waited >= (long)timeout_ms) return NVML_ERROR_TIMEOUT;
-        usleep(5000);
-        waited += 5;
+        /* A real driver sleeps in the kernel until an event comes; the fake looks at its file now and then. */
+        usleep(FAKE_EVENT_POLL_MS * 1000);
+        waited += FAKE_EVENT_POLL_MS;
     }
 }
