@@ -23,6 +23,12 @@ REPO = Path(__file__).resolve().parent.parent
 FAKE_DIR = REPO / "tests" / "fakenvml" / "build"
 sys.path.insert(0, str(REPO))
 
+from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
+from agent.logs import configure_logging  # noqa: E402
+from agent.model import NodeInventory, Signal  # noqa: E402
+from agent.pipeline import Pipeline  # noqa: E402
+from agent.remediation import GuardPolicy, Mode  # noqa: E402
+from agent.sources.nvml import NvmlSource, load_pynvml  # noqa: E402
 from tests.conftest import eight_gpus  # noqa: E402
 
 
@@ -59,17 +65,9 @@ def process_cost(state: Path, seconds: float) -> None:
 
 
 def event_latency(state: Path, samples: int) -> None:
-    from agent.logs import configure_logging
-
     configure_logging("error")
     ctypes.CDLL(str(FAKE_DIR / "libnvidia-ml.so.1"), mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
     os.environ["FAKE_NVML_STATE"] = str(state)
-    from agent.engine import builtin_rules_dir, load_rules
-    from agent.model import NodeInventory, Signal
-    from agent.pipeline import Pipeline
-    from agent.remediation import GuardPolicy, Mode
-    from agent.sources.nvml import NvmlSource, load_pynvml
-
     pipeline = Pipeline(rules=load_rules(builtin_rules_dir()), inventory=NodeInventory("bench"),
                         policy=GuardPolicy(mode=Mode.OBSERVE))
     verdict_at: dict[int, float] = {}
