@@ -19,6 +19,7 @@ from agent.model import (
     normalise_pci,
     verdict_to_dict,
 )
+from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kmsg import KernelLogProcessor
 from agent.sources.nvml import NvmlSource
 
@@ -87,15 +88,10 @@ def kmsg_snapshot(path: Path, *, now: float) -> list[Observation]:
     return observations
 
 
-def check_node(rules: RuleSet, *, nvml: NvmlSource | None, kmsg: list[Observation], now: float,
-               sources: dict[str, str]) -> CheckReport:
-    """Judge every GPU from one reading of NVML and what the kernel log holds."""
-    observations: list[Observation] = list(kmsg)
-    reports: dict[str, GpuReport] = {}
-    if nvml is not None:
-        observations.extend(nvml.poll())
-        for state in nvml.gpus:
-            reports[state.ref.key] = GpuReport(state.ref, readings=dict(state.readings))
+def check_node(rules: RuleSet, *, gpus: list[tuple[GpuRef, dict[str, Any]]], observations: list[Observation],
+               now: float, sources: dict[str, str]) -> CheckReport:
+    """Judge every GPU from one reading of each source (GPUs with their readings, and observations)."""
+    reports: dict[str, GpuReport] = {ref.key: GpuReport(ref, readings=dict(readings)) for ref, readings in gpus}
     by_pci = {normalise_pci(r.gpu.pci_bus_id): r for r in reports.values() if r.gpu.pci_bus_id}
     engine = EngineState()
     judged = instantaneous(rules)
@@ -112,6 +108,31 @@ def check_node(rules: RuleSet, *, nvml: NvmlSource | None, kmsg: list[Observatio
                 report.status = status
     ordered = sorted(reports.values(), key=lambda r: (r.gpu.index is None, r.gpu.index or 0, r.gpu.pci_bus_id))
     return CheckReport(ordered, node_verdicts, sources)
+
+
+def nvml_reading(nvml: NvmlSource) -> tuple[list[tuple[GpuRef, dict[str, Any]]], list[Observation]]:
+    """One poll of every GPU through NVML, with the readings shown in the table."""
+    observations = nvml.poll()
+    return [(state.ref, dict(state.readings)) for state in nvml.gpus], observations
+
+
+def exporter_reading(reader: ExporterReader, now: float) -> tuple[list[tuple[GpuRef, dict[str, Any]]],
+                                                                  list[Observation]]:
+    """One scrape of a dcgm-exporter page, with the readings shown in the table."""
+    observations = reader.read(now)
+    gpus = []
+    for scraped in reader.last:
+        if scraped.ref.mig_gpu_instance is not None:
+            continue
+        v = scraped.values
+        readings = {"temperature_c": v.get("temp"), "slowdown_c": v.get("slowdown_temp"),
+                    "shutdown_c": v.get("shutdown_temp"), "power_w": v.get("power"),
+                    "power_limit_w": v.get("power_limit"), "ecc_sbe_volatile": v.get("sbe_vol"),
+                    "ecc_dbe_volatile": v.get("dbe_vol")}
+        if "remap_pending" in v:
+            readings.update(remap_pending=v["remap_pending"], remap_failure=v.get("remap_failure", 0))
+        gpus.append((scraped.ref, {k: val for k, val in readings.items() if val is not None}))
+    return gpus, observations
 
 
 def _report_for(verdict: Verdict, observation: Observation, reports: dict[str, GpuReport],

@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from agent import __version__
-from agent.check import check_node, kmsg_snapshot
+from agent.check import check_node, exporter_reading, kmsg_snapshot, nvml_reading
 from agent.config import Config, config_as_yaml, load_config
 from agent.daemon import Daemon, rules_dir_of
 from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
@@ -24,9 +24,10 @@ from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
 from agent.httpserver import AgentHttpServer
 from agent.journal import Journal
 from agent.logs import configure_logging
-from agent.model import AttrValue, Signal, VerdictKind
+from agent.model import AttrValue, GpuRef, Observation, Signal, VerdictKind
 from agent.remediation import GuardPolicy, Mode
 from agent.simulate import SimulationReport, TimelineLine, simulate
+from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kernel_log import KernelLogParser
 from agent.sources.nvml import NvmlSource, load_pynvml, probe_calls
 from agent.sources.scenario import ScenarioSource, builtin_names, inventory, load_scenario
@@ -202,33 +203,35 @@ def _num(value: float) -> str:
 @main.command()
 @click.option("--config", "config_path", type=click.Path(), help="Config file (YAML).")
 @click.option("--json", "as_json", is_flag=True, help='{"gpus": [{"uuid", "status", "verdicts", ...}]}')
+@click.option("--dcgm-exporter", "exporter", help="Read only this dcgm-exporter /metrics URL or file.")
 @_reporting_bad_input
-def check(config_path: str | None, as_json: bool) -> None:
+def check(config_path: str | None, as_json: bool, exporter: str | None) -> None:
     """Read every available source once and print each GPU's status and why (read-only)."""
     config = _config(config_path)
     configure_logging("error", "auto")
     ruleset = load_rules(rules_dir_of(config))
     now = time.time()
     sources: dict[str, str] = {}
-    nvml_source = _nvml_or_reason(config, sources)
-    kmsg_observations = []
-    kmsg_path = Path(config.sources.kmsg.path)
-    if config.sources.kmsg.enabled == "off":
-        sources["kmsg"] = "disabled in config"
+    gpus: list[tuple[GpuRef, dict[str, Any]]] = []
+    observations: list[Observation] = []
+    if exporter:
+        reader = ExporterReader(exporter, timeout_seconds=config.sources.dcgm.timeout_seconds, baseline_xid=False)
+        gpus, observations = exporter_reading(reader, now)
+        sources["dcgm"] = f"dcgm-exporter {exporter}: {len(gpus)} GPUs"
+        if not gpus:
+            sources["dcgm"] = f"dcgm-exporter {exporter}: unreadable"
     else:
-        try:
-            kmsg_observations = kmsg_snapshot(kmsg_path, now=now)
-            sources["kmsg"] = f"read {kmsg_path}"
-        except OSError as exc:
-            sources["kmsg"] = f"cannot read {kmsg_path}: {exc.strerror}"
-    if nvml_source is None and not kmsg_observations and not sources["kmsg"].startswith("read"):
-        _fail([f"gpu-health-agent check: no source to read ({'; '.join(f'{k}: {v}' for k, v in sources.items())})"],
-              code=1)
-    try:
-        report = check_node(ruleset, nvml=nvml_source, kmsg=kmsg_observations, now=now, sources=sources)
-    finally:
+        nvml_source = _nvml_or_reason(config, sources)
         if nvml_source is not None:
-            nvml_source.stop()
+            try:
+                gpus, observations = nvml_reading(nvml_source)
+            finally:
+                nvml_source.stop()
+        observations += _kmsg_or_reason(config, sources, now)
+        if nvml_source is None and not sources["kmsg"].startswith("read"):
+            reasons = "; ".join(f"{k}: {v}" for k, v in sources.items())
+            _fail([f"gpu-health-agent check: no source to read ({reasons})"], code=1)
+    report = check_node(ruleset, gpus=gpus, observations=observations, now=now, sources=sources)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, default=str))
         return
@@ -258,6 +261,20 @@ def _num_or(value: object) -> str:
     return str(value)
 
 
+def _kmsg_or_reason(config: Config, sources: dict[str, str], now: float) -> list[Observation]:
+    path = Path(config.sources.kmsg.path)
+    if config.sources.kmsg.enabled == "off":
+        sources["kmsg"] = "disabled in config"
+        return []
+    try:
+        observations = kmsg_snapshot(path, now=now)
+    except OSError as exc:
+        sources["kmsg"] = f"cannot read {path}: {exc.strerror}"
+        return []
+    sources["kmsg"] = f"read {path}"
+    return observations
+
+
 def _nvml_or_reason(config: Config, sources: dict[str, str]) -> NvmlSource | None:
     if config.sources.nvml.enabled == "off":
         sources["nvml"] = "disabled in config"
@@ -265,7 +282,7 @@ def _nvml_or_reason(config: Config, sources: dict[str, str]) -> NvmlSource | Non
     try:
         source = NvmlSource(load_pynvml(), call_timeout_seconds=config.sources.nvml.call_timeout_seconds)
         source.start()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
         sources["nvml"] = f"unavailable: {exc}"
         return None
     sources["nvml"] = f"{len(source.gpus)} GPUs, driver {source.driver_version}"

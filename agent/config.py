@@ -46,6 +46,7 @@ class NvmlConfig(_Section):
 class DcgmConfig(_Section):
     enabled: Toggle = "auto"
     exporter_url: str = ""
+    hostengine: str = ""
     poll_seconds: float = Field(default=30.0, gt=0)
     timeout_seconds: float = Field(default=5.0, gt=0)
 
@@ -70,7 +71,7 @@ class RemediationConfig(_Section):
 
 
 class HttpConfig(_Section):
-    host: str = "0.0.0.0"
+    host: str = "0.0.0.0"  # noqa: S104 - the metrics endpoint is scraped from outside the pod
     port: int = Field(default=9402, ge=0, le=65535)
 
 

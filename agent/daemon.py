@@ -24,6 +24,9 @@ from agent.model import NodeInventory, Observation
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy
 from agent.sources.base import Source
+from agent.sources.dcgm import DcgmSource
+from agent.sources.dcgm_bindings import BindingsReader, import_bindings
+from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kmsg import KmsgSource
 from agent.sources.nvml import NvmlSource, load_pynvml
 
@@ -82,7 +85,7 @@ def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     probe = NvmlSource(nvml, call_timeout_seconds=settings.call_timeout_seconds)
     try:
         probe.start()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
         probe.caller.close()
         return None, f"NVML unavailable: {exc}"
     probe.stop()
@@ -90,8 +93,22 @@ def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
                       call_timeout_seconds=settings.call_timeout_seconds), ""
 
 
+def _dcgm_factory(ctx: SourceContext) -> tuple[Source | None, str]:
+    settings = ctx.config.sources.dcgm
+    if settings.exporter_url:
+        reader: ExporterReader | BindingsReader = ExporterReader(settings.exporter_url,
+                                                                 timeout_seconds=settings.timeout_seconds)
+        return DcgmSource(reader, poll_seconds=settings.poll_seconds), ""
+    try:
+        modules = import_bindings()
+    except ImportError as exc:
+        return None, f"no DCGM bindings ({exc}) and no sources.dcgm.exporter_url"
+    reader = BindingsReader(modules, host=settings.hostengine, update_seconds=settings.poll_seconds)
+    return DcgmSource(reader, poll_seconds=settings.poll_seconds), ""
+
+
 SourceFactory = Callable[[SourceContext], tuple[Source | None, str]]
-SOURCE_FACTORIES: dict[str, SourceFactory] = {"kmsg": _kmsg_factory, "nvml": _nvml_factory}
+SOURCE_FACTORIES: dict[str, SourceFactory] = {"kmsg": _kmsg_factory, "nvml": _nvml_factory, "dcgm": _dcgm_factory}
 
 
 def discover_sources(ctx: SourceContext) -> list[SourceProbe]:
@@ -250,7 +267,7 @@ class Daemon:
     def _safe_step(self, event: str, func: Callable[..., object], *args: object) -> None:
         try:
             func(*args)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
             log.error(event, error=f"{type(exc).__name__}: {exc}")
 
     def reload_rules_if_changed(self) -> bool:
@@ -281,7 +298,7 @@ class Daemon:
                     log.info("source_finished", source=source.name)
                     self._finished.add(source.name)
                     break
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
                 failures += 1
                 self.metrics.source_errors.labels(source.name).inc()
                 log.error("source_failed", source=source.name, error=f"{type(exc).__name__}: {exc}",

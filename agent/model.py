@@ -104,6 +104,7 @@ class Signal(StrEnum):
     PCIE_REPLAYS = "pcie_replays"
     PCIE_LINK = "pcie_link"
     SOURCE_UNREADABLE = "source_unreadable"
+    DCGM_HEALTH = "dcgm_health"
     BOOT = "boot"
     GPU_RESET = "gpu_reset"
     OPERATOR_RELEASE = "operator_release"

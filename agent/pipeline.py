@@ -224,7 +224,7 @@ class Pipeline:
     def _carry_out(self, step: Step, now: float) -> ActionRecord:
         try:
             cluster = self.gate.view(step) if step.kind.disruptive else ClusterView()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
             cluster = ClusterView(budget_available=False)
             self._log.warning("cluster_view_failed", step=str(step.kind), error=str(exc))
         decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
@@ -233,7 +233,7 @@ class Pipeline:
                 self.history.record(step, now)
             try:
                 result, message = self.actuator.apply(step)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
                 result, message = StepResult.FAILED, f"{type(exc).__name__}: {exc}"
                 if self.metrics:
                     self.metrics.step_errors.labels(str(step.kind)).inc()
@@ -253,7 +253,7 @@ class Pipeline:
     def _safely(self, event: str, func: Callable[..., Any], *args: Any) -> None:
         try:
             func(*args)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
             self._log.error(event, error=str(exc))
 
 

@@ -34,7 +34,7 @@ XIDS = [
 
 def lines(count: int, nvrm_share: float, *, pids: int = 100_000, seed: int = 7) -> list[str]:
     """A kernel log: `nvrm_share` of its lines are Xids from `pids` different processes."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - benchmark data, not security
     out = []
     for seq in range(count):
         pool = XIDS if rng.random() < nvrm_share else OTHER

@@ -42,7 +42,7 @@ class _Worker:
                 continue
             try:
                 future.set_result(func(*args))
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
                 future.set_exception(exc)
 
 

@@ -403,7 +403,7 @@ class NvmlSource:
         nvml = self.nvml
         try:
             event_set = self._call("nvmlEventSetCreate", nvml.nvmlEventSetCreate)
-        except Exception:
+        except Exception:  # noqa: BLE001 - isolation: one failure must not stop the rest
             return
         by_handle = {gpu.handle_key: gpu for gpu in self.gpus}
         for gpu in self.gpus:
@@ -509,7 +509,7 @@ def _probe(source: NvmlSource, name: str, func: Callable[..., Any], args: tuple[
     except source.nvml.NVMLError as exc:
         code = getattr(exc, "value", None)
         return "NotSupported" if code in {ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND} else f"error: {exc}"
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
         return f"error: {exc}"
     return "supported"
 

@@ -1,0 +1,34 @@
+"""The DCGM source: DCGM's bindings when they import, a dcgm-exporter endpoint (URL or file) otherwise."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from agent.model import Observation
+from agent.sources.base import Emit
+
+
+class DcgmReader(Protocol):
+    def read(self, now: float) -> list[Observation]: ...
+
+
+class DcgmSource:
+    """Reads DCGM every `poll_seconds`; a DCGM that is down reads as Unknown, never as a broken GPU."""
+
+    name = "dcgm"
+
+    def __init__(self, reader: DcgmReader, *, poll_seconds: float = 30.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.reader = reader
+        self.poll_seconds = poll_seconds
+        self.clock = clock
+
+    def run(self, emit: Emit, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = self.clock()
+            for observation in self.reader.read(started):
+                emit(observation)
+            stop.wait(max(0.0, self.poll_seconds - (self.clock() - started)))
