@@ -46,6 +46,12 @@ class Metrics:
         self.last_observation = Gauge(
             "gpu_health_source_last_observation_timestamp_seconds", "When a source last reported anything.",
             ["source"], registry=registry)
+        self.evictions_stuck = Counter(
+            "gpu_health_evictions_stuck_total", "Evictions still refused (429) at their deadline; never forced.",
+            registry=registry)
+        self.time_to_recovery = Histogram(
+            "gpu_health_time_to_recovery_seconds", "From a quarantining fault to its verified recovery.",
+            buckets=(60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400, 259200, 604800), registry=registry)
         self.kmsg_records_lost = Counter(
             "gpu_health_kmsg_records_lost_total", "Kernel-log records overwritten before they were read.",
             registry=registry)

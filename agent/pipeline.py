@@ -208,7 +208,9 @@ class Pipeline:
         if verdict.kind is VerdictKind.FAULT:
             self.active[key] = ActiveFault.from_verdict(verdict)
         else:
-            self.active.pop(key, None)
+            ended = self.active.pop(key, None)
+            if ended is not None and ended.action.quarantines and self.metrics:
+                self.metrics.time_to_recovery.observe(max(0.0, now - ended.since))
         log = self._log.bind(gpu=verdict.gpu_key, rule_id=verdict.rule_id)
         level = "warning" if verdict.kind is VerdictKind.FAULT and verdict.severity.rank >= Severity.WARNING.rank \
             else "info"

@@ -1,0 +1,138 @@
+"""What an operator installs: manifests, RBAC, alerts and runbooks, checked as files."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.config import Config, load_config
+from tests.conftest import REPO
+
+DEPLOY = REPO / "daemonset"
+ALERTS = yaml.safe_load((DEPLOY / "alerts" / "gpu-health-alerts.yaml").read_text())
+ALERT_RULES = [r for g in ALERTS["groups"] for r in g["rules"]]
+
+
+def manifests(name):
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+def test_the_deployed_rules_are_the_repository_rules():
+    shipped = {p.name: p.read_bytes() for p in (REPO / "rules").glob("*.yaml")}
+    deployed = {p.name: p.read_bytes() for p in (DEPLOY / "rules").glob("*.yaml")}
+    assert deployed == shipped, "run scripts/sync-deploy-rules"
+
+
+def test_the_kustomization_generates_every_rules_file():
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    [rules] = [g for g in kustomization["configMapGenerator"] if g["name"] == "gpu-health-agent-rules"]
+    assert sorted(rules["files"]) == sorted(f"rules/{p.name}" for p in (REPO / "rules").glob("*.yaml"))
+
+
+def test_the_prometheus_rule_wraps_the_alert_file():
+    [rule] = manifests("prometheusrule.yaml")
+    assert rule["spec"]["groups"] == ALERTS["groups"], "run scripts/sync-deploy-rules"
+
+
+@pytest.mark.parametrize("rule", ALERT_RULES, ids=lambda r: r["alert"])
+def test_every_alert_has_severity_summary_description_and_a_runbook(rule):
+    assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+    assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    url = rule["annotations"]["runbook_url"]
+    assert url.endswith(f"docs/runbooks/{rule['alert']}.md")
+    assert (REPO / "docs" / "runbooks" / f"{rule['alert']}.md").is_file()
+
+
+def test_every_alert_has_a_promtool_test():
+    tests = (DEPLOY / "alerts" / "tests.yaml").read_text()
+    for rule in ALERT_RULES:
+        assert f"alertname: {rule['alert']}" in tests
+
+
+@pytest.mark.parametrize("fault_class", ["application", "driver", "hardware", "interconnect", "telemetry"])
+def test_every_fault_class_has_a_runbook(fault_class):
+    text = (REPO / "docs" / "runbooks" / f"fault-class-{fault_class}.md").read_text()
+    for section in ("What it means", "How to confirm", "What the agent already did", "What to do next",
+                    "How to release the node"):
+        assert f"## {section}" in text
+
+
+def test_rbac_grants_nothing_on_secrets_and_never_delete():
+    for document in manifests("rbac.yaml"):
+        for rule in document.get("rules", []):
+            assert "secrets" not in rule["resources"]
+            assert "delete" not in rule["verbs"] and "deletecollection" not in rule["verbs"]
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+
+
+def test_rbac_grants_exactly_what_the_agent_does():
+    [cluster_role] = [d for d in manifests("rbac.yaml") if d["kind"] == "ClusterRole"]
+    grants = {(g, r): set(rule["verbs"]) for rule in cluster_role["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"]}
+    assert grants == {("", "nodes"): {"get", "list", "watch", "patch"}, ("", "nodes/status"): {"patch"},
+                      ("", "pods"): {"get", "list"}, ("", "pods/eviction"): {"create"},
+                      ("events.k8s.io", "events"): {"create", "patch"}}
+    [role] = [d for d in manifests("rbac.yaml") if d["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "gpu-health"
+    assert [r["resources"] for r in role["rules"]] == [["leases"]]
+
+
+def test_every_rbac_rule_says_why():
+    text = (DEPLOY / "rbac.yaml").read_text()
+    cluster_role = text.split("---")[0]
+    assert len(re.findall(r"^# ", cluster_role, re.M)) >= 1 + len(manifests("rbac.yaml")[0]["rules"])
+
+
+def daemonset():
+    [ds] = manifests("daemonset.yaml")
+    return ds["spec"]["template"]["spec"]
+
+
+def test_the_daemonset_runs_least_privileged():
+    [container] = daemonset()["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    kmsg = next(m for m in container["volumeMounts"] if m["name"] == "kmsg")
+    assert (kmsg["mountPath"], kmsg["readOnly"]) == ("/dev/kmsg", True)
+
+
+def test_the_daemonset_knows_its_node_and_is_probed():
+    spec = daemonset()
+    [container] = spec["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert spec["priorityClassName"] == "system-node-critical"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/lib/kubelet/pod-resources", "/var/lib/gpu-health-agent"} <= mounts
+
+
+def test_the_daemonset_tolerates_the_agents_own_taint():
+    keys = {t["key"] for t in daemonset()["tolerations"]}
+    assert Config().remediation.taint_key in keys
+
+
+def test_the_deployed_config_is_valid(tmp_path: Path):
+    config = load_config(DEPLOY / "config.yaml", env={"NODE_NAME": "n"})
+    assert config.rules_dir == "/etc/gpu-health-agent/rules"
+    assert config.remediation.taint_effect == "NoSchedule"
+
+
+def test_the_admission_policy_pins_the_agent_to_its_own_node():
+    policy, binding = manifests("admission-policy.yaml")
+    expression = policy["spec"]["validations"][0]["expression"]
+    assert "authentication.kubernetes.io/node-name" in expression and "object.metadata.name" in expression
+    assert "system:serviceaccount:gpu-health:gpu-health-agent" in policy["spec"]["matchConditions"][0]["expression"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_the_dashboard_covers_what_operators_ask():
+    dashboard = json.loads((REPO / "docs" / "grafana" / "gpu-health-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in ("gpu_health_gpu_status", "gpu_health_verdicts_total", "gpu_health_remediation_steps_total",
+                   "gpu_health_detection_latency_seconds_bucket", "gpu_health_time_to_recovery_seconds_bucket"):
+        assert metric in exprs
