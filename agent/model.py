@@ -212,12 +212,20 @@ class StepKind(StrEnum):
     EVICT = "evict"
     RESET_GPU = "reset_gpu"
     REBOOT_REQUEST = "reboot_request"
+    CLEAR_REBOOT_REQUEST = "clear_reboot_request"
     MARK_REPLACEMENT = "mark_replacement"
+    UNMARK_REPLACEMENT = "unmark_replacement"
 
     @property
     def disruptive(self) -> bool:
         """Disruptive steps spend the cluster-wide budget; all others never wait for it."""
         return self in {StepKind.EVICT, StepKind.RESET_GPU, StepKind.REBOOT_REQUEST}
+
+    @property
+    def clearing(self) -> bool:
+        """Clearing steps undo what the agent set; nothing ever blocks them."""
+        return self in {StepKind.CLEAR_CONDITION, StepKind.UNTAINT, StepKind.CLEAR_REBOOT_REQUEST,
+                        StepKind.UNMARK_REPLACEMENT}
 
 
 @dataclass(frozen=True, slots=True)

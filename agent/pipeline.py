@@ -19,7 +19,6 @@ from agent.journal import Journal
 from agent.metrics import Metrics
 from agent.model import (
     NODE_KEY,
-    Action,
     ActionRecord,
     GpuRef,
     NodeInventory,
@@ -189,10 +188,7 @@ class Pipeline:
     def _after(self, verdicts: list[Verdict], now: float, latency_from: float | None) -> Outcome:
         for verdict in verdicts:
             self._record_verdict(verdict, now, latency_from)
-        self.node.forget_cleared(
-            {key for key, _ in self.active},
-            any(f.action is Action.REBOOT_NODE for f in self.active.values()),
-        )
+        self.node.forget_cleared({key for key, _ in self.active})
         steps = plan(verdicts, self.active, self.node, self.inventory, options=self._options)
         actions = [self._carry_out(step, now) for step in steps]
         retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions)

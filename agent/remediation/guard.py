@@ -22,7 +22,7 @@ class Mode(StrEnum):
     REMEDIATE = "remediate"
 
 
-CLEARING_STEPS = frozenset({StepKind.CLEAR_CONDITION, StepKind.UNTAINT})
+CAPPED_STEPS = frozenset({StepKind.RESET_GPU, StepKind.REBOOT_REQUEST})
 _ALLOWED_BY_MODE = {
     Mode.OBSERVE: frozenset({StepKind.EVENT}),
     Mode.QUARANTINE: frozenset(
@@ -81,7 +81,7 @@ def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: At
     """Whether `step` may run now, and if not, what to record instead and why."""
     if policy.dry_run:
         return Decision(step, StepResult.DRY_RUN, "dry-run: recorded what would be done")
-    if step.kind in CLEARING_STEPS:
+    if step.kind.clearing:
         return Decision(step, None, "clearing is never blocked")
     if step.kind not in _ALLOWED_BY_MODE[policy.mode]:
         return Decision(step, StepResult.SKIPPED, f"mode {policy.mode} does not {step.kind}")
@@ -91,7 +91,7 @@ def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: At
         return Decision(step, None)
     if cluster.paused:
         return Decision(step, StepResult.BLOCKED, "remediation paused cluster-wide")
-    recent = history.recent(step, now, 3600.0)
+    recent = history.recent(step, now, 3600.0) if step.kind in CAPPED_STEPS else []
     if len(recent) >= policy.max_attempts_per_hour:
         return Decision(step, StepResult.BLOCKED,
                         f"attempt cap: {len(recent)} {step.kind} attempts on {step.target} within the hour")

@@ -90,24 +90,51 @@ class NodeState:
             self.resets.add(step.gpu_key)
         elif step.kind is StepKind.REBOOT_REQUEST:
             self.reboot_requested = True
+        elif step.kind is StepKind.CLEAR_REBOOT_REQUEST:
+            self.reboot_requested = False
         elif step.kind is StepKind.MARK_REPLACEMENT:
             self.replacement.add(step.gpu_key)
+        elif step.kind is StepKind.UNMARK_REPLACEMENT:
+            self.replacement.discard(step.gpu_key)
 
-    def forget_cleared(self, active_gpu_keys: set[str], reboot_wanted: bool) -> None:
-        """Drop per-GPU remediation memory once that GPU has no active fault left."""
+    def forget_cleared(self, active_gpu_keys: set[str]) -> None:
+        """Drop per-GPU eviction and reset memory once that GPU has no active fault left."""
         for key in list(self.evicted):
             if key not in active_gpu_keys:
                 del self.evicted[key]
         self.resets &= active_gpu_keys
-        self.replacement &= active_gpu_keys
-        if not reboot_wanted:
-            self.reboot_requested = False
+
+    def to_json(self) -> dict[str, object]:
+        return {"conditions": {k: {"status": v.status, "message": v.message} for k, v in self.conditions.items()},
+                "tainted": self.tainted, "evicted": {k: sorted(v) for k, v in self.evicted.items()},
+                "resets": sorted(self.resets), "reboot_requested": self.reboot_requested,
+                "replacement": sorted(self.replacement)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> NodeState:
+        state = cls()
+        conditions = data.get("conditions")
+        if isinstance(conditions, dict):
+            for name, value in conditions.items():
+                if isinstance(value, dict):
+                    state.conditions[str(name)] = ConditionState(bool(value.get("status")),
+                                                                 str(value.get("message", "")))
+        state.tainted = bool(data.get("tainted"))
+        evicted = data.get("evicted")
+        if isinstance(evicted, dict):
+            state.evicted = {str(k): {str(p) for p in v} for k, v in evicted.items() if isinstance(v, list)}
+        resets, replacement = data.get("resets"), data.get("replacement")
+        state.resets = {str(r) for r in resets} if isinstance(resets, list) else set()
+        state.replacement = {str(r) for r in replacement} if isinstance(replacement, list) else set()
+        state.reboot_requested = bool(data.get("reboot_requested"))
+        return state
 
 
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
     node_name: str
     own_pod: str = ""
+    max_faulty_gpus: int = 2
 
 
 def plan(
@@ -128,9 +155,27 @@ def plan(
                           rule_id=_worst(active.values()).rule_id))
     elif not wants_taint and node.tainted:
         steps.append(Step(StepKind.UNTAINT, options.node_name, "no active fault calls for a quarantine"))
-    for fault in sorted(active.values(), key=lambda f: (-f.action.rank, f.gpu_key, f.rule_id)):
+    for fault in sorted(_whole_node_if_too_many(active.values(), options),
+                        key=lambda f: (-f.action.rank, f.gpu_key, f.rule_id)):
         steps.extend(_remedy_steps(fault, node, inventory, options, steps))
+    if node.reboot_requested and not any(f.action is Action.REBOOT_NODE for f in active.values()):
+        steps.append(Step(StepKind.CLEAR_REBOOT_REQUEST, options.node_name, "no active fault asks for a reboot"))
+    still_replace = {f.gpu_key for f in active.values() if f.action is Action.REPLACE_GPU}
+    for key in sorted(node.replacement - still_replace):
+        steps.append(Step(StepKind.UNMARK_REPLACEMENT, key, "the GPU was released or recovered", gpu_key=key))
     return steps
+
+
+def _whole_node_if_too_many(active: Iterable[ActiveFault], options: PlanOptions) -> list[ActiveFault]:
+    """When more GPUs than allowed are faulty, the node as a whole is taken out: every GPU pod moves."""
+    faults = list(active)
+    faulty = {f.gpu_key for f in faults if f.action.evicts and f.gpu_key != NODE_KEY}
+    if len(faulty) <= options.max_faulty_gpus:
+        return faults
+    worst = _worst([f for f in faults if f.action.evicts])
+    summary = f"{len(faulty)} GPUs of the node are faulty (more than {options.max_faulty_gpus}): node taken out"
+    return [*faults, ActiveFault("node-too-many-faulty-gpus", NODE_KEY, worst.severity, Action.DRAIN, summary,
+                                 worst.since)]
 
 
 def _event(verdict: Verdict, node_name: str) -> Step:

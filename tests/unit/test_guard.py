@@ -5,6 +5,7 @@ EVICT = Step(StepKind.EVICT, "ml/trainer-3", "holds faulty GPU")
 TAINT = Step(StepKind.TAINT, "node-1", "fatal")
 UNTAINT = Step(StepKind.UNTAINT, "node-1", "healthy")
 EVENT = Step(StepKind.EVENT, "node-1", "fatal")
+RESET = Step(StepKind.RESET_GPU, "GPU-1", "fatal")
 OPEN = ClusterView()
 
 
@@ -55,17 +56,24 @@ def test_an_opted_out_node_gets_events_only():
     assert _decide(TAINT, cluster=opted_out).result is StepResult.SKIPPED
 
 
-def test_attempts_are_capped_per_hour():
+def test_resets_are_capped_per_hour():
     history = AttemptHistory()
     for t in (0.0, 400.0, 800.0):
-        history.record(EVICT, t)
-    decision = _decide(EVICT, history=history, now=1300.0)
+        history.record(RESET, t)
+    decision = _decide(RESET, history=history, now=1300.0)
     assert decision.result is StepResult.BLOCKED
     assert "attempt cap" in decision.reason
-    assert _decide(EVICT, history=history, now=4000.0).proceed
+    assert _decide(RESET, history=history, now=4000.0).proceed
 
 
-def test_a_cooldown_spaces_attempts():
+def test_a_cooldown_spaces_resets():
     history = AttemptHistory()
-    history.record(EVICT, 900.0)
-    assert "cooldown" in _decide(EVICT, history=history, now=1000.0).reason
+    history.record(RESET, 900.0)
+    assert "cooldown" in _decide(RESET, history=history, now=1000.0).reason
+
+
+def test_evictions_are_retried_without_a_cap_their_deadline_governs_them():
+    history = AttemptHistory()
+    for t in (0.0, 30.0, 60.0, 90.0):
+        history.record(EVICT, t)
+    assert _decide(EVICT, history=history, now=120.0).proceed

@@ -83,7 +83,7 @@ def test_clearing_the_last_fault_removes_taint_and_condition():
     cleared = fault(1, kind=VerdictKind.CLEARED, severity=Severity.OK)
     steps = plan([cleared], {}, node, NODE, options=OPTIONS)
     assert kinds(steps) == [(StepKind.EVENT, "node-1"), (StepKind.CLEAR_CONDITION, "GpuFatalFault"),
-                            (StepKind.UNTAINT, "node-1")]
+                            (StepKind.UNTAINT, "node-1"), (StepKind.CLEAR_REBOOT_REQUEST, "node-1")]
 
 
 def test_an_application_fault_disrupts_nothing_and_is_charged_to_its_pod():
@@ -121,3 +121,24 @@ def test_an_unknown_reading_sets_its_own_condition_and_never_taints():
     v = fault(0, action=Action.NOTIFY, severity=Severity.UNKNOWN, rule="source-unreadable")
     steps = plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
     assert kinds(steps) == [(StepKind.EVENT, "node-1"), (StepKind.SET_CONDITION, "GpuUnreadable")]
+
+
+def test_a_released_replacement_is_unmarked():
+    node = NodeState(replacement={GPUS[0].key})
+    steps = plan([], {}, node, NODE, options=OPTIONS)
+    assert kinds(steps) == [(StepKind.UNMARK_REPLACEMENT, GPUS[0].key)]
+
+
+def test_too_many_faulty_gpus_take_the_whole_node_out():
+    verdicts = [fault(i, action=Action.RESET_GPU, rule="xid-48") for i in range(3)]
+    steps = plan(verdicts, active_of(*verdicts), NodeState(), NODE,
+                 options=PlanOptions(node_name="node-1", own_pod="gpu-health/agent-abc", max_faulty_gpus=2))
+    evicted = sorted(s.target for s in steps if s.kind is StepKind.EVICT)
+    assert evicted == ["ml/pair", "ml/trainer-0", "ml/trainer-1"]
+
+
+def test_node_state_survives_its_annotation():
+    node = NodeState(tainted=True, evicted={"GPU-1": {"ml/a"}}, resets={"GPU-1"}, reboot_requested=True)
+    node.apply(plan([fault(1)], active_of(fault(1)), NodeState(), NODE, options=OPTIONS)[1])
+    import json
+    assert NodeState.from_json(json.loads(json.dumps(node.to_json()))) == node

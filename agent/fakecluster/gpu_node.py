@@ -1,0 +1,52 @@
+"""Puts a GPU node and the pods holding its GPUs into a FakeCluster, as a kubelet and scheduler would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.fakecluster.server import RESOURCES, FakeCluster, now_rfc3339
+from agent.model import NodeInventory
+
+GPU_UUIDS_ANNOTATION = "gpu-health-agent.io/simulated-gpus"
+_NAMESPACES = next(r for r in RESOURCES if r.plural == "namespaces")
+
+
+def populate(cluster: FakeCluster, node: NodeInventory, *, gpu_label: str = "nvidia.com/gpu.present") -> None:
+    """The node (Ready, with its GPUs as capacity) and every pod of the inventory, Running and Ready."""
+    cluster.add("nodes", {
+        "metadata": {"name": node.name, "labels": {gpu_label: "true", "kubernetes.io/hostname": node.name}},
+        "spec": {},
+        "status": {
+            "capacity": {"nvidia.com/gpu": str(len(node.gpus)), "cpu": "192", "memory": "2Ti"},
+            "allocatable": {"nvidia.com/gpu": str(len(node.gpus)), "cpu": "190", "memory": "2000Gi"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status", "lastHeartbeatTime": now_rfc3339(),
+                            "lastTransitionTime": now_rfc3339()}],
+        },
+    })
+    existing = {n["metadata"]["name"] for n in cluster.list_objects(_NAMESPACES, None)}
+    for namespace in sorted({p.namespace for p in node.pods} - existing):
+        cluster.add("namespaces", {"metadata": {"name": namespace}})
+    for owner in sorted({(p.namespace, p.name.rsplit("-", 1)[0]) for p in node.pods if p.daemonset}):
+        cluster.add("daemonsets", {"metadata": {"name": owner[1], "namespace": owner[0]},
+                                   "spec": {"selector": {"matchLabels": {"app": owner[1]}}}},
+                    group="apps", namespace=owner[0])
+    for pod in node.pods:
+        cluster.add("pods", _pod(node.name, pod.namespace, pod.name, pod.uid, pod.gpu_uuids, pod.daemonset),
+                    namespace=pod.namespace)
+
+
+def _pod(node: str, namespace: str, name: str, uid: str, gpus: tuple[str, ...], daemonset: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid, "labels": {"app": name.rsplit("-", 1)[0]}}
+    if gpus:
+        meta["annotations"] = {GPU_UUIDS_ANNOTATION: ",".join(gpus)}
+    owner = ("apps/v1", "DaemonSet") if daemonset else ("batch/v1", "Job")
+    meta["ownerReferences"] = [{"apiVersion": owner[0], "kind": owner[1], "name": name.rsplit("-", 1)[0],
+                                "uid": f"owner-{name.rsplit('-', 1)[0]}", "controller": True}]
+    resources = {"limits": {"nvidia.com/gpu": str(len(gpus))}} if gpus else {}
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node,
+                 "containers": [{"name": "main", "image": "example/trainer:1", "resources": resources}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
