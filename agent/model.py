@@ -261,9 +261,12 @@ class ActionRecord:
     message: str = ""
 
 
+ANY_GPU = "*"
+
+
 @dataclass(frozen=True, slots=True)
 class PodRef:
-    """A pod on this node and the GPUs (UUIDs) it holds."""
+    """A pod on this node and the GPUs (UUIDs) it holds; ANY_GPU when it holds GPUs nobody could name."""
 
     namespace: str
     name: str
@@ -274,6 +277,9 @@ class PodRef:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def holds(self, gpu_uuid: str) -> bool:
+        return gpu_uuid in self.gpu_uuids or ANY_GPU in self.gpu_uuids
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +311,7 @@ class NodeInventory:
         return ref
 
     def pods_holding(self, gpu_uuid: str) -> tuple[PodRef, ...]:
-        return tuple(p for p in self.pods if gpu_uuid in p.gpu_uuids)
+        return tuple(p for p in self.pods if p.holds(gpu_uuid))
 
 
 def normalise_pci(bus_id: str) -> str:

@@ -19,16 +19,20 @@ from agent.journal import Journal
 from agent.metrics import Metrics
 from agent.model import (
     NODE_KEY,
+    Action,
     ActionRecord,
     GpuRef,
     NodeInventory,
     Observation,
+    PodRef,
     Severity,
     Signal,
     Step,
+    StepKind,
     StepResult,
     Verdict,
     VerdictKind,
+    frozen_attrs,
 )
 from agent.remediation import (
     ActiveFault,
@@ -50,6 +54,8 @@ class Actuator(Protocol):
 
     def apply(self, step: Step) -> tuple[StepResult, str]: ...
 
+    def persist(self, node: NodeState, active: dict[tuple[str, str], ActiveFault]) -> None: ...
+
 
 class ClusterGate(Protocol):
     """What the cluster says right now about a step: budget, pause, opt-out."""
@@ -62,6 +68,9 @@ class LocalActuator:
 
     def apply(self, step: Step) -> tuple[StepResult, str]:
         return StepResult.PLANNED, "local mode: no cluster to act on"
+
+    def persist(self, node: NodeState, active: dict[tuple[str, str], ActiveFault]) -> None:
+        return None
 
 
 class LocalGate:
@@ -98,6 +107,9 @@ class Pipeline:
         clock: Callable[[], float] = time.time,
         retry_seconds: float = 30.0,
         own_pod: str = "",
+        pods: Callable[[], tuple[PodRef, ...]] | None = None,
+        max_faulty_gpus: int = 2,
+        replace_after_recoveries: int = 2,
     ) -> None:
         self.rules = rules
         self.inventory = inventory
@@ -112,7 +124,10 @@ class Pipeline:
         self.engine = EngineState()
         self.history = AttemptHistory()
         self.active: dict[tuple[str, str], ActiveFault] = {}
-        self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod)
+        self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus)
+        self.pods = pods
+        self.replace_after_recoveries = replace_after_recoveries
+        self.recoveries: dict[str, int] = {}
         self._replan_at: float | None = None
         self._metrics_primed = False
         self._log = structlog.get_logger("agent.pipeline").bind(node=inventory.name)
@@ -186,11 +201,26 @@ class Pipeline:
         return statuses
 
     def _after(self, verdicts: list[Verdict], now: float, latency_from: float | None) -> Outcome:
+        verdicts = [self._escalate(v) for v in verdicts]
         for verdict in verdicts:
             self._record_verdict(verdict, now, latency_from)
+        evicting = [v for v in verdicts if v.kind is VerdictKind.FAULT and v.action.rank >= Action.RESET_WHEN_IDLE.rank]
+        if self.pods is not None and evicting:
+            self._refresh_pods()
         self.node.forget_cleared({key for key, _ in self.active})
         steps = plan(verdicts, self.active, self.node, self.inventory, options=self._options)
         actions = [self._carry_out(step, now) for step in steps]
+        if actions:
+            self._safely("persist_failed", self.actuator.persist, self.node, self.active)
+        for action in actions:
+            if action.step.kind is StepKind.RESET_GPU and action.result is StepResult.APPLIED:
+                # The reset command succeeded: that is the verified reset the reset-recovery rules wait for.
+                gpu = self.inventory.gpu_by_key(action.step.gpu_key)
+                reset = Observation(Signal.GPU_RESET, 1, now, "remediation", gpu, frozen_attrs({"by": "agent"}))
+                more = evaluate(reset, self.engine, now, rules=self.rules)
+                if more:
+                    follow = self._after(more, now, latency_from=None)
+                    verdicts, actions = [*verdicts, *follow.verdicts], [*actions, *follow.actions]
         retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions)
         self._replan_at = now + self.retry_seconds if retry else None
         if self.metrics and (verdicts or actions or not self._metrics_primed):
@@ -198,6 +228,32 @@ class Pipeline:
             self.metrics.set_gpu_status(self.gpu_statuses())
             self.metrics.set_active([f.severity for f in self.active.values()])
         return Outcome(verdicts, actions)
+
+    def _escalate(self, verdict: Verdict) -> Verdict:
+        """A fault that comes back after N verified recoveries of the same GPU needs replacing."""
+        if verdict.kind is VerdictKind.CLEARED:
+            why = str(verdict.evidence.get("why", ""))
+            if why in {"verified GPU reset", "new boot"} and verdict.action.quarantines:
+                self.recoveries[verdict.gpu_key] = self.recoveries.get(verdict.gpu_key, 0) + 1
+            return verdict
+        count = self.recoveries.get(verdict.gpu_key, 0)
+        if not verdict.action.quarantines or count < self.replace_after_recoveries or \
+                verdict.action is Action.REPLACE_GPU:
+            return verdict
+        evidence = {**verdict.evidence, "recoveries": count, "escalated_from": str(verdict.action)}
+        return dataclasses.replace(verdict, action=Action.REPLACE_GPU, evidence=frozen_attrs(evidence),
+                                   summary=f"{verdict.summary} (returned after {count} verified recoveries: "
+                                           "needs replacement)")
+
+    def _refresh_pods(self) -> None:
+        if self.pods is None:
+            return
+        try:
+            pods = self.pods()
+        except Exception as exc:  # noqa: BLE001 - an unreadable pod list keeps the last one
+            self._log.warning("pods_refresh_failed", error=str(exc))
+            return
+        self.inventory = dataclasses.replace(self.inventory, pods=pods)
 
     def _record_verdict(self, verdict: Verdict, now: float, latency_from: float | None) -> None:
         key = (verdict.gpu_key, verdict.rule_id)

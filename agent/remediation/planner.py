@@ -280,7 +280,7 @@ def pods_on_gpu(fault: ActiveFault, inventory: NodeInventory, own_pod: str = "")
     uuid = fault.gpu.uuid if fault.gpu else ""
     if fault.gpu_key == NODE_KEY or not uuid:
         return candidates
-    return [p for p in candidates if uuid in p.gpu_uuids]
+    return [p for p in candidates if p.holds(uuid)]
 
 
 def _busy(fault: ActiveFault, inventory: NodeInventory, node: NodeState) -> bool:

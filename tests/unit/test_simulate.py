@@ -93,6 +93,9 @@ def test_a_failing_actuator_fails_its_step_and_the_others_still_run():
                 raise RuntimeError("api server down")
             return StepResult.APPLIED, "ok"
 
+        def persist(self, node, active):
+            return None
+
     report = run("xid79", actuator=Flaky())
     results = {a["kind"]: a["result"] for a in report["actions"]}
     assert results["taint"] == "failed"

@@ -1,0 +1,173 @@
+"""Carries out remediation steps on the cluster: conditions, the taint, evictions, resets, reboot requests."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.k8s.budget import LeaseBudget
+from agent.k8s.errors import K8sError
+from agent.k8s.events import EventRecorder
+from agent.k8s.evictions import EvictionOutcome, Evictor
+from agent.k8s.node import (
+    CONDITION_REBOOT,
+    REBOOT_ANNOTATION,
+    REPLACE_ANNOTATION,
+    REPLACEMENT_LABEL,
+    NodeWriter,
+    rfc3339,
+)
+from agent.model import Step, StepKind, StepResult, Verdict, gpu_to_dict, verdict_from_dict
+from agent.remediation.planner import ActiveFault, NodeState
+
+ResetRunner = Callable[[str], tuple[bool, str]]
+
+_ACTIONS = {
+    StepKind.EVENT: "Record", StepKind.SET_CONDITION: "SetCondition", StepKind.CLEAR_CONDITION: "ClearCondition",
+    StepKind.TAINT: "Taint", StepKind.UNTAINT: "Untaint", StepKind.EVICT: "Evict", StepKind.RESET_GPU: "ResetGpu",
+    StepKind.REBOOT_REQUEST: "RequestReboot", StepKind.CLEAR_REBOOT_REQUEST: "ClearRebootRequest",
+    StepKind.MARK_REPLACEMENT: "MarkReplacement", StepKind.UNMARK_REPLACEMENT: "UnmarkReplacement",
+}
+
+
+def command_reset_runner(command: list[str], *, timeout_seconds: float = 120.0) -> ResetRunner:
+    """Resets a GPU with a configured command (`nvidia-smi --gpu-reset -i {uuid}` by default)."""
+
+    def run(uuid: str) -> tuple[bool, str]:
+        argv = [part.replace("{uuid}", uuid) for part in command]
+        try:
+            done = subprocess.run(  # noqa: S603 - the operator's configured command
+                argv, capture_output=True, text=True, timeout=timeout_seconds, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, f"{argv[0]}: {exc}"
+        output = (done.stdout + done.stderr).strip().splitlines()
+        return done.returncode == 0, f"exit {done.returncode}: {output[-1] if output else ''}"
+
+    return run
+
+
+@dataclass(slots=True)
+class K8sActuator:
+    """Applies planner steps through the Kubernetes API; each failure is reported, none stops the others."""
+
+    writer: NodeWriter
+    events: EventRecorder
+    evictor: Evictor
+    budget: LeaseBudget
+    reset: ResetRunner
+    reboot_sentinel: str = ""
+    on_stuck: Callable[[str], None] = lambda pod: None
+    _saved: str = field(default="", repr=False)
+
+    def apply(self, step: Step) -> tuple[StepResult, str]:
+        try:
+            return self._apply(step)
+        except K8sError as exc:
+            return StepResult.FAILED, str(exc)
+
+    def _apply(self, step: Step) -> tuple[StepResult, str]:
+        kind, details = step.kind, step.details
+        if kind is StepKind.EVENT:
+            regarding = self._regarding(step.target)
+            self.events.record(regarding=regarding, reason=str(details.get("reason", "GpuHealth")),
+                               action=_ACTIONS[kind], note=step.reason, type_=str(details.get("type", "Warning")))
+            return StepResult.APPLIED, "event recorded"
+        if kind in {StepKind.SET_CONDITION, StepKind.CLEAR_CONDITION}:
+            changed = self.writer.set_condition(step.target, status=kind is StepKind.SET_CONDITION,
+                                                reason=str(details.get("reason", "GpuHealth")),
+                                                message=str(details.get("message", step.reason)))
+            return StepResult.APPLIED, "condition set" if changed else "condition already so"
+        if kind is StepKind.TAINT:
+            changed = self.writer.set_taint(True)
+            return StepResult.APPLIED, "taint added" if changed else "taint already present"
+        if kind is StepKind.UNTAINT:
+            changed = self.writer.set_taint(False)
+            self.budget.release()
+            return StepResult.APPLIED, "taint removed" if changed else "no taint of ours"
+        if kind is StepKind.EVICT:
+            return self._evict(step)
+        if kind is StepKind.RESET_GPU:
+            ok, message = self.reset(step.target)
+            return (StepResult.APPLIED if ok else StepResult.FAILED), message
+        if kind is StepKind.REBOOT_REQUEST:
+            return self._reboot(True, step.reason)
+        if kind is StepKind.CLEAR_REBOOT_REQUEST:
+            return self._reboot(False, step.reason)
+        if kind in {StepKind.MARK_REPLACEMENT, StepKind.UNMARK_REPLACEMENT}:
+            return self._replacement(step.target, kind is StepKind.MARK_REPLACEMENT)
+        return StepResult.SKIPPED, f"no actuator for {kind}"
+
+    def _regarding(self, target: str) -> dict[str, str]:
+        if target.startswith("pod/"):
+            namespace, _, name = target[4:].partition("/")
+            return {"kind": "Pod", "apiVersion": "v1", "namespace": namespace, "name": name}
+        return {"kind": "Node", "apiVersion": "v1", "name": self.writer.name}
+
+    def _evict(self, step: Step) -> tuple[StepResult, str]:
+        namespace, _, name = step.target.partition("/")
+        if step.target in self.evictor.stuck:
+            return StepResult.SKIPPED, "eviction stuck on its disruption budget; waiting for a human"
+        result = self.evictor.evict(namespace, name)
+        if result.outcome in {EvictionOutcome.EVICTED, EvictionOutcome.GONE}:
+            self.events.record(regarding=self._regarding(f"pod/{step.target}"), reason="EvictedForGpuFault",
+                               action="Evict", note=step.reason)
+            return StepResult.APPLIED, result.message
+        if result.outcome is EvictionOutcome.WAITING:
+            return StepResult.BLOCKED, result.message
+        self.on_stuck(step.target)
+        self.events.record(regarding=self._regarding(f"pod/{step.target}"), reason="EvictionStuck",
+                           action="Evict", note=result.message)
+        return StepResult.FAILED, result.message
+
+    def _reboot(self, wanted: bool, reason: str) -> tuple[StepResult, str]:
+        self.writer.set_condition(CONDITION_REBOOT, status=wanted,
+                                  reason="GpuRebootRequired" if wanted else "GpuRebootNotRequired",
+                                  message=reason)
+        self.writer.set_metadata(annotations={REBOOT_ANNOTATION: rfc3339() if wanted else None})
+        if self.reboot_sentinel:
+            sentinel = Path(self.reboot_sentinel)
+            try:
+                if wanted:
+                    sentinel.touch()
+                else:
+                    sentinel.unlink(missing_ok=True)
+            except OSError as exc:
+                return StepResult.FAILED, f"reboot sentinel {sentinel}: {exc.strerror}"
+        return StepResult.APPLIED, "reboot requested" if wanted else "reboot request withdrawn"
+
+    def _replacement(self, gpu: str, wanted: bool) -> tuple[StepResult, str]:
+        view = self.writer.read()
+        listed = {g for g in view.annotations.get(REPLACE_ANNOTATION, "").split(",") if g}
+        listed = listed | {gpu} if wanted else listed - {gpu}
+        self.writer.set_metadata(labels={REPLACEMENT_LABEL: "true" if listed else None},
+                                 annotations={REPLACE_ANNOTATION: ",".join(sorted(listed)) or None})
+        return StepResult.APPLIED, "marked for replacement" if wanted else "replacement mark removed"
+
+    def persist(self, node: NodeState, active: dict[tuple[str, str], ActiveFault]) -> None:
+        """Write the state annotation when it changed (never on a healthy, unchanged node)."""
+        faults = [{"rule_id": f.rule_id, "gpu_key": f.gpu_key, "severity": str(f.severity),
+                   "action": str(f.action), "summary": f.summary, "since": f.since, "gpu": gpu_to_dict(f.gpu)}
+                  for f in sorted(active.values(), key=lambda f: (f.gpu_key, f.rule_id))]
+        fingerprint = repr((faults, node.to_json()))
+        if fingerprint == self._saved:
+            return
+        if not faults and not self._saved and not node.tainted and not node.evicted:
+            self._saved = fingerprint
+            return
+        self.writer.save_state(node, faults)
+        self._saved = fingerprint
+
+
+def saved_verdicts(faults: list[dict[str, Any]]) -> list[Verdict]:
+    """The state annotation's faults as verdicts the engine can restore."""
+    verdicts = []
+    for fault in faults:
+        try:
+            verdicts.append(verdict_from_dict({"kind": "fault", "fault_class": "hardware", "at": fault["since"],
+                                               **fault}))
+        except (KeyError, ValueError):
+            continue
+    return verdicts

@@ -1,0 +1,145 @@
+"""The cluster-wide disruption budget: one Lease in the agent's namespace is a semaphore over nodes.
+
+A node must hold a slot before a disruptive step (eviction, GPU reset, reboot request). The slots
+live in the Lease's annotation and every change is an optimistic update (resourceVersion), so two
+agents racing for the last slot cannot both win. A slot not renewed for `ttl_seconds` lapses (its
+agent died). A second Lease, when present, pauses all disruption cluster-wide.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.k8s.errors import Conflict, NotFound, api_call
+from agent.k8s.node import DISRUPTION_LABEL
+from agent.k8s.retry import on_conflict, with_retries
+from agent.model import Step
+from agent.remediation.guard import ClusterView
+
+BUDGET_LEASE = "gpu-health-disruption-budget"
+PAUSE_LEASE = "gpu-health-pause"
+HOLDERS_ANNOTATION = "gpu-health-agent.io/holders"
+
+
+def budget_limit(*, gpu_nodes: int, max_nodes: int, max_percent: float) -> int:
+    """The most nodes that may be disrupted at once: the tighter of N nodes and P % of GPU nodes (at least 1
+    while there is any GPU node, so a single broken node can always be handled)."""
+    bounds = []
+    if max_nodes > 0:
+        bounds.append(max_nodes)
+    if max_percent > 0:
+        bounds.append(max(1, math.floor(gpu_nodes * max_percent / 100)))
+    return min(bounds) if bounds and gpu_nodes > 0 else 0
+
+
+class LeaseBudget:
+    """ClusterGate for the pipeline: budget, pause and opt-out, read from the API before each disruptive step."""
+
+    def __init__(self, apis: Any, *, node_name: str, namespace: str, max_nodes: int, max_percent: float,
+                 gpu_node_selector: str = "nvidia.com/gpu.present=true", opt_out_label: str = "",
+                 ttl_seconds: float = 7200.0, clock: Callable[[], float] = time.time) -> None:
+        self.apis = apis
+        self.node = node_name
+        self.namespace = namespace
+        self.max_nodes = max_nodes
+        self.max_percent = max_percent
+        self.selector = gpu_node_selector
+        self.opt_out_label = opt_out_label
+        self.ttl = ttl_seconds
+        self.clock = clock
+
+    def view(self, step: Step) -> ClusterView:
+        return ClusterView(budget_available=self.acquire(), paused=self.paused(), opted_out=self.opted_out())
+
+    def paused(self) -> bool:
+        try:
+            api_call(self.apis.coordination.read_namespaced_lease, PAUSE_LEASE, self.namespace)
+        except NotFound:
+            return False
+        return True
+
+    def opted_out(self) -> bool:
+        if not self.opt_out_label:
+            return False
+        node = api_call(self.apis.core.read_node, self.node)
+        return (node.metadata.labels or {}).get(self.opt_out_label) == "true"
+
+    def holders(self) -> dict[str, float]:
+        lease = self._read_or_create()
+        return self._live(lease)
+
+    def acquire(self) -> bool:
+        """Hold (or renew) this node's slot; False when the budget is spent."""
+
+        def attempt() -> bool:
+            lease = self._read_or_create()
+            holders = self._live(lease)
+            if self.node not in holders:
+                nodes = with_retries(lambda: api_call(self.apis.core.list_node, label_selector=self.selector))
+                limit = budget_limit(gpu_nodes=len(nodes.items), max_nodes=self.max_nodes,
+                                     max_percent=self.max_percent)
+                if len(holders) >= limit:
+                    return False
+            holders[self.node] = self.clock()
+            self._write(lease, holders)
+            return True
+
+        granted = bool(on_conflict(attempt))
+        if granted:
+            self._label(True)
+        return granted
+
+    def release(self) -> None:
+        """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
+
+        def attempt() -> None:
+            lease = self._read_or_create()
+            holders = self._live(lease)
+            if self.node in holders:
+                del holders[self.node]
+                self._write(lease, holders)
+
+        on_conflict(attempt)
+        self._label(False)
+
+    def _read_or_create(self) -> Any:
+        try:
+            return api_call(self.apis.coordination.read_namespaced_lease, BUDGET_LEASE, self.namespace)
+        except NotFound:
+            body = {"metadata": {"name": BUDGET_LEASE, "namespace": self.namespace,
+                                 "annotations": {HOLDERS_ANNOTATION: "{}"}},
+                    "spec": {"holderIdentity": "gpu-health-agent", "leaseDurationSeconds": int(self.ttl)}}
+            try:
+                return api_call(self.apis.coordination.create_namespaced_lease, self.namespace, body)
+            except Conflict:
+                return api_call(self.apis.coordination.read_namespaced_lease, BUDGET_LEASE, self.namespace)
+
+    def _live(self, lease: Any) -> dict[str, float]:
+        try:
+            raw = json.loads((lease.metadata.annotations or {}).get(HOLDERS_ANNOTATION, "{}"))
+        except ValueError:
+            raw = {}
+        now = self.clock()
+        return {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float) and now - float(v) < self.ttl}
+
+    def _write(self, lease: Any, holders: dict[str, float]) -> None:
+        body = {"metadata": {"resourceVersion": lease.metadata.resource_version,
+                             "annotations": {HOLDERS_ANNOTATION: json.dumps(holders, sort_keys=True)}},
+                "spec": {"renewTime": _micro(self.clock())}}
+        api_call(self.apis.coordination.patch_namespaced_lease, BUDGET_LEASE, self.namespace, body)
+
+    def _label(self, holding: bool) -> None:
+        labels = {DISRUPTION_LABEL: "active" if holding else None}
+        node = api_call(self.apis.core.read_node, self.node)
+        current = (node.metadata.labels or {}).get(DISRUPTION_LABEL)
+        if current != labels[DISRUPTION_LABEL]:
+            api_call(self.apis.core.patch_node, self.node, {"metadata": {"labels": labels}})
+
+
+def _micro(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(at))
+

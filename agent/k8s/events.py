@@ -1,0 +1,67 @@
+"""Kubernetes Events (events.k8s.io/v1) regarding the Node or a Pod; repeats are folded into a series."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.k8s.errors import api_call
+from agent.k8s.retry import with_retries
+
+CONTROLLER = "gpu-health-agent.io/agent"
+NOTE_LIMIT = 1024
+
+
+def micro_time() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(slots=True)
+class _Series:
+    namespace: str
+    name: str
+    count: int
+    first: float
+
+
+class EventRecorder:
+    """Creates Events; the same (object, reason, note) within `fold_seconds` patches the series count."""
+
+    def __init__(self, events_api: Any, *, instance: str, namespace: str = "default",
+                 fold_seconds: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = events_api
+        self.instance = instance
+        self.namespace = namespace
+        self.fold_seconds = fold_seconds
+        self.clock = clock
+        self._series: dict[tuple[str, str, str, str, str], _Series] = {}
+
+    def record(self, *, regarding: dict[str, str], reason: str, action: str, note: str,
+               type_: str = "Warning") -> str:
+        """Post (or fold) one Event; returns its name."""
+        note = note if len(note) <= NOTE_LIMIT else note[: NOTE_LIMIT - 4] + " ..."
+        namespace = regarding.get("namespace") or self.namespace
+        key = (regarding.get("kind", ""), namespace, regarding.get("name", ""), reason, note)
+        series = self._series.get(key)
+        now = self.clock()
+        if series is not None and now - series.first < self.fold_seconds:
+            series.count += 1
+            body = {"series": {"count": series.count, "lastObservedTime": micro_time()}}
+            with_retries(lambda: api_call(self.api.patch_namespaced_event, series.name, series.namespace, body))
+            return series.name
+        event = {
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"generateName": f"{regarding.get('name', 'gpu')}.", "namespace": namespace},
+            "eventTime": micro_time(), "reportingController": CONTROLLER, "reportingInstance": self.instance,
+            "action": action, "reason": reason, "type": type_, "note": note, "regarding": regarding,
+        }
+        created = with_retries(lambda: api_call(self.api.create_namespaced_event, namespace, event))
+        name = str(created.metadata.name)
+        self._series[key] = _Series(namespace, name, 1, now)
+        if len(self._series) > 2048:
+            oldest = min(self._series, key=lambda k: self._series[k].first)
+            del self._series[oldest]
+        return name

@@ -1,0 +1,57 @@
+"""Evictions through the Eviction API (policy/v1): PodDisruptionBudgets decide, nothing is ever forced."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from agent.k8s.errors import NotFound, TooManyRequests, api_call
+from agent.k8s.retry import with_retries
+
+
+class EvictionOutcome(StrEnum):
+    EVICTED = "evicted"
+    GONE = "gone"
+    WAITING = "waiting"
+    STUCK = "stuck"
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionResult:
+    outcome: EvictionOutcome
+    message: str
+
+
+class Evictor:
+    """One eviction attempt per call; a 429 is retried by the caller until the pod's deadline, then STUCK."""
+
+    def __init__(self, core: Any, *, deadline_seconds: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.core = core
+        self.deadline = deadline_seconds
+        self.clock = clock
+        self._first_refused: dict[str, float] = {}
+        self.stuck: set[str] = set()
+
+    def evict(self, namespace: str, name: str) -> EvictionResult:
+        key = f"{namespace}/{name}"
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            with_retries(lambda: api_call(self.core.create_namespaced_pod_eviction, name, namespace, body))
+        except NotFound:
+            self._first_refused.pop(key, None)
+            return EvictionResult(EvictionOutcome.GONE, "the pod is already gone")
+        except TooManyRequests as exc:
+            first = self._first_refused.setdefault(key, self.clock())
+            waited = self.clock() - first
+            if waited >= self.deadline:
+                self.stuck.add(key)
+                return EvictionResult(EvictionOutcome.STUCK, f"refused for {waited:.0f}s by its disruption budget "
+                                                             f"({exc}); not forced: a human decides")
+            return EvictionResult(EvictionOutcome.WAITING, f"disruption budget allows no eviction yet ({exc}); "
+                                                           f"retrying until {self.deadline:.0f}s have passed")
+        self._first_refused.pop(key, None)
+        return EvictionResult(EvictionOutcome.EVICTED, "evicted through the Eviction API")

@@ -1,0 +1,141 @@
+"""The kubelet's PodResources API (gRPC on a unix socket): which container holds which GPU.
+
+The messages are decoded by hand from their protobuf wire format (k8s.io/kubelet podresources/v1:
+ListPodResourcesResponse{pod_resources=1}, PodResources{name=1, namespace=2, containers=3},
+ContainerResources{name=1, devices=2}, ContainerDevices{resource_name=1, device_ids=2}), so no code
+generator is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+LIST_METHOD = "/v1.PodResourcesLister/List"
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+
+
+@dataclass(slots=True)
+class PodDevices:
+    namespace: str
+    name: str
+    devices: dict[str, list[str]] = field(default_factory=dict)
+
+    def gpu_ids(self) -> list[str]:
+        """GPU UUIDs (and MIG device UUIDs) of every container; time-sliced replicas `UUID::N` give `UUID`."""
+        ids: list[str] = []
+        for resource, device_ids in self.devices.items():
+            if resource.startswith(GPU_RESOURCE_PREFIXES) or resource.startswith("nvidia.com/"):
+                ids.extend(device_id.split("::", 1)[0] for device_id in device_ids)
+        return sorted(set(ids))
+
+
+class ProtobufError(ValueError):
+    """The bytes are not a valid protobuf message."""
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if position >= len(data):
+            raise ProtobufError("truncated varint")
+        byte = data[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, position
+        shift += 7
+        if shift > 63:
+            raise ProtobufError("varint too long")
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, int, bytes | int]]:
+    position = 0
+    while position < len(data):
+        key, position = _varint(data, position)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, position = _varint(data, position)
+            yield number, wire, value
+        elif wire == 2:
+            length, position = _varint(data, position)
+            if position + length > len(data):
+                raise ProtobufError("truncated field")
+            yield number, wire, data[position:position + length]
+            position += length
+        elif wire == 1:
+            position += 8
+        elif wire == 5:
+            position += 4
+        else:
+            raise ProtobufError(f"unsupported wire type {wire}")
+
+
+def _text(value: bytes | int) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def decode_list_response(data: bytes) -> list[PodDevices]:
+    pods: list[PodDevices] = []
+    for number, wire, value in _fields(data):
+        if number != 1 or wire != 2 or not isinstance(value, bytes):
+            continue
+        pod = PodDevices("", "")
+        for p_number, _, p_value in _fields(value):
+            if p_number == 1:
+                pod.name = _text(p_value)
+            elif p_number == 2:
+                pod.namespace = _text(p_value)
+            elif p_number == 3 and isinstance(p_value, bytes):
+                for c_number, _, c_value in _fields(p_value):
+                    if c_number == 2 and isinstance(c_value, bytes):
+                        resource, ids = "", []
+                        for d_number, _, d_value in _fields(c_value):
+                            if d_number == 1:
+                                resource = _text(d_value)
+                            elif d_number == 2:
+                                ids.append(_text(d_value))
+                        pod.devices.setdefault(resource, []).extend(ids)
+        pods.append(pod)
+    return pods
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def encode_list_response(pods: list[PodDevices]) -> bytes:
+    """The wire form of a ListPodResourcesResponse (for the fake kubelet in tests)."""
+    out = b""
+    for pod in pods:
+        containers = b""
+        for resource, ids in pod.devices.items():
+            device = _field(1, resource.encode()) + b"".join(_field(2, i.encode()) for i in ids)
+            containers += _field(3, _field(1, b"main") + _field(2, device))
+        out += _field(1, _field(1, pod.name.encode()) + _field(2, pod.namespace.encode()) + containers)
+    return out
+
+
+def list_pod_devices(socket_path: str = DEFAULT_SOCKET, *, timeout_seconds: float = 5.0) -> list[PodDevices]:
+    """Ask the kubelet which pod holds which device (raises OSError when it cannot be asked)."""
+    import grpc  # noqa: PLC0415 - grpc loads a large native module; only nodes with a kubelet need it
+
+    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        call = channel.unary_unary(LIST_METHOD, request_serializer=lambda _: b"",
+                                   response_deserializer=decode_list_response)
+        try:
+            result: list[PodDevices] = call(None, timeout=timeout_seconds)
+        except grpc.RpcError as exc:
+            raise OSError(f"kubelet PodResources at {socket_path}: {exc.code().name}") from None
+        return result

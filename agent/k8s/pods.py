@@ -1,0 +1,72 @@
+"""Which pods of this node hold which GPU: the kubelet's PodResources first, else every GPU pod."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from agent.k8s.errors import api_call
+from agent.k8s.podresources import PodDevices, list_pod_devices
+from agent.k8s.retry import with_retries
+from agent.model import ANY_GPU, PodRef
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+log = structlog.get_logger("agent.k8s.pods")
+
+
+class PodFinder:
+    """Lists the node's pods through the API and asks the kubelet which GPU each one holds."""
+
+    def __init__(self, core: Any, node_name: str, *, socket_path: str = "",
+                 pod_devices: Callable[[str], list[PodDevices]] = list_pod_devices) -> None:
+        self.core = core
+        self.node = node_name
+        self.socket_path = socket_path
+        self.pod_devices = pod_devices
+
+    def pods(self) -> tuple[PodRef, ...]:
+        response = with_retries(lambda: api_call(self.core.list_pod_for_all_namespaces,
+                                                 field_selector=f"spec.nodeName={self.node}",
+                                                 _preload_content=False))
+        items = json.loads(response.data).get("items", [])
+        devices = self._devices()
+        pods = []
+        for item in items:
+            meta, spec = item.get("metadata", {}), item.get("spec", {})
+            if item.get("status", {}).get("phase") in {"Succeeded", "Failed"}:
+                continue
+            if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+                continue  # static pods cannot be evicted through the API
+            key = (meta.get("namespace", ""), meta.get("name", ""))
+            gpus: tuple[str, ...] = ()
+            if devices is not None and key in devices:
+                gpus = tuple(devices[key])
+            elif _requests_gpu(spec):
+                gpus = (ANY_GPU,)  # it holds GPUs, and nobody can say which
+            owners = meta.get("ownerReferences") or []
+            daemonset = any(o.get("kind") == "DaemonSet" and o.get("controller") for o in owners)
+            pods.append(PodRef(key[0], key[1], meta.get("uid", ""), gpus, daemonset))
+        return tuple(pods)
+
+    def _devices(self) -> dict[tuple[str, str], list[str]] | None:
+        if not self.socket_path or not os.path.exists(self.socket_path):
+            return None
+        try:
+            listed = self.pod_devices(self.socket_path)
+        except OSError as exc:
+            log.warning("pod_resources_unavailable", error=str(exc))
+            return None
+        return {(p.namespace, p.name): p.gpu_ids() for p in listed if p.gpu_ids()}
+
+
+def _requests_gpu(spec: dict[str, Any]) -> bool:
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            if any(name.startswith("nvidia.com/") for name in (resources.get(section) or {})):
+                return True
+    return False
