@@ -23,10 +23,12 @@ from agent.errors import AgentError, InputError, InputErrors
 from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
 from agent.httpserver import AgentHttpServer
 from agent.journal import Journal
+from agent.k8s.client import load_api_client
+from agent.k8s.cluster import build_cluster_side, request_release
 from agent.logs import configure_logging
 from agent.model import AttrValue, GpuRef, Observation, Signal, VerdictKind
 from agent.remediation import GuardPolicy, Mode
-from agent.simulate import SimulationReport, TimelineLine, simulate
+from agent.simulate import SimulationReport, TimelineLine, simulate, simulate_in_cluster
 from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kernel_log import KernelLogParser
 from agent.sources.nvml import NvmlSource, load_pynvml, probe_calls
@@ -34,6 +36,17 @@ from agent.sources.scenario import ScenarioSource, builtin_names, inventory, loa
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_BAD_INPUT = 2
+
+
+class StuckEvictions:
+    """Counts stuck evictions into a metric that exists only once the daemon does."""
+
+    def __init__(self) -> None:
+        self.target: Callable[[], None] | None = None
+
+    def __call__(self, pod: str) -> None:
+        if self.target is not None:
+            self.target()
 
 
 def _fail(lines: list[str], code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -99,12 +112,19 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         replay = load_scenario(scenario)
         node = dataclasses.replace(inventory(replay), name=config.node_name)
         extra.append(ScenarioSource(replay, node, speed=speed))
-    daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra)
+    api_client, how = load_api_client(kubeconfig=config.remediation.kubeconfig or None)
+    cluster = None
+    stuck = StuckEvictions()
+    if api_client is not None:
+        cluster = build_cluster_side(api_client, config, on_stuck=stuck)
+    daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra, cluster=cluster)
+    stuck.target = daemon.metrics.evictions_stuck.inc
     server = AgentHttpServer(config.http.host, config.http.port, metrics=daemon.metrics.exposition,
                              health=daemon.health)
     server.start()
     click.echo(f"gpu-health-agent: node {config.node_name}, mode {config.mode}"
-               f"{' (dry-run)' if config.dry_run else ''}, local mode (no cluster), "
+               f"{' (dry-run)' if config.dry_run else ''}, "
+               f"{'cluster via ' + how if cluster else 'local mode (' + how + ')'}, "
                f"sources {', '.join(s.name for s in daemon.sources)}, http :{server.port}", err=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -119,6 +139,23 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         server.close()
 
 
+@main.command()
+@click.option("--node", "node_name", help="The node (default: NODE_NAME or this host's name).")
+@click.option("--gpu", "gpu_uuid", default="all", show_default=True, help="A GPU UUID, or all.")
+@click.option("--kubeconfig", type=click.Path(), help="Kubeconfig (default: in-cluster, then KUBECONFIG).")
+@_reporting_bad_input
+def release(node_name: str | None, gpu_uuid: str, kubeconfig: str | None) -> None:
+    """Release faults only an operator may clear (needs-replacement, ...): the node's agent clears them."""
+    config = load_config(None)
+    name = node_name or config.node_name
+    api_client, how = load_api_client(kubeconfig=kubeconfig)
+    if api_client is None:
+        _fail([f"release: no cluster ({how})"], code=1)
+    request_release(api_client, name, gpu_uuid)
+    click.echo(f"node/{name}: release of {gpu_uuid} requested; the agent applies it within "
+               f"{config.remediation.node_sync_seconds:g}s")
+
+
 @main.command(name="simulate")
 @click.argument("scenario", required=False)
 @click.option("--list", "list_only", is_flag=True, help="List the built-in scenarios.")
@@ -128,9 +165,10 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
 @click.option("--dry-run", is_flag=True, help="Record what would be done.")
 @click.option("--rules", "rules_dir", type=click.Path(), help="Rules directory (default: the shipped rules).")
 @click.option("--journal", "journal_path", type=click.Path(), help="Also record into this journal file.")
+@click.option("--local", is_flag=True, help="No fake cluster: steps are only planned (local mode).")
 @_reporting_bad_input
 def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode: str, dry_run: bool,
-                     rules_dir: str | None, journal_path: str | None) -> None:
+                     rules_dir: str | None, journal_path: str | None, local: bool) -> None:
     """Replay a fault scenario (built-in NAME or FILE) through the agent on a virtual clock."""
     if list_only:
         for name in builtin_names():
@@ -143,8 +181,9 @@ def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode:
     configure_logging("error", "auto")
     journal = Journal(journal_path) if journal_path else None
     try:
-        report = simulate(loaded, rules=rules, policy=GuardPolicy(mode=Mode(mode), dry_run=dry_run),
-                          journal=journal)
+        policy = GuardPolicy(mode=Mode(mode), dry_run=dry_run)
+        runner = simulate if local else simulate_in_cluster
+        report = runner(loaded, rules=rules, policy=policy, journal=journal)
     finally:
         if journal:
             journal.close()
@@ -160,7 +199,8 @@ def render_report(report: SimulationReport) -> str:
     models = sorted({g.model for g in node.gpus})
     lines = [f"scenario {scenario.name}: {' '.join(scenario.description.split())}",
              f"node {node.name}: {len(node.gpus)} x {', '.join(models)}; mode {report.pipeline.policy.mode}"
-             f"{' (dry-run)' if report.pipeline.policy.dry_run else ''}; local mode (no cluster)", ""]
+             f"{' (dry-run)' if report.pipeline.policy.dry_run else ''}; "
+             f"{'fake cluster (real HTTP, real actuators)' if report.cluster else 'local mode (no cluster)'}", ""]
     for line in report.lines:
         lines.extend(_render_line(line))
     lines.append("")

@@ -68,6 +68,15 @@ class RemediationConfig(_Section):
     budget_max_percent: float = Field(default=10.0, ge=0, le=100)
     eviction_deadline_seconds: float = Field(default=600.0, gt=0)
     reset_command: list[str] = Field(default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{uuid}"])
+    reset_timeout_seconds: float = Field(default=120.0, gt=0)
+    reboot_sentinel_path: str = ""
+    max_faulty_gpus: int = Field(default=2, ge=0)
+    replace_after_recoveries: int = Field(default=2, ge=1)
+    namespace: str = "gpu-health"
+    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    node_sync_seconds: float = Field(default=30.0, gt=0)
+    kubeconfig: str = ""
 
 
 class HttpConfig(_Section):

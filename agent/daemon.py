@@ -19,6 +19,7 @@ from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
 from agent.journal import Journal
+from agent.k8s.cluster import ClusterSide
 from agent.metrics import Metrics
 from agent.model import NodeInventory, Observation
 from agent.pipeline import Pipeline
@@ -173,6 +174,7 @@ class Daemon:
         journal: Journal | None = None,
         clock: Callable[[], float] = time.time,
         reload_seconds: float = 5.0,
+        cluster: ClusterSide | None = None,
     ) -> None:
         self.config = config
         self.metrics = Metrics(registry or CollectorRegistry())
@@ -192,6 +194,10 @@ class Daemon:
         self.rules_dir = rules_dir_of(config)
         self.watcher = RulesWatcher(self.rules_dir)
         self.reload_seconds = reload_seconds
+        self.cluster = cluster
+        node_state = None
+        if cluster is not None:
+            node_state, node_faults = cluster.restored(config.remediation.taint_key)
         self.pipeline = Pipeline(
             rules=rules,
             inventory=inventory or NodeInventory(name=config.node_name),
@@ -199,7 +205,17 @@ class Daemon:
             journal=self.journal,
             metrics=self.metrics,
             clock=clock,
+            actuator=cluster.actuator if cluster else None,
+            gate=cluster.gate if cluster else None,
+            node_state=node_state,
+            own_pod=cluster.own_pod if cluster else "",
+            pods=cluster.pods.pods if cluster else None,
+            max_faulty_gpus=config.remediation.max_faulty_gpus,
+            replace_after_recoveries=config.remediation.replace_after_recoveries,
         )
+        if cluster is not None:
+            self.pipeline.restore_from_node(node_faults)
+            self.pipeline.refresh_pods()
         self.metrics.rules_loaded.set(len(rules.rules))
         self.heartbeat = clock()
         self._threads: list[threading.Thread] = []
@@ -232,13 +248,14 @@ class Daemon:
     def run(self, stop: threading.Event) -> None:
         log.info("agent_starting", node=self.config.node_name, mode=str(self.config.mode),
                  dry_run=self.config.dry_run, sources=[s.name for s in self.sources],
-                 rules=len(self.pipeline.rules.rules), local_mode=True)
+                 rules=len(self.pipeline.rules.rules), local_mode=self.cluster is None)
         for source in self.sources:
             thread = threading.Thread(target=self._run_source, args=(source, stop), name=f"source-{source.name}",
                                       daemon=True)
             self._threads.append(thread)
             thread.start()
         next_reload = self.clock() + self.reload_seconds
+        next_sync = self.clock()
         while not stop.is_set():
             self._drain(timeout=self.config.tick_seconds, stop=stop)
             self._safe_step("tick_failed", self.pipeline.tick)
@@ -246,11 +263,22 @@ class Daemon:
             if self.clock() >= next_reload:
                 self.reload_rules_if_changed()
                 next_reload = self.clock() + self.reload_seconds
+            if self.cluster is not None and self.clock() >= next_sync:
+                self._safe_step("node_sync_failed", self._sync_node)
+                next_sync = self.clock() + self.config.remediation.node_sync_seconds
         for thread in self._threads:
             thread.join(timeout=5)
         self._drain(timeout=0, stop=None)
         self.journal.close()
         log.info("agent_stopped", node=self.config.node_name)
+
+    def _sync_node(self) -> None:
+        """Operator releases arrive as a Node annotation; the pods of the node are re-read."""
+        if self.cluster is None:
+            return
+        for observation in self.cluster.sync(self.clock()):
+            self.pipeline.handle(observation)
+        self.pipeline.refresh_pods()
 
     def _drain(self, *, timeout: float, stop: threading.Event | None) -> None:
         deadline = self.clock() + timeout

@@ -134,10 +134,14 @@ class Pipeline:
         if journal is not None:
             self._restore(journal.active_faults(inventory.name))
 
+    def restore_from_node(self, verdicts: list[Verdict]) -> None:
+        """Faults the Node's state annotation holds (the truth across restarts) that the journal lacks."""
+        self._restore([v for v in verdicts if (v.gpu_key, v.rule_id) not in self.active])
+
     def _restore(self, verdicts: list[Verdict]) -> None:
         known = [v for v in verdicts if self.rules.get(v.rule_id) is not None]
         restore(self.engine, known)
-        if self.journal is not None:
+        if self.journal is not None and not self.engine.boot_id:
             self.engine.boot_id = self.journal.cursor(BOOT_CURSOR) or ""
         for verdict in known:
             self.active[(verdict.gpu_key, verdict.rule_id)] = ActiveFault.from_verdict(verdict)
@@ -206,7 +210,7 @@ class Pipeline:
             self._record_verdict(verdict, now, latency_from)
         evicting = [v for v in verdicts if v.kind is VerdictKind.FAULT and v.action.rank >= Action.RESET_WHEN_IDLE.rank]
         if self.pods is not None and evicting:
-            self._refresh_pods()
+            self.refresh_pods()
         self.node.forget_cleared({key for key, _ in self.active})
         steps = plan(verdicts, self.active, self.node, self.inventory, options=self._options)
         actions = [self._carry_out(step, now) for step in steps]
@@ -245,7 +249,7 @@ class Pipeline:
                                    summary=f"{verdict.summary} (returned after {count} verified recoveries: "
                                            "needs replacement)")
 
-    def _refresh_pods(self) -> None:
+    def refresh_pods(self) -> None:
         if self.pods is None:
             return
         try:

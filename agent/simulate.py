@@ -6,7 +6,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.engine import RuleSet
+from agent.fakecluster import FakeApiServer, FakeCluster, populate
 from agent.journal import Journal
+from agent.k8s.actuator import K8sActuator
+from agent.k8s.budget import LeaseBudget
+from agent.k8s.client import Apis, client_for
+from agent.k8s.events import EventRecorder
+from agent.k8s.evictions import Evictor
+from agent.k8s.node import NodeWriter
 from agent.model import Observation, Signal, action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
@@ -28,6 +35,7 @@ class SimulationReport:
     scenario: Scenario
     lines: list[TimelineLine]
     pipeline: Pipeline
+    cluster: FakeCluster | None = None
 
     def to_json(self) -> dict[str, Any]:
         verdicts = [verdict_to_dict(v) for line in self.lines for v in line.outcome.verdicts]
@@ -53,7 +61,47 @@ class SimulationReport:
             "actions": actions,
             "active_faults": active,
             "gpu_status": self.pipeline.gpu_statuses(),
+            "cluster": self._cluster_json(),
         }
+
+    def _cluster_json(self) -> dict[str, Any] | None:
+        """The fake cluster after the run: the node as the API shows it, the events, the pods left."""
+        if self.cluster is None:
+            return None
+        node = self.cluster.node(self.pipeline.inventory.name)
+        return {
+            "node": {"taints": node["spec"].get("taints", []),
+                     "unschedulable": node["spec"].get("unschedulable", False),
+                     "labels": node["metadata"].get("labels", {}),
+                     "annotations": node["metadata"].get("annotations", {}),
+                     "conditions": [c for c in node["status"].get("conditions", []) if c["type"] != "Ready"]},
+            "events": [{"reason": e["reason"], "type": e["type"], "regarding": e["regarding"], "note": e["note"],
+                        "count": e.get("series", {}).get("count", 1)} for e in self.cluster.events()],
+            "pods": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                           for p in self.cluster.pods_on(self.pipeline.inventory.name)),
+        }
+
+
+def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPolicy,
+                        journal: Journal | None = None) -> SimulationReport:
+    """The scenario against the real Kubernetes actuators and an in-process fake API server holding the
+    scenario's node and pods (over real HTTP); a GPU reset is simulated, since there is no GPU."""
+    cluster = FakeCluster()
+    populate(cluster, inventory(scenario))
+    server = FakeApiServer(cluster).start()
+    try:
+        apis = Apis.of(client_for(server.url))
+        name = scenario.node.name
+        writer = NodeWriter(apis.core, name, taint_key="gpu-health-agent.io/unhealthy")
+        budget = LeaseBudget(apis, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
+        actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{name}/simulate"),
+                               evictor=Evictor(apis.core), budget=budget,
+                               reset=lambda uuid: (True, f"simulated reset of {uuid} (no GPU here)"))
+        report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal)
+    finally:
+        server.stop()
+    report.cluster = cluster
+    return report
 
 
 def simulate(
@@ -69,7 +117,7 @@ def simulate(
     node = inventory(scenario)
     clock = _VirtualClock()
     pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=actuator, gate=gate,
-                        journal=journal, clock=clock)
+                        journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p")
     lines: list[TimelineLine] = []
     current: dict[int, TimelineLine] = {}
     next_tick = scenario.tick_seconds

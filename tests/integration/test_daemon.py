@@ -41,7 +41,7 @@ def test_the_agent_runs_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path: Pa
     port = free_port()
     env = dict(os.environ, GPU_HEALTH_JOURNAL_PATH=str(tmp_path / "j.db"), GPU_HEALTH_HTTP__HOST="127.0.0.1",
                GPU_HEALTH_SOURCES__KMSG__ENABLED="off", GPU_HEALTH_SOURCES__NVML__ENABLED="off",
-               GPU_HEALTH_SOURCES__DCGM__ENABLED="off", NODE_NAME="it-node")
+               GPU_HEALTH_SOURCES__DCGM__ENABLED="off", NODE_NAME="it-node", KUBECONFIG="/nonexistent/kubeconfig")
     process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--scenario", "xid79", "--speed", "50",
                                 "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
@@ -71,7 +71,7 @@ def _metric_seen(port: int, text: str) -> bool:
 def test_with_no_source_the_agent_says_why_and_exits(tmp_path: Path):
     env = dict(os.environ, GPU_HEALTH_JOURNAL_PATH=str(tmp_path / "j.db"),
                GPU_HEALTH_SOURCES__KMSG__ENABLED="off", GPU_HEALTH_SOURCES__NVML__ENABLED="off",
-               GPU_HEALTH_SOURCES__DCGM__ENABLED="off")
+               GPU_HEALTH_SOURCES__DCGM__ENABLED="off", KUBECONFIG="/nonexistent/kubeconfig")
     result = subprocess.run([sys.executable, "-m", "agent", "run", "--port", "0"], env=env, capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 1

@@ -208,7 +208,8 @@ def test_the_probe_lists_every_call(fake_nvml):
 def _agent_env(tmp_path: Path, state: Path) -> dict[str, str]:
     return dict(os.environ, LD_LIBRARY_PATH=str(FAKE_NVML_DIR), FAKE_NVML_STATE=str(state),
                 GPU_HEALTH_SOURCES__KMSG__ENABLED="off", GPU_HEALTH_JOURNAL_PATH=str(tmp_path / "j.db"),
-                GPU_HEALTH_HTTP__HOST="127.0.0.1", NODE_NAME="nvml-node")
+                GPU_HEALTH_HTTP__HOST="127.0.0.1", NODE_NAME="nvml-node",
+                KUBECONFIG="/nonexistent/kubeconfig")
 
 
 def test_check_json_reports_every_gpu_with_status_and_why(fake_nvml, tmp_path: Path):

@@ -29,7 +29,13 @@ def test_simulate_prints_a_readable_timeline():
     result = invoke("simulate", "xid79")
     assert "observed  xid 79" in result.output
     assert "FATAL xid-79" in result.output
+    assert "evict ml/trainer-3: applied" in result.output
+
+
+def test_simulate_local_only_plans():
+    result = invoke("simulate", "xid79", "--local")
     assert "evict ml/trainer-3: planned" in result.output
+    assert "local mode" in result.output
 
 
 def test_simulate_a_malformed_file_is_one_line_and_exit_2(tmp_path: Path):
