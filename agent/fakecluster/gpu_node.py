@@ -27,7 +27,9 @@ def populate(cluster: FakeCluster, node: NodeInventory, *, gpu_label: str = "nvi
     existing = {n["metadata"]["name"] for n in cluster.list_objects(_NAMESPACES, None)}
     for namespace in sorted({p.namespace for p in node.pods} - existing):
         cluster.add("namespaces", {"metadata": {"name": namespace}})
-    for owner in sorted({(p.namespace, p.name.rsplit("-", 1)[0]) for p in node.pods if p.daemonset}):
+    daemonsets = next(r for r in RESOURCES if r.plural == "daemonsets")
+    existing_ds = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in cluster.list_objects(daemonsets, None)}
+    for owner in sorted({(p.namespace, p.name.rsplit("-", 1)[0]) for p in node.pods if p.daemonset} - existing_ds):
         cluster.add("daemonsets", {"metadata": {"name": owner[1], "namespace": owner[0]},
                                    "spec": {"selector": {"matchLabels": {"app": owner[1]}}}},
                     group="apps", namespace=owner[0])

@@ -80,8 +80,10 @@ class Faults:
     down: bool = False
     latency_seconds: float = 0.0
     fail_next_writes: list[int] = field(default_factory=list)
+    conflict_first_write: bool = False
     requests: int = 0
     writes: int = 0
+    _conflicted: set[str] = field(default_factory=set)
 
 
 class FakeCluster:
@@ -441,6 +443,13 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                 faults.requests += 1
                 writing = method in {"POST", "PUT", "PATCH", "DELETE"}
                 forced = faults.fail_next_writes.pop(0) if writing and faults.fail_next_writes else None
+                if writing and method in {"PUT", "PATCH"} and faults.conflict_first_write and forced is None:
+                    # every first write to an object is answered 409; the retry (after a fresh read) goes through
+                    if url.path in faults._conflicted:
+                        faults._conflicted.discard(url.path)
+                    else:
+                        faults._conflicted.add(url.path)
+                        forced = 409
                 if writing:
                     faults.writes += 1
             try:

@@ -49,7 +49,8 @@ class NodeView:
             saved = json.loads(self.annotations.get(STATE_ANNOTATION, "{}"))
         except ValueError:
             saved = {}
-        state = NodeState.from_json(saved if isinstance(saved, dict) else {})
+        remediation = saved.get("remediation") if isinstance(saved, dict) else None
+        state = NodeState.from_json(remediation if isinstance(remediation, dict) else {})
         state.tainted = taint_key in self.taint_keys
         for name in AGENT_CONDITIONS:
             condition = self.conditions.get(name)
@@ -64,7 +65,7 @@ class NodeWriter:
     """Reads and patches one Node."""
 
     def __init__(self, core: Any, node_name: str, *, taint_key: str, taint_effect: str = "NoSchedule",
-                 cordon: bool = False, deadline_seconds: float = 30.0) -> None:
+                 cordon: bool = False, deadline_seconds: float | None = None) -> None:
         self.core = core
         self.name = node_name
         self.taint_key = taint_key

@@ -13,17 +13,20 @@ T = TypeVar("T")
 
 #: Tests set this to False so retries do not sleep.
 WAIT = True
+#: How long one API call may be retried. Short on purpose: the pipeline must not stall on an API outage;
+#: a step that still fails is retried by the pipeline itself on its next pass.
+DEFAULT_DEADLINE_SECONDS = 5.0
 
 
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, K8sError) and exc.transient
 
 
-def with_retries(func: Callable[[], T], *, deadline_seconds: float = 30.0) -> T:
+def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None) -> T:
     """func(), retried on transient errors (5xx, unreachable) until the deadline."""
     retrying = Retrying(
         retry=retry_if_exception(_transient),
-        stop=stop_after_delay(deadline_seconds),
+        stop=stop_after_delay(DEFAULT_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds),
         wait=wait_random_exponential(multiplier=0.2, max=5) if WAIT else wait_random_exponential(max=0),
         reraise=True,
     )

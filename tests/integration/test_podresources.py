@@ -1,0 +1,88 @@
+"""The kubelet PodResources client over a real gRPC unix socket, against a fake kubelet."""
+
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.k8s.podresources import LIST_METHOD, PodDevices, decode_list_response, encode_list_response, list_pod_devices
+from agent.k8s.pods import PodFinder
+from agent.model import ANY_GPU
+
+KUBELET_PODS = [
+    PodDevices("ml", "trainer-0", {"nvidia.com/gpu": ["GPU-aaaa", "GPU-bbbb"]}),
+    PodDevices("ml", "shared-0", {"nvidia.com/gpu": ["GPU-cccc::0", "GPU-cccc::3"]}),
+    PodDevices("ml", "mig-0", {"nvidia.com/mig-1g.10gb": ["MIG-dddd"]}),
+    PodDevices("kube-system", "cni", {}),
+]
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path):
+    socket = tmp_path / "kubelet.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+        "List": grpc.unary_unary_rpc_method_handler(lambda request, context: KUBELET_PODS,
+                                                    request_deserializer=lambda data: data,
+                                                    response_serializer=encode_list_response)})
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    yield socket
+    server.stop(0)
+
+
+def test_the_wire_format_round_trips():
+    decoded = decode_list_response(encode_list_response(KUBELET_PODS))
+    assert [(p.namespace, p.name, p.devices) for p in decoded] == [
+        (p.namespace, p.name, p.devices) for p in KUBELET_PODS]
+    assert LIST_METHOD == "/v1.PodResourcesLister/List"
+
+
+def test_the_kubelet_says_which_pod_holds_which_gpu(kubelet):
+    pods = {(p.namespace, p.name): p.gpu_ids() for p in list_pod_devices(str(kubelet))}
+    assert pods[("ml", "trainer-0")] == ["GPU-aaaa", "GPU-bbbb"]
+    assert pods[("ml", "shared-0")] == ["GPU-cccc"]  # time-sliced replicas belong to their GPU
+    assert pods[("ml", "mig-0")] == ["MIG-dddd"]
+    assert pods[("kube-system", "cni")] == []
+
+
+def test_an_absent_kubelet_is_an_os_error(tmp_path: Path):
+    with pytest.raises(OSError):
+        list_pod_devices(str(tmp_path / "none.sock"), timeout_seconds=0.5)
+
+
+class _Core:
+    def __init__(self, items):
+        self.items = items
+
+    def list_pod_for_all_namespaces(self, field_selector, _preload_content):
+        import json
+        from types import SimpleNamespace
+        assert field_selector == "spec.nodeName=n1"
+        return SimpleNamespace(data=json.dumps({"items": self.items}).encode())
+
+
+def _pod(ns, name, gpus=0, **meta):
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    return {"metadata": {"namespace": ns, "name": name, "uid": f"u-{name}", **meta},
+            "spec": {"containers": [{"name": "c", "resources": resources}]}, "status": {"phase": "Running"}}
+
+
+def test_pods_take_their_gpus_from_the_kubelet(kubelet):
+    core = _Core([_pod("ml", "trainer-0", 2), _pod("kube-system", "cni")])
+    pods = {p.key: p for p in PodFinder(core, "n1", socket_path=str(kubelet)).pods()}
+    assert pods["ml/trainer-0"].gpu_uuids == ("GPU-aaaa", "GPU-bbbb")
+    assert pods["kube-system/cni"].gpu_uuids == ()
+
+
+def test_without_the_kubelet_every_gpu_pod_may_hold_any_gpu(tmp_path: Path):
+    core = _Core([_pod("ml", "trainer-0", 2), _pod("ml", "cpu-only"),
+                  _pod("kube-system", "static", annotations={"kubernetes.io/config.mirror": "x"}),
+                  _pod("gpu-health", "agent-x", ownerReferences=[{"kind": "DaemonSet", "controller": True}])])
+    pods = {p.key: p for p in PodFinder(core, "n1", socket_path=str(tmp_path / "none.sock")).pods()}
+    assert pods["ml/trainer-0"].gpu_uuids == (ANY_GPU,)
+    assert pods["ml/cpu-only"].gpu_uuids == ()
+    assert "kube-system/static" not in pods
+    assert pods["gpu-health/agent-x"].daemonset

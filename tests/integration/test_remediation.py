@@ -1,0 +1,273 @@
+"""Remediation on a cluster: the real client and actuators against the fake API server over HTTP."""
+
+import pytest
+
+from agent.k8s import retry
+from agent.model import Observation, Signal, StepKind, StepResult
+from agent.remediation import Mode
+from tests.k8s_helpers import TAINT, gpu_node, make_agent, start_cluster
+
+
+@pytest.fixture(autouse=True)
+def no_retry_sleep(monkeypatch):
+    monkeypatch.setattr(retry, "WAIT", False)
+    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
+
+
+@pytest.fixture
+def fake():
+    cluster, server = start_cluster()
+    yield cluster, server
+    server.stop()
+
+
+def results(outcome):
+    return {(a.step.kind, a.step.target): a.result for a in outcome.actions}
+
+
+def our_conditions(node):
+    return {c["type"]: c for c in node["status"]["conditions"] if c["type"] != "Ready"}
+
+
+def test_a_fatal_fault_taints_conditions_and_evicts_exactly_the_pod_on_that_gpu(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    outcome = agent.fault(3)
+    assert set(results(outcome).values()) == {StepResult.APPLIED}
+    node = cluster.node("n1")
+    assert [t["key"] for t in node["spec"]["taints"]] == [TAINT]
+    assert node["spec"]["taints"][0]["effect"] == "NoSchedule"
+    condition = our_conditions(node)["GpuFatalFault"]
+    assert condition["status"] == "True"
+    assert "GPU-n1-0003" in condition["message"] and "0000:1b:00.0" in condition["message"]
+    assert "xid-79" in condition["message"]
+    remaining = {p["metadata"]["name"] for p in cluster.pods_on("n1")}
+    assert "n1-trainer-3" not in remaining
+    assert {f"n1-trainer-{i}" for i in (0, 1, 2, 4, 5, 6, 7)} | {"gpu-health-agent-n1"} == remaining
+
+
+def test_events_regard_the_node_and_the_evicted_pod(fake):
+    cluster, server = fake
+    make_agent(cluster, server, gpu_node("n1")).fault(3)
+    events = cluster.events()
+    kinds = {(e["regarding"]["kind"], e["reason"]) for e in events}
+    assert ("Node", "GpuFatalFault") in kinds
+    assert ("Pod", "EvictedForGpuFault") in kinds
+    for event in events:
+        assert event["reportingController"] == "gpu-health-agent.io/agent"
+        assert event["reportingInstance"]
+        assert event["reason"][0].isupper() and "_" not in event["reason"]
+        assert len(event["note"]) <= 1024
+
+
+def test_repeated_events_are_folded_into_a_series(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    for _ in range(3):
+        agent.actuator.events.record(regarding={"kind": "Node", "apiVersion": "v1", "name": "n1"},
+                                     reason="GpuWarning", action="Record", note="same")
+    [event] = [e for e in cluster.events() if e["reason"] == "GpuWarning"]
+    assert event["series"]["count"] == 3
+
+
+def test_an_application_fault_changes_nothing_on_the_node(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    before = cluster.node("n1")
+    agent.fault(1, xid=13)
+    after = cluster.node("n1")
+    assert after["spec"] == before["spec"]
+    assert our_conditions(after) == {}
+    assert len(cluster.pods_on("n1")) == 9
+
+
+def test_last_transition_time_is_kept_while_the_status_holds(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    writer = agent.side.writer
+    writer.set_condition("GpuDegraded", status=True, reason="GpuDegraded", message="first")
+    first = our_conditions(cluster.node("n1"))["GpuDegraded"]["lastTransitionTime"]
+    cluster.node("n1")["status"]["conditions"][-1]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    writer.set_condition("GpuDegraded", status=True, reason="GpuDegraded", message="second")
+    assert our_conditions(cluster.node("n1"))["GpuDegraded"]["lastTransitionTime"] == first
+
+
+def test_recovery_clears_the_agents_marks_and_nothing_else(fake):
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    agent = make_agent(cluster, server, inventory)
+    node = cluster.node("n1")
+    node["spec"]["taints"] = [{"key": "someone/else", "effect": "NoSchedule"}]
+    cluster.replace(__import__("agent.fakecluster.server", fromlist=["x"]).RESOURCES[0], "", "n1", node)
+    agent.pipeline.handle(Observation(Signal.TEMPERATURE, 95, 1.0, "nvml", inventory.gpus[2],
+                                      {"shutdown_c": 92, "slowdown_c": 90}), 1.0)
+    assert {t["key"] for t in cluster.node("n1")["spec"]["taints"]} == {"someone/else", TAINT}
+    agent.pipeline.handle(Observation(Signal.TEMPERATURE, 70, 2.0, "nvml", inventory.gpus[2],
+                                      {"shutdown_c": 92, "slowdown_c": 90}), 2.0)
+    outcome = agent.pipeline.tick(700.0)
+    assert outcome.verdicts and outcome.verdicts[0].kind == "cleared"
+    node = cluster.node("n1")
+    assert [t["key"] for t in node["spec"]["taints"]] == ["someone/else"]
+    assert our_conditions(node)["GpuFatalFault"]["status"] == "False"
+
+
+def test_every_first_write_answered_409_still_lands(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    cluster.faults.conflict_first_write = True
+    outcome = agent.fault(3)
+    assert results(outcome)[(StepKind.TAINT, "n1")] is StepResult.APPLIED
+    assert results(outcome)[(StepKind.SET_CONDITION, "GpuFatalFault")] is StepResult.APPLIED
+    assert [t["key"] for t in cluster.node("n1")["spec"]["taints"]] == [TAINT]
+    assert any(code == 409 for _, _, code in cluster.log)
+
+
+def test_an_api_server_that_is_down_fails_the_steps_and_they_land_when_it_is_back(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"), retry_seconds=5)
+    cluster.faults.down = True
+    outcome = agent.fault(3)
+    assert {a.result for a in outcome.actions if a.step.kind is not StepKind.EVENT} <= {StepResult.FAILED,
+                                                                                          StepResult.BLOCKED}
+    cluster.faults.down = False
+    retried = agent.pipeline.tick(10.0)
+    assert results(retried)[(StepKind.TAINT, "n1")] is StepResult.APPLIED
+    assert "n1-trainer-3" not in {p["metadata"]["name"] for p in cluster.pods_on("n1")}
+
+
+def test_a_pdb_that_blocks_past_the_deadline_is_never_forced(fake):
+    cluster, server = fake
+    now = [0.0]
+    agent = make_agent(cluster, server, gpu_node("n1"), deadline=60, clock=lambda: now[0], retry_seconds=5)
+    cluster.add("poddisruptionbudgets", {"metadata": {"name": "trainers"},
+                                         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "n1-trainer"}}}},
+                group="policy", namespace="ml")
+    first = agent.fault(3)
+    assert results(first)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.BLOCKED
+    now[0] = 30.0
+    assert results(agent.pipeline.tick(10.0))[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.BLOCKED
+    now[0] = 61.0
+    stuck = agent.pipeline.tick(20.0)
+    assert results(stuck)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.FAILED
+    assert agent.stuck == ["ml/n1-trainer-3"]
+    assert "n1-trainer-3" in {p["metadata"]["name"] for p in cluster.pods_on("n1")}
+    assert any(e["reason"] == "EvictionStuck" for e in cluster.events())
+    assert results(agent.pipeline.tick(40.0)).get((StepKind.EVICT, "ml/n1-trainer-3")) is StepResult.SKIPPED
+
+
+def test_a_restart_mid_remediation_repeats_no_eviction(fake):
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    make_agent(cluster, server, inventory).fault(3)
+    evictions = [entry for entry in cluster.log if entry[1].endswith("/eviction")]
+    restarted = make_agent(cluster, server, inventory, populate_node=False, restore=True)
+    assert restarted.pipeline.gpu_statuses()["GPU-n1-0003"] == "fatal"
+    again = restarted.fault(3, at=50.0)
+    assert again.verdicts == []
+    assert [entry for entry in cluster.log if entry[1].endswith("/eviction")] == evictions
+    assert not any(a.step.kind is StepKind.EVICT for a in restarted.pipeline.tick(100.0).actions)
+
+
+def test_a_healthy_node_writes_nothing(fake):
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    agent = make_agent(cluster, server, inventory)
+    writes = cluster.faults.writes
+    for t in range(200):
+        agent.pipeline.handle(Observation(Signal.TEMPERATURE, 40, float(t), "nvml", inventory.gpus[t % 8],
+                                          {"shutdown_c": 92, "slowdown_c": 90}), float(t))
+        agent.pipeline.tick(float(t))
+    assert cluster.faults.writes == writes
+
+
+def test_a_fleet_wide_false_positive_storm_stays_within_the_budget(fake):
+    cluster, server = fake
+    agents = [make_agent(cluster, server, gpu_node(f"n{i}"), max_nodes=2, max_percent=10) for i in range(10)]
+    for agent in agents:
+        agent.fault(0)
+    disrupted = [a.inventory.name for a in agents
+                 if f"{a.inventory.name}-trainer-0" not in {p["metadata"]["name"] for p in cluster.pods_on(a.inventory.name)}]
+    assert len(disrupted) == 1  # the tighter of 2 nodes and 10 % of 10 GPU nodes
+    tainted = [a for a in agents if cluster.node(a.inventory.name)["spec"].get("taints")]
+    assert len(tainted) == 10  # quarantine (no new work) is not disruption and is never blocked
+
+
+def test_the_budget_slot_is_given_back_on_recovery(fake):
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    first = make_agent(cluster, server, inventory, max_nodes=1, max_percent=0)
+    second = make_agent(cluster, server, gpu_node("n2"), max_nodes=1, max_percent=0)
+    first.pipeline.handle(Observation(Signal.TEMPERATURE, 95, 1.0, "nvml", inventory.gpus[0],
+                                      {"shutdown_c": 92}), 1.0)
+    blocked = second.fault(0, at=2.0)
+    assert results(blocked)[(StepKind.EVICT, "ml/n2-trainer-0")] is StepResult.BLOCKED
+    first.pipeline.handle(Observation(Signal.TEMPERATURE, 60, 3.0, "nvml", inventory.gpus[0],
+                                      {"shutdown_c": 92}), 3.0)
+    first.pipeline.tick(700.0)
+    retried = second.pipeline.tick(40.0)
+    assert results(retried)[(StepKind.EVICT, "ml/n2-trainer-0")] is StepResult.APPLIED
+
+
+def test_an_opted_out_node_only_gets_events(fake):
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    agent = make_agent(cluster, server, inventory)
+    agent.side.writer.set_metadata(labels={"gpu-health-agent.io/opt-out": "true"})
+    outcome = agent.fault(3)
+    assert results(outcome)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.SKIPPED
+    assert len(cluster.pods_on("n1")) == 9
+
+
+def test_a_cluster_wide_pause_blocks_disruption(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    cluster.add("leases", {"metadata": {"name": "gpu-health-pause"}, "spec": {}}, group="coordination.k8s.io",
+                namespace="gpu-health")
+    assert results(agent.fault(3))[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.BLOCKED
+
+
+def test_quarantine_mode_taints_without_evicting(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"), mode=Mode.QUARANTINE)
+    outcome = agent.fault(3)
+    assert results(outcome)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.SKIPPED
+    assert cluster.node("n1")["spec"]["taints"]
+
+
+def test_a_replacement_is_released_only_by_an_operator(fake):
+    from agent.k8s.client import client_for
+    from agent.k8s.cluster import request_release
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    agent = make_agent(cluster, server, inventory)
+    agent.pipeline.handle(Observation(Signal.ROW_REMAP_FAILURE, 1, 1.0, "nvml", inventory.gpus[5]), 1.0)
+    node = cluster.node("n1")
+    assert node["metadata"]["labels"]["gpu-health-agent.io/needs-replacement"] == "true"
+    assert agent.pipeline.tick(10**6).verdicts == []
+    request_release(client_for(server.url), "n1", "GPU-n1-0005")
+    for observation in agent.side.sync(20.0):
+        agent.pipeline.handle(observation, 20.0)
+    node = cluster.node("n1")
+    assert "gpu-health-agent.io/needs-replacement" not in node["metadata"]["labels"]
+    assert "gpu-health-agent.io/release" not in node["metadata"].get("annotations", {})
+
+
+def test_a_fault_back_after_verified_recoveries_needs_replacement(fake):
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    agent = make_agent(cluster, server, inventory)
+    for round_ in range(2):
+        agent.fault(2, xid=48, at=1000.0 * round_ + 1)  # reset_gpu: drained, reset by the fake command, verified
+        assert agent.pipeline.gpu_statuses()["GPU-n1-0002"] == "healthy"
+    third = agent.fault(2, xid=48, at=3000.0)
+    assert third.verdicts[0].action == "replace_gpu"
+    assert cluster.node("n1")["metadata"]["labels"]["gpu-health-agent.io/needs-replacement"] == "true"
+
+
+def test_too_many_faulty_gpus_move_every_gpu_pod(fake):
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"), max_nodes=1, max_faulty_gpus=1,
+                       reset=lambda uuid: (False, "reset refused"))
+    agent.fault(1, xid=48)
+    agent.fault(2, xid=48, at=2.0)
+    assert {p["metadata"]["name"] for p in cluster.pods_on("n1")} == {"gpu-health-agent-n1"}
