@@ -79,8 +79,9 @@ def test_a_stale_resource_version_is_a_conflict(kube):
 
 def test_kubectl_drain_honours_the_pod_disruption_budget(kube):
     cluster, kubectl = kube
+    selector = {"matchLabels": {"app": "n1-trainer"}}
     cluster.add("poddisruptionbudgets", {"metadata": {"name": "trainers"},
-                                         "spec": {"minAvailable": 7, "selector": {"matchLabels": {"app": "n1-trainer"}}}},
+                                         "spec": {"minAvailable": 7, "selector": selector}},
                 group="policy", namespace="ml")
     result = kubectl("drain", "n1", "--ignore-daemonsets", "--timeout=6s", check=False)
     assert result.returncode != 0

@@ -139,8 +139,9 @@ def test_a_pdb_that_blocks_past_the_deadline_is_never_forced(fake):
     cluster, server = fake
     now = [0.0]
     agent = make_agent(cluster, server, gpu_node("n1"), deadline=60, clock=lambda: now[0], retry_seconds=5)
+    selector = {"matchLabels": {"app": "n1-trainer"}}
     cluster.add("poddisruptionbudgets", {"metadata": {"name": "trainers"},
-                                         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "n1-trainer"}}}},
+                                         "spec": {"maxUnavailable": 0, "selector": selector}},
                 group="policy", namespace="ml")
     first = agent.fault(3)
     assert results(first)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.BLOCKED
@@ -185,8 +186,10 @@ def test_a_fleet_wide_false_positive_storm_stays_within_the_budget(fake):
     agents = [make_agent(cluster, server, gpu_node(f"n{i}"), max_nodes=2, max_percent=10) for i in range(10)]
     for agent in agents:
         agent.fault(0)
-    disrupted = [a.inventory.name for a in agents
-                 if f"{a.inventory.name}-trainer-0" not in {p["metadata"]["name"] for p in cluster.pods_on(a.inventory.name)}]
+    def still_there(agent):
+        return {p["metadata"]["name"] for p in cluster.pods_on(agent.inventory.name)}
+
+    disrupted = [a.inventory.name for a in agents if f"{a.inventory.name}-trainer-0" not in still_there(a)]
     assert len(disrupted) == 1  # the tighter of 2 nodes and 10 % of 10 GPU nodes
     tainted = [a for a in agents if cluster.node(a.inventory.name)["spec"].get("taints")]
     assert len(tainted) == 10  # quarantine (no new work) is not disruption and is never blocked
