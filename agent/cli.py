@@ -38,15 +38,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_BAD_INPUT = 2
 
 
-class StuckEvictions:
-    """Counts stuck evictions into a metric that exists only once the daemon does."""
+class LateMetric:
+    """Hands cluster-side figures to metrics that exist only once the daemon does."""
 
     def __init__(self) -> None:
-        self.target: Callable[[], None] | None = None
+        self.target: Callable[..., object] | None = None
 
-    def __call__(self, pod: str) -> None:
+    def __call__(self, *values: int) -> None:
         if self.target is not None:
-            self.target()
+            self.target(*values)
 
 
 def _fail(lines: list[str], code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -114,11 +114,12 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         extra.append(ScenarioSource(replay, node, speed=speed))
     api_client, how = load_api_client(kubeconfig=config.remediation.kubeconfig or None)
     cluster = None
-    stuck = StuckEvictions()
+    stuck, budget = LateMetric(), LateMetric()
     if api_client is not None:
-        cluster = build_cluster_side(api_client, config, on_stuck=stuck)
+        cluster = build_cluster_side(api_client, config, on_stuck=lambda pod: stuck(1), on_budget=budget)
     daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra, cluster=cluster)
-    stuck.target = daemon.metrics.evictions_stuck.inc
+    stuck.target = lambda _: daemon.metrics.evictions_stuck.inc()
+    budget.target = daemon.metrics.set_budget
     server = AgentHttpServer(config.http.host, config.http.port, metrics=daemon.metrics.exposition,
                              health=daemon.health)
     server.start()

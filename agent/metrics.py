@@ -46,6 +46,17 @@ class Metrics:
         self.last_observation = Gauge(
             "gpu_health_source_last_observation_timestamp_seconds", "When a source last reported anything.",
             ["source"], registry=registry)
+        self.faults = Counter(
+            "gpu_health_faults_total", "Faults raised, by fault class, severity and GPU model (the fault rate).",
+            ["fault_class", "severity", "model"], registry=registry)
+        self.detection_to_quarantine = Histogram(
+            "gpu_health_detection_to_quarantine_seconds", "From an observation to the taint it caused being applied.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=registry)
+        self.budget_in_use = Gauge(
+            "gpu_health_budget_in_use", "Nodes holding a slot of the cluster-wide disruption budget (last seen).",
+            registry=registry)
+        self.budget_limit = Gauge(
+            "gpu_health_budget_limit", "Slots of the cluster-wide disruption budget (last seen).", registry=registry)
         self.evictions_stuck = Counter(
             "gpu_health_evictions_stuck_total", "Evictions still refused (429) at their deadline; never forced.",
             registry=registry)
@@ -66,11 +77,18 @@ class Metrics:
     def judged(self, verdict: Verdict, latency_seconds: float | None) -> None:
         self.verdicts.labels(str(verdict.kind), str(verdict.severity), str(verdict.fault_class),
                              verdict.rule_id).inc()
+        if verdict.kind is VerdictKind.FAULT and verdict.severity.rank >= Severity.WARNING.rank:
+            model = verdict.gpu.model if verdict.gpu and verdict.gpu.model else "unknown"
+            self.faults.labels(str(verdict.fault_class), str(verdict.severity), model).inc()
         if latency_seconds is not None and verdict.kind is VerdictKind.FAULT:
             self.detection_latency.observe(max(latency_seconds, 0.0))
 
     def acted(self, record: ActionRecord) -> None:
         self.actions.labels(str(record.step.kind), str(record.result)).inc()
+
+    def set_budget(self, in_use: int, limit: int) -> None:
+        self.budget_in_use.set(in_use)
+        self.budget_limit.set(limit)
 
     def set_gpu_status(self, statuses: dict[str, str]) -> None:
         for gpu, status in statuses.items():

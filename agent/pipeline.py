@@ -216,6 +216,9 @@ class Pipeline:
         actions = [self._carry_out(step, now) for step in steps]
         if actions:
             self._safely("persist_failed", self.actuator.persist, self.node, self.active)
+        tainted = any(a.step.kind is StepKind.TAINT and a.result is StepResult.APPLIED for a in actions)
+        if tainted and latency_from is not None and self.metrics:
+            self.metrics.detection_to_quarantine.observe(max(0.0, self.clock() - latency_from))
         for action in actions:
             if action.step.kind is StepKind.RESET_GPU and action.result is StepResult.APPLIED:
                 # The reset command succeeded: that is the verified reset the reset-recovery rules wait for.

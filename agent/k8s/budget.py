@@ -41,7 +41,8 @@ class LeaseBudget:
 
     def __init__(self, apis: Any, *, node_name: str, namespace: str, max_nodes: int, max_percent: float,
                  gpu_node_selector: str = "nvidia.com/gpu.present=true", opt_out_label: str = "",
-                 ttl_seconds: float = 7200.0, clock: Callable[[], float] = time.time) -> None:
+                 ttl_seconds: float = 7200.0, clock: Callable[[], float] = time.time,
+                 on_usage: Callable[[int, int], None] = lambda in_use, limit: None) -> None:
         self.apis = apis
         self.node = node_name
         self.namespace = namespace
@@ -51,6 +52,7 @@ class LeaseBudget:
         self.opt_out_label = opt_out_label
         self.ttl = ttl_seconds
         self.clock = clock
+        self.on_usage = on_usage
 
     def view(self, step: Step) -> ClusterView:
         return ClusterView(budget_available=self.acquire(), paused=self.paused(), opted_out=self.opted_out())
@@ -78,14 +80,14 @@ class LeaseBudget:
         def attempt() -> bool:
             lease = self._read_or_create()
             holders = self._live(lease)
-            if self.node not in holders:
-                nodes = with_retries(lambda: api_call(self.apis.core.list_node, label_selector=self.selector))
-                limit = budget_limit(gpu_nodes=len(nodes.items), max_nodes=self.max_nodes,
-                                     max_percent=self.max_percent)
-                if len(holders) >= limit:
-                    return False
+            nodes = with_retries(lambda: api_call(self.apis.core.list_node, label_selector=self.selector))
+            limit = budget_limit(gpu_nodes=len(nodes.items), max_nodes=self.max_nodes, max_percent=self.max_percent)
+            if self.node not in holders and len(holders) >= limit:
+                self.on_usage(len(holders), limit)
+                return False
             holders[self.node] = self.clock()
             self._write(lease, holders)
+            self.on_usage(len(holders), limit)
             return True
 
         granted = bool(on_conflict(attempt))

@@ -49,6 +49,7 @@ class ClusterSide:
 
 
 def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[str], None],
+                       on_budget: Callable[[int, int], None] = lambda in_use, limit: None,
                        clock: Callable[[], float] = time.time) -> ClusterSide:
     settings = config.remediation
     apis = Apis.of(api_client)
@@ -62,7 +63,7 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
         budget=LeaseBudget(apis, node_name=config.node_name, namespace=settings.namespace,
                            max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
                            gpu_node_selector=settings.gpu_node_selector, opt_out_label=settings.opt_out_label,
-                           clock=clock),
+                           clock=clock, on_usage=on_budget),
         reset=command_reset_runner(settings.reset_command, timeout_seconds=settings.reset_timeout_seconds),
         reboot_sentinel=settings.reboot_sentinel_path,
         on_stuck=on_stuck,

@@ -193,6 +193,7 @@ def test_a_fleet_wide_false_positive_storm_stays_within_the_budget(fake):
     assert len(disrupted) == 1  # the tighter of 2 nodes and 10 % of 10 GPU nodes
     tainted = [a for a in agents if cluster.node(a.inventory.name)["spec"].get("taints")]
     assert len(tainted) == 10  # quarantine (no new work) is not disruption and is never blocked
+    assert len(agents[0].side.gate.holders()) == 1
 
 
 def test_the_budget_slot_is_given_back_on_recovery(fake):

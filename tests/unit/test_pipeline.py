@@ -4,7 +4,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.journal import Journal
 from agent.metrics import Metrics
-from agent.model import NodeInventory, PodRef, Signal, StepKind
+from agent.model import NodeInventory, PodRef, Signal, StepKind, StepResult
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode
 from tests.conftest import gpu, obs
@@ -46,6 +46,24 @@ def test_metrics_count_observations_verdicts_and_steps(shipped_rules):
     assert value("gpu_health_gpu_status", {"gpu": gpu(0).key, "status": "fatal"}) == 1
     assert value("gpu_health_detection_latency_seconds_count") == 1
     assert value("gpu_health_detection_latency_seconds_sum") == 0.5
+    assert value("gpu_health_faults_total", {"fault_class": "hardware", "severity": "fatal",
+                                             "model": "NVIDIA H100 80GB HBM3"}) == 1
+    assert value("gpu_health_detection_to_quarantine_seconds_count") == 0  # local mode only plans
+
+
+def test_detection_to_quarantine_is_measured_when_the_taint_is_applied(shipped_rules):
+    class Applies:
+        def apply(self, step):
+            return StepResult.APPLIED, "ok"
+
+        def persist(self, node, active):
+            return None
+
+    registry = CollectorRegistry()
+    p = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), actuator=Applies(),
+                 metrics=Metrics(registry), clock=lambda: 100.0)
+    p.handle(obs(Signal.XID, 79, 99.75), 100.0)
+    assert registry.get_sample_value("gpu_health_detection_to_quarantine_seconds_sum") == 0.25
 
 
 def test_a_blocked_step_is_retried_later(shipped_rules):
@@ -74,3 +92,13 @@ def test_a_broken_journal_does_not_stop_detection(shipped_rules, tmp_path: Path)
     p = pipeline(shipped_rules, journal)
     journal.close()
     assert p.handle(obs(Signal.XID, 79, 1.0), 1.0).verdicts
+
+
+def test_time_to_recovery_is_measured_from_quarantine_to_clearing(shipped_rules):
+    registry = CollectorRegistry()
+    p = pipeline(shipped_rules, metrics=Metrics(registry))
+    hot = {"shutdown_c": 92, "slowdown_c": 90}
+    p.handle(obs(Signal.TEMPERATURE, 95, 10.0, **hot), 10.0)
+    p.handle(obs(Signal.TEMPERATURE, 60, 20.0, **hot), 20.0)
+    p.tick(700.0)
+    assert registry.get_sample_value("gpu_health_time_to_recovery_seconds_sum") == 690.0
