@@ -46,6 +46,7 @@ from agent.remediation import (
 )
 
 BOOT_CURSOR = "boot_id"
+_FOLLOW_UP_PASSES = 2
 _TOOK_EFFECT = frozenset({StepResult.APPLIED, StepResult.PLANNED, StepResult.DRY_RUN})
 
 
@@ -214,6 +215,14 @@ class Pipeline:
         self.node.forget_cleared({key for key, _ in self.active})
         steps = plan(verdicts, self.active, self.node, self.inventory, options=self._options)
         actions = [self._carry_out(step, now) for step in steps]
+        for _ in range(_FOLLOW_UP_PASSES):
+            # Steps that wait on others (a reset waits for the GPU's pods to be gone) come in a further pass.
+            if not any(a.result in _TOOK_EFFECT and a.step.kind is StepKind.EVICT for a in actions[-len(steps):]):
+                break
+            steps = plan([], self.active, self.node, self.inventory, options=self._options)
+            if not steps:
+                break
+            actions += [self._carry_out(step, now) for step in steps]
         if actions:
             self._safely("persist_failed", self.actuator.persist, self.node, self.active)
         tainted = any(a.step.kind is StepKind.TAINT and a.result is StepResult.APPLIED for a in actions)

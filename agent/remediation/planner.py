@@ -257,9 +257,8 @@ def _remedy_steps(
             if pod.key not in already:
                 steps.append(Step(StepKind.EVICT, pod.key, f"holds faulty {_gpu_text(fault)}: {fault.summary}",
                                   rule_id=fault.rule_id, gpu_key=key))
-    wants_reset = fault.action is Action.RESET_GPU or (
-        fault.action is Action.RESET_WHEN_IDLE and not _busy(fault, inventory, node)
-    )
+    # Never reset a GPU that still runs work: after the evictions took effect, the next pass resets it.
+    wants_reset = fault.action in {Action.RESET_GPU, Action.RESET_WHEN_IDLE} and not _busy(fault, inventory, node)
     if wants_reset and key != NODE_KEY and key not in node.resets and not _planned(planned, StepKind.RESET_GPU, key):
         steps.append(Step(StepKind.RESET_GPU, fault.gpu.uuid if fault.gpu and fault.gpu.uuid else key,
                           f"{fault.summary}", rule_id=fault.rule_id, gpu_key=key))

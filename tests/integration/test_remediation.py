@@ -275,3 +275,20 @@ def test_too_many_faulty_gpus_move_every_gpu_pod(fake):
     agent.fault(1, xid=48)
     agent.fault(2, xid=48, at=2.0)
     assert {p["metadata"]["name"] for p in cluster.pods_on("n1")} == {"gpu-health-agent-n1"}
+
+
+def test_a_gpu_is_never_reset_while_its_pod_still_runs(fake):
+    cluster, server = fake
+    resets = []
+    agent = make_agent(cluster, server, gpu_node("n1"), reset=lambda uuid: (resets.append(uuid) or True, "reset"))
+    selector = {"matchLabels": {"app": "n1-trainer"}}
+    cluster.add("poddisruptionbudgets", {"metadata": {"name": "trainers"},
+                                         "spec": {"maxUnavailable": 0, "selector": selector}},
+                group="policy", namespace="ml")
+    outcome = agent.fault(2, xid=48)
+    assert results(outcome)[(StepKind.EVICT, "ml/n1-trainer-2")] is StepResult.BLOCKED
+    assert resets == []
+    cluster.delete(__import__("agent.fakecluster.server", fromlist=["x"]).RESOURCES[4], "ml", "trainers")
+    retried = agent.pipeline.tick(40.0)
+    assert results(retried)[(StepKind.EVICT, "ml/n1-trainer-2")] is StepResult.APPLIED
+    assert resets == ["GPU-n1-0002"]
