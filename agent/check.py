@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from agent.model import (
     verdict_to_dict,
 )
 from agent.sources.dcgm_exporter import ExporterReader
-from agent.sources.kmsg import KernelLogProcessor
+from agent.sources.kmsg import KernelLogProcessor, RecordReader
 from agent.sources.nvml import NvmlSource
 
 _STATUS = {Severity.FATAL: "fatal", Severity.DEGRADED: "degraded", Severity.UNKNOWN: "unknown"}
@@ -68,20 +67,8 @@ def kmsg_snapshot(path: Path, *, now: float) -> list[Observation]:
     observations: list[Observation] = []
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        while True:
-            try:
-                data = os.read(fd, 16384)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:
-                    continue
-                raise
-            if not data:
-                break
-            for line in data.decode("utf-8", errors="replace").split("\n"):
-                if line and not line.startswith(" "):
-                    observations.extend(processor.handle(line, now))
+        for line in RecordReader(fd, lambda: None).available():
+            observations.extend(processor.handle(line, now))
     finally:
         os.close(fd)
     observations.extend(processor.flush(now, force=True))

@@ -13,7 +13,7 @@ import select
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -180,8 +180,8 @@ class KmsgSource:
         emit(Observation(Signal.BOOT, 0, self.clock(), self.name, attrs=frozen_attrs({"boot_id": boot_id})))
         resume_after = self._resume_point(boot_id)
         last_seq: int | None = None
-        partial = ""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        reader = RecordReader(fd, self._lost)
         try:
             poller = select.poll()
             poller.register(fd, select.POLLIN)
@@ -190,29 +190,17 @@ class KmsgSource:
                 if not poller.poll(self.wake_seconds * 1000):
                     self._emit_all(emit, self.processor.flush(self.clock()), boot_id, last_seq)
                     continue
-                while not stop.is_set():
-                    try:
-                        data = os.read(fd, 16384)
-                    except BlockingIOError:
+                for line in reader.available():
+                    last_seq = self._handle_record(line, emit, boot_id, last_seq, resume_after)
+                    if stop.is_set():
                         break
-                    except OSError as exc:
-                        if exc.errno == errno.EPIPE:
-                            self.count("lost", 1)
-                            self.stats.lost += 1
-                            continue
-                        raise
-                    if not data:
-                        break
-                    # /dev/kmsg returns one record per read; a pipe standing in for it may return several.
-                    lines = (partial + data.decode("utf-8", errors="replace")).split("\n")
-                    partial = lines.pop()
-                    for line in lines:
-                        if not line or line.startswith(" "):
-                            continue  # the record's dictionary (SUBSYSTEM=..., DEVICE=...)
-                        last_seq = self._handle_record(line, emit, boot_id, last_seq, resume_after)
         finally:
             os.close(fd)
             self._emit_all(emit, self.processor.flush(self.clock(), force=True), boot_id, last_seq)
+
+    def _lost(self) -> None:
+        self.count("lost", 1)
+        self.stats.lost += 1
 
     def _handle_record(self, line: str, emit: Emit, boot_id: str, last_seq: int | None,
                        resume_after: int | None) -> int | None:
@@ -260,6 +248,35 @@ class KmsgSource:
                     emit(observation)
         for observation in self.processor.flush(self.clock(), force=True):
             emit(observation)
+
+
+class RecordReader:
+    """Reads whatever records the device holds now, one line each, without waiting; an overwritten record
+    (EPIPE) is reported and skipped. /dev/kmsg gives one record per read; a pipe standing in for it may give
+    several, or part of one, which waits for the rest."""
+
+    def __init__(self, fd: int, on_lost: Callable[[], None]) -> None:
+        self.fd = fd
+        self.on_lost = on_lost
+        self._partial = ""
+
+    def available(self) -> Iterator[str]:
+        while True:
+            try:
+                data = os.read(self.fd, 16384)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:
+                    raise
+                self.on_lost()
+                continue
+            if not data:
+                return
+            lines = (self._partial + data.decode("utf-8", errors="replace")).split("\n")
+            self._partial = lines.pop()
+            # Lines starting with a space are the record's dictionary (SUBSYSTEM=..., DEVICE=...).
+            yield from (line for line in lines if line and not line.startswith(" "))
 
 
 def _seq_of(line: str) -> int | None:
