@@ -7,6 +7,7 @@ what a scenario shows is what the agent does.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from agent.remediation import (
 )
 
 BOOT_CURSOR = "boot_id"
+NODE_STATE_CURSOR = "node_state"
 _FOLLOW_UP_PASSES = 2
 _TOOK_EFFECT = frozenset({StepResult.APPLIED, StepResult.PLANNED, StepResult.DRY_RUN})
 
@@ -128,11 +130,13 @@ class Pipeline:
         self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus)
         self.pods = pods
         self.replace_after_recoveries = replace_after_recoveries
-        self.recoveries: dict[str, int] = {}
+        self._pending_events: list[Step] = []
         self._replan_at: float | None = None
         self._metrics_primed = False
         self._log = structlog.get_logger("agent.pipeline").bind(node=inventory.name)
         if journal is not None:
+            if node_state is None:
+                self.node = _saved_node_state(journal)
             self._restore(journal.active_faults(inventory.name))
 
     def restore_from_node(self, verdicts: list[Verdict]) -> None:
@@ -213,7 +217,9 @@ class Pipeline:
         if self.pods is not None and evicting:
             self.refresh_pods()
         self.node.forget_cleared({key for key, _ in self.active})
-        steps = plan(verdicts, self.active, self.node, self.inventory, options=self._options)
+        steps = [*self._pending_events, *plan(verdicts, self.active, self.node, self.inventory,
+                                              options=self._options)]
+        self._pending_events = []
         actions = [self._carry_out(step, now) for step in steps]
         for _ in range(_FOLLOW_UP_PASSES):
             # Steps that wait on others (a reset waits for the GPU's pods to be gone) come in a further pass.
@@ -223,8 +229,14 @@ class Pipeline:
             if not steps:
                 break
             actions += [self._carry_out(step, now) for step in steps]
+        # An Event the API refused is sent again on the next pass (bounded), not lost.
+        self._pending_events = [a.step for a in actions
+                                if a.step.kind is StepKind.EVENT and a.result is StepResult.FAILED][-100:]
         if actions:
             self._safely("persist_failed", self.actuator.persist, self.node, self.active)
+            if self.journal is not None:
+                self._safely("journal_state_failed", self.journal.set_cursor, NODE_STATE_CURSOR,
+                             json.dumps(self.node.to_json(), sort_keys=True))
         tainted = any(a.step.kind is StepKind.TAINT and a.result is StepResult.APPLIED for a in actions)
         if tainted and latency_from is not None and self.metrics:
             self.metrics.detection_to_quarantine.observe(max(0.0, self.clock() - latency_from))
@@ -237,7 +249,7 @@ class Pipeline:
                 if more:
                     follow = self._after(more, now, latency_from=None)
                     verdicts, actions = [*verdicts, *follow.verdicts], [*actions, *follow.actions]
-        retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions)
+        retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions) or bool(self._pending_events)
         self._replan_at = now + self.retry_seconds if retry else None
         if self.metrics and (verdicts or actions or not self._metrics_primed):
             self._metrics_primed = True
@@ -250,9 +262,9 @@ class Pipeline:
         if verdict.kind is VerdictKind.CLEARED:
             why = str(verdict.evidence.get("why", ""))
             if why in {"verified GPU reset", "new boot"} and verdict.action.quarantines:
-                self.recoveries[verdict.gpu_key] = self.recoveries.get(verdict.gpu_key, 0) + 1
+                self.node.recoveries[verdict.gpu_key] = self.node.recoveries.get(verdict.gpu_key, 0) + 1
             return verdict
-        count = self.recoveries.get(verdict.gpu_key, 0)
+        count = self.node.recoveries.get(verdict.gpu_key, 0)
         if not verdict.action.quarantines or count < self.replace_after_recoveries or \
                 verdict.action is Action.REPLACE_GPU:
             return verdict
@@ -325,6 +337,15 @@ class Pipeline:
             func(*args)
         except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
             self._log.error(event, error=str(exc))
+
+
+def _saved_node_state(journal: Journal) -> NodeState:
+    """What local mode last recorded of its remediation state (a cluster reads it from the Node instead)."""
+    try:
+        saved = json.loads(journal.cursor(NODE_STATE_CURSOR) or "{}")
+    except ValueError:
+        saved = {}
+    return NodeState.from_json(saved if isinstance(saved, dict) else {})
 
 
 _STATUS_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}

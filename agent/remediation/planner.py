@@ -73,6 +73,7 @@ class NodeState:
     resets: set[str] = field(default_factory=set)
     reboot_requested: bool = False
     replacement: set[str] = field(default_factory=set)
+    recoveries: dict[str, int] = field(default_factory=dict)
 
     def apply(self, step: Step) -> None:
         """Record that a step took effect (or would have, in dry-run and local mode)."""
@@ -108,7 +109,7 @@ class NodeState:
         return {"conditions": {k: {"status": v.status, "message": v.message} for k, v in self.conditions.items()},
                 "tainted": self.tainted, "evicted": {k: sorted(v) for k, v in self.evicted.items()},
                 "resets": sorted(self.resets), "reboot_requested": self.reboot_requested,
-                "replacement": sorted(self.replacement)}
+                "replacement": sorted(self.replacement), "recoveries": dict(sorted(self.recoveries.items()))}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> NodeState:
@@ -127,6 +128,9 @@ class NodeState:
         state.resets = {str(r) for r in resets} if isinstance(resets, list) else set()
         state.replacement = {str(r) for r in replacement} if isinstance(replacement, list) else set()
         state.reboot_requested = bool(data.get("reboot_requested"))
+        recoveries = data.get("recoveries")
+        if isinstance(recoveries, dict):
+            state.recoveries = {str(k): int(v) for k, v in recoveries.items() if isinstance(v, int)}
         return state
 
 

@@ -132,6 +132,7 @@ def test_an_api_server_that_is_down_fails_the_steps_and_they_land_when_it_is_bac
     cluster.faults.down = False
     retried = agent.pipeline.tick(10.0)
     assert results(retried)[(StepKind.TAINT, "n1")] is StepResult.APPLIED
+    assert any(e["reason"] == "GpuFatalFault" for e in cluster.events())  # the refused Event was sent again
     assert "n1-trainer-3" not in {p["metadata"]["name"] for p in cluster.pods_on("n1")}
 
 
@@ -292,3 +293,14 @@ def test_a_gpu_is_never_reset_while_its_pod_still_runs(fake):
     retried = agent.pipeline.tick(40.0)
     assert results(retried)[(StepKind.EVICT, "ml/n1-trainer-2")] is StepResult.APPLIED
     assert resets == ["GPU-n1-0002"]
+
+
+def test_verified_recoveries_are_remembered_across_a_restart(fake):
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    agent = make_agent(cluster, server, inventory)
+    for round_ in range(2):
+        agent.fault(2, xid=48, at=1000.0 * round_ + 1)
+    restarted = make_agent(cluster, server, inventory, populate_node=False, restore=True)
+    assert restarted.pipeline.node.recoveries == {"GPU-n1-0002": 2}
+    assert restarted.fault(2, xid=48, at=3000.0).verdicts[0].action == "replace_gpu"

@@ -102,3 +102,11 @@ def test_time_to_recovery_is_measured_from_quarantine_to_clearing(shipped_rules)
     p.handle(obs(Signal.TEMPERATURE, 60, 20.0, **hot), 20.0)
     p.tick(700.0)
     assert registry.get_sample_value("gpu_health_time_to_recovery_seconds_sum") == 690.0
+
+
+def test_local_mode_remembers_what_it_planned_across_a_restart(shipped_rules, tmp_path: Path):
+    first = pipeline(shipped_rules, Journal(tmp_path / "j.db"))
+    first.handle(obs(Signal.XID, 79, 1.0), 1.0)
+    second = pipeline(shipped_rules, Journal(tmp_path / "j.db"))
+    assert second.node.tainted
+    assert second.tick(100.0).actions == []
