@@ -214,6 +214,9 @@ class Daemon:
             replace_after_recoveries=config.remediation.replace_after_recoveries,
         )
         if cluster is not None:
+            nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
+            if nvml is not None and cluster.pods.gpus_by_pod_uid is None:
+                cluster.pods.gpus_by_pod_uid = nvml.gpus_by_pod_uid
             self.pipeline.restore_from_node(node_faults)
             self.pipeline.refresh_pods()
         self.metrics.rules_loaded.set(len(rules.rules))

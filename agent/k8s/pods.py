@@ -22,11 +22,13 @@ class PodFinder:
     """Lists the node's pods through the API and asks the kubelet which GPU each one holds."""
 
     def __init__(self, core: Any, node_name: str, *, socket_path: str = "",
-                 pod_devices: Callable[[str], list[PodDevices]] = list_pod_devices) -> None:
+                 pod_devices: Callable[[str], list[PodDevices]] = list_pod_devices,
+                 gpus_by_pod_uid: Callable[[], dict[str, list[str]]] | None = None) -> None:
         self.core = core
         self.node = node_name
         self.socket_path = socket_path
         self.pod_devices = pod_devices
+        self.gpus_by_pod_uid = gpus_by_pod_uid
 
     def pods(self) -> tuple[PodRef, ...]:
         response = with_retries(lambda: api_call(self.core.list_pod_for_all_namespaces,
@@ -34,6 +36,7 @@ class PodFinder:
                                                  _preload_content=False))
         items = json.loads(response.data).get("items", [])
         devices = self._devices()
+        by_process = self.gpus_by_pod_uid() if devices is None and self.gpus_by_pod_uid else {}
         pods = []
         for item in items:
             meta, spec = item.get("metadata", {}), item.get("spec", {})
@@ -46,7 +49,8 @@ class PodFinder:
             if devices is not None and key in devices:
                 gpus = tuple(devices[key])
             elif _requests_gpu(spec):
-                gpus = (ANY_GPU,)  # it holds GPUs, and nobody can say which
+                # Without the kubelet: the GPUs its processes run on, else it may hold any GPU.
+                gpus = tuple(by_process.get(meta.get("uid", ""), ())) or (ANY_GPU,)
             owners = meta.get("ownerReferences") or []
             daemonset = any(o.get("kind") == "DaemonSet" and o.get("controller") for o in owners)
             pods.append(PodRef(key[0], key[1], meta.get("uid", ""), gpus, daemonset))

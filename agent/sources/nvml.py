@@ -14,9 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs
+from agent.sources.attribution import pod_of_pid
 from agent.sources.base import Emit
 from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
 
@@ -40,6 +42,7 @@ EVENT_SBE, EVENT_DBE, EVENT_XID = 0x1, 0x2, 0x8
 EVENT_GPU_UNAVAILABLE, EVENT_RECOVERY_ACTION = 0x4000, 0x8000
 WANTED_EVENTS = EVENT_DBE | EVENT_XID | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
 MAX_NVLINKS = 18
+WEEK_SECONDS = 7 * 24 * 3600
 # DCGM's PCIe watch: replays per minute per lane allowed at each generation (a 1e-12 bit-error rate).
 PCIE_REPLAYS_PER_LANE_PER_MIN = {1: 0.15, 2: 0.3, 3: 0.48, 4: 0.96, 5: 1.92, 6: 3.84}
 
@@ -245,6 +248,10 @@ class NvmlSource:
         utilization = self._optional(gpu, "nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, h)
         if utilization is not None:
             gpu.readings.update(utilization_gpu=utilization.gpu, utilization_memory=utilization.memory)
+        processes = self._optional(gpu, "nvmlDeviceGetComputeRunningProcesses",
+                                   nvml.nvmlDeviceGetComputeRunningProcesses, h)
+        if processes is not None:
+            gpu.readings["pids"] = sorted(int(p.pid) for p in processes)
 
     def _read_temperature(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         nvml, h = self.nvml, gpu.handle
@@ -319,10 +326,18 @@ class NvmlSource:
     def _read_retired_pages(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         nvml, h = self.nvml, gpu.handle
         sbe = self._optional(gpu, "retired.sbe", nvml.nvmlDeviceGetRetiredPages, h, RETIREMENT_SBE)
-        dbe = self._optional(gpu, "retired.dbe", nvml.nvmlDeviceGetRetiredPages, h, RETIREMENT_DBE)
+        dbe_pages = self._optional(gpu, "retired.dbe.v2", nvml.nvmlDeviceGetRetiredPages_v2, h, RETIREMENT_DBE)
+        dbe: int | None
+        new_this_week: int | None
+        if dbe_pages is not None:
+            dbe, new_this_week = len(dbe_pages), sum(1 for p in dbe_pages if now - p["timestamp"] < WEEK_SECONDS)
+        else:
+            listed = self._optional(gpu, "retired.dbe", nvml.nvmlDeviceGetRetiredPages, h, RETIREMENT_DBE)
+            dbe, new_this_week = (len(listed), None) if listed is not None else (None, None)
         if sbe is not None and dbe is not None:
-            gpu.readings.update(retired_pages_sbe=len(sbe), retired_pages_dbe=len(dbe))
-            out.append(self._obs(gpu, Signal.RETIRED_PAGES, len(sbe) + len(dbe), now, sbe=len(sbe), dbe=len(dbe)))
+            gpu.readings.update(retired_pages_sbe=len(sbe), retired_pages_dbe=dbe)
+            out.append(self._obs(gpu, Signal.RETIRED_PAGES, len(sbe) + dbe, now, sbe=len(sbe), dbe=dbe,
+                                 dbe_new_last_week=new_this_week))
         pending = self._optional(gpu, "retired.pending", nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
         if pending is not None:
             gpu.readings["retired_pages_pending"] = int(pending)
@@ -397,6 +412,20 @@ class NvmlSource:
         if gpu.mig_mode:
             clean["mig_mode"] = gpu.mig_mode
         return Observation(signal, float(value), now, self.name, gpu.ref, frozen_attrs(clean), max(1, count))
+
+    def pids_by_gpu(self) -> dict[str, list[int]]:
+        """The compute processes each GPU ran at the last poll (for finding the pods on a faulty GPU)."""
+        return {gpu.ref.uuid: list(gpu.readings.get("pids", [])) for gpu in self.gpus if gpu.ref.uuid}
+
+    def gpus_by_pod_uid(self, proc_root: Path = Path("/proc")) -> dict[str, list[str]]:
+        """Those processes charged to their pods through /proc/<pid>/cgroup: pod UID -> GPU UUIDs."""
+        mapping: dict[str, list[str]] = {}
+        for uuid, pids in self.pids_by_gpu().items():
+            for pid in pids:
+                pod = pod_of_pid(pid, proc_root)
+                if pod is not None and uuid not in mapping.setdefault(pod.pod_uid, []):
+                    mapping[pod.pod_uid].append(uuid)
+        return mapping
 
     # ---- events ----
     def _events(self, emit: Emit, stop: threading.Event) -> None:

@@ -431,6 +431,43 @@ nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause, unsigned 
     LEAVE(NVML_SUCCESS);
 }
 
+/* timestamps: "sbe_timestamps" / "dbe_timestamps" lists (seconds since the epoch), else "now" */
+nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, int cause, unsigned int *count,
+                                          unsigned long long *addresses, unsigned long long *timestamps) {
+    ENTER("nvmlDeviceGetRetiredPages_v2");
+    jnode *pages = jget(gpu, "retired_pages");
+    if (!pages || pages->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int have = (unsigned int)jnum(pages, cause == 0 ? "sbe" : "dbe", 0);
+    if (!addresses || *count < have) { *count = have; LEAVE(have ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS); }
+    jnode *times = jget(pages, cause == 0 ? "sbe_timestamps" : "dbe_timestamps");
+    for (unsigned int i = 0; i < have; i++) {
+        addresses[i] = 0x1000ULL * (i + 1) + (unsigned long long)cause;
+        int listed = times && times->type == J_ARR && (int)i < times->count;
+        timestamps[i] = listed ? (unsigned long long)times->items[i]->num : (unsigned long long)time(NULL);
+    }
+    *count = have;
+    LEAVE(NVML_SUCCESS);
+}
+
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; }
+    nvmlProcessInfo_t;
+
+/* "processes": [pid, ...] running on the GPU */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    ENTER("nvmlDeviceGetComputeRunningProcesses_v3");
+    jnode *procs = jget(gpu, "processes");
+    unsigned int have = procs && procs->type == J_ARR ? (unsigned int)procs->count : 0;
+    if (!infos || *count < have) { *count = have; LEAVE(have ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS); }
+    for (unsigned int i = 0; i < have; i++) {
+        infos[i].pid = (unsigned int)procs->items[i]->num;
+        infos[i].usedGpuMemory = 1ULL << 30;
+        infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = have;
+    LEAVE(NVML_SUCCESS);
+}
+
 nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *pending) {
     ENTER("nvmlDeviceGetRetiredPagesPendingStatus");
     jnode *pages = jget(gpu, "retired_pages");

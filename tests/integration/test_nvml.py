@@ -249,3 +249,33 @@ def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def test_dbe_page_retirements_of_the_last_week_are_counted(fake_nvml):
+    import time as clock
+    now = clock.time()
+    old, recent = now - 30 * 86400, now - 3600
+    pages = {"sbe": 0, "dbe": 17, "pending": 0, "dbe_timestamps": [old] * 15 + [recent, recent]}
+    fake_nvml.write(eight_gpus(**{"4": {"retired_pages": pages}}))
+    nvml = source()
+    try:
+        [retired] = [o for o in nvml.poll() if o.signal is Signal.RETIRED_PAGES]
+        assert (retired.gpu.index, retired.value, retired.attrs["dbe_new_last_week"]) == (4, 17, 2)
+        verdicts, _ = judge([retired])
+        assert [v.rule_id for v in verdicts] == ["retired-pages-dbe-soft-limit"]
+    finally:
+        nvml.stop()
+
+
+def test_running_processes_are_charged_to_their_pods(fake_nvml, tmp_path: Path):
+    uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{uid}/{'c' * 64}\n")
+    fake_nvml.write(eight_gpus(**{"6": {"processes": [4242, 999999]}}))
+    nvml = source()
+    try:
+        nvml.poll()
+        assert nvml.pids_by_gpu()["GPU-fa4e0000-0000-0000-0000-000000000006"] == [4242, 999999]
+        assert nvml.gpus_by_pod_uid(tmp_path) == {uid: ["GPU-fa4e0000-0000-0000-0000-000000000006"]}
+    finally:
+        nvml.stop()

@@ -86,3 +86,12 @@ def test_without_the_kubelet_every_gpu_pod_may_hold_any_gpu(tmp_path: Path):
     assert pods["ml/cpu-only"].gpu_uuids == ()
     assert "kube-system/static" not in pods
     assert pods["gpu-health/agent-x"].daemonset
+
+
+def test_without_the_kubelet_nvml_processes_name_the_gpu(tmp_path: Path):
+    core = _Core([_pod("ml", "trainer-0", 2), _pod("ml", "idle", 1)])
+    finder = PodFinder(core, "n1", socket_path=str(tmp_path / "none.sock"),
+                       gpus_by_pod_uid=lambda: {"u-trainer-0": ["GPU-aaaa"]})
+    pods = {p.key: p for p in finder.pods()}
+    assert pods["ml/trainer-0"].gpu_uuids == ("GPU-aaaa",)
+    assert pods["ml/idle"].gpu_uuids == (ANY_GPU,)
