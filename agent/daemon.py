@@ -217,6 +217,7 @@ class Daemon:
             nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
             if nvml is not None and cluster.pods.gpus_by_pod_uid is None:
                 cluster.pods.gpus_by_pod_uid = nvml.gpus_by_pod_uid
+                cluster.pods.mig_parents = nvml.mig_parents
             self.pipeline.restore_from_node(node_faults)
             self.pipeline.refresh_pods()
         self.metrics.rules_loaded.set(len(rules.rules))

@@ -23,12 +23,14 @@ class PodFinder:
 
     def __init__(self, core: Any, node_name: str, *, socket_path: str = "",
                  pod_devices: Callable[[str], list[PodDevices]] = list_pod_devices,
-                 gpus_by_pod_uid: Callable[[], dict[str, list[str]]] | None = None) -> None:
+                 gpus_by_pod_uid: Callable[[], dict[str, list[str]]] | None = None,
+                 mig_parents: Callable[[], dict[str, str]] | None = None) -> None:
         self.core = core
         self.node = node_name
         self.socket_path = socket_path
         self.pod_devices = pod_devices
         self.gpus_by_pod_uid = gpus_by_pod_uid
+        self.mig_parents = mig_parents
 
     def pods(self) -> tuple[PodRef, ...]:
         response = with_retries(lambda: api_call(self.core.list_pod_for_all_namespaces,
@@ -47,7 +49,7 @@ class PodFinder:
             key = (meta.get("namespace", ""), meta.get("name", ""))
             gpus: tuple[str, ...] = ()
             if devices is not None and key in devices:
-                gpus = tuple(devices[key])
+                gpus = self._with_parents(devices[key])
             elif _requests_gpu(spec):
                 # Without the kubelet: the GPUs its processes run on, else it may hold any GPU.
                 gpus = tuple(by_process.get(meta.get("uid", ""), ())) or (ANY_GPU,)
@@ -55,6 +57,11 @@ class PodFinder:
             daemonset = any(o.get("kind") == "DaemonSet" and o.get("controller") for o in owners)
             pods.append(PodRef(key[0], key[1], meta.get("uid", ""), gpus, daemonset))
         return tuple(pods)
+
+    def _with_parents(self, ids: list[str]) -> tuple[str, ...]:
+        """A MIG device also names the GPU it is a slice of, so a fault on that GPU finds the pod."""
+        parents = self.mig_parents() if self.mig_parents else {}
+        return tuple(sorted({*ids, *(parents[i] for i in ids if i in parents)}))
 
     def _devices(self) -> dict[tuple[str, str], list[str]] | None:
         if not self.socket_path or not os.path.exists(self.socket_path):

@@ -65,6 +65,7 @@ class GpuState:
     replay_at: float | None = None
     readings: dict[str, Any] = field(default_factory=dict)
     lost: bool = False
+    mig_uuids: list[str] = field(default_factory=list)
 
 
 class GpuLost(Exception):
@@ -143,6 +144,8 @@ class NvmlSource:
         gpu = GpuState(GpuRef(index, uuid, pci.lower(), name), handle, _handle_key(handle))
         mig = self._optional(gpu, "nvmlDeviceGetMigMode", self.nvml.nvmlDeviceGetMigMode, handle)
         gpu.mig_mode = int(mig[0]) if mig else 0
+        if gpu.mig_mode:
+            gpu.mig_uuids = self._mig_devices(gpu)
         gpu.shutdown_c = self._optional(gpu, "threshold.shutdown", self.nvml.nvmlDeviceGetTemperatureThreshold,
                                         handle, THRESHOLD_SHUTDOWN)
         gpu.slowdown_c = self._optional(gpu, "threshold.slowdown", self.nvml.nvmlDeviceGetTemperatureThreshold,
@@ -150,6 +153,26 @@ class NvmlSource:
         gpu.mem_max_c = self._optional(gpu, "threshold.mem_max", self.nvml.nvmlDeviceGetTemperatureThreshold,
                                        handle, THRESHOLD_MEM_MAX)
         return gpu
+
+    def _mig_devices(self, gpu: GpuState) -> list[str]:
+        """The UUIDs of a MIG-enabled GPU's MIG devices, so pods holding them are known to be on this GPU."""
+        count = self._optional(gpu, "nvmlDeviceGetMaxMigDeviceCount", self.nvml.nvmlDeviceGetMaxMigDeviceCount,
+                               gpu.handle) or 0
+        uuids = []
+        for index in range(int(count)):
+            handle = self._optional(gpu, "nvmlDeviceGetMigDeviceHandleByIndex",
+                                    self.nvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, index)
+            gpu.unsupported.discard("nvmlDeviceGetMigDeviceHandleByIndex")  # a free slot is not "unsupported"
+            if handle is None:
+                continue
+            uuid = self._optional(gpu, "mig.uuid", self.nvml.nvmlDeviceGetUUID, handle)
+            if uuid:
+                uuids.append(_text(uuid))
+        return uuids
+
+    def mig_parents(self) -> dict[str, str]:
+        """MIG device UUID -> the UUID of the GPU it is a slice of."""
+        return {mig: gpu.ref.uuid for gpu in self.gpus for mig in gpu.mig_uuids}
 
     # ---- calls ----
     def _call(self, name: str, func: Callable[..., Any], *args: Any) -> Any:

@@ -181,6 +181,9 @@ struct fake_device { int index; };
 struct fake_event_set { unsigned long long masks[MAX_GPUS]; unsigned long long delivered; };
 
 static struct fake_device devices[MAX_GPUS];
+#define MIG_BASE 1000
+#define MAX_MIG 8
+static struct fake_device mig_devices[MAX_GPUS * MAX_MIG];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static jnode *state;
 static struct timespec state_mtime;
@@ -264,6 +267,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     reload_locked();
     if (!state || !jnum(state, "driver_loaded", 1)) { pthread_mutex_unlock(&lock); return NVML_ERROR_DRIVER_NOT_LOADED; }
     for (int i = 0; i < MAX_GPUS; i++) devices[i].index = i;
+    for (int i = 0; i < MAX_GPUS * MAX_MIG; i++) mig_devices[i].index = MIG_BASE + i;
     initialised++;
     pthread_mutex_unlock(&lock);
     return NVML_SUCCESS;
@@ -325,7 +329,35 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     LEAVE(NVML_SUCCESS);
 }
 
+/* "mig_devices": ["MIG-...", ...]: the GPU's MIG devices (their handles answer GetUUID only) */
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    ENTER("nvmlDeviceGetMaxMigDeviceCount");
+    *count = jnum(gpu, "mig_mode", 0) ? 7 : 0;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *mig) {
+    ENTER("nvmlDeviceGetMigDeviceHandleByIndex");
+    jnode *list = jget(gpu, "mig_devices");
+    if (!list || list->type != J_ARR || index >= (unsigned int)list->count || index >= MAX_MIG) LEAVE(6);
+    *mig = &mig_devices[device->index * MAX_MIG + (int)index];
+    LEAVE(NVML_SUCCESS);
+}
+
+static nvmlReturn_t mig_uuid(nvmlDevice_t device, char *uuid, unsigned int length) {
+    pthread_mutex_lock(&lock);
+    reload_locked();
+    int slot = device->index - MIG_BASE;
+    jnode *gpus = gpus_locked();
+    jnode *gpu = gpus && slot / MAX_MIG < gpus->count ? gpus->items[slot / MAX_MIG] : NULL;
+    jnode *list = jget(gpu, "mig_devices");
+    if (!list || list->type != J_ARR || slot % MAX_MIG >= list->count) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    copy_out(uuid, length, list->items[slot % MAX_MIG]->type == J_STR ? list->items[slot % MAX_MIG]->str : "");
+    LEAVE(NVML_SUCCESS);
+}
+
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    if (device && device->index >= MIG_BASE) return mig_uuid(device, uuid, length);
     ENTER("nvmlDeviceGetUUID");
     char fallback[64];
     snprintf(fallback, sizeof fallback, "GPU-00000000-0000-0000-0000-%012d", device->index);

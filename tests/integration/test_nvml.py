@@ -279,3 +279,13 @@ def test_running_processes_are_charged_to_their_pods(fake_nvml, tmp_path: Path):
         assert nvml.gpus_by_pod_uid(tmp_path) == {uid: ["GPU-fa4e0000-0000-0000-0000-000000000006"]}
     finally:
         nvml.stop()
+
+
+def test_a_mig_gpu_names_its_mig_devices(fake_nvml):
+    fake_nvml.write(eight_gpus(**{"1": {"mig_mode": 1, "mig_devices": ["MIG-aaaa", "MIG-bbbb"]}}))
+    nvml = source()
+    try:
+        assert nvml.mig_parents() == {"MIG-aaaa": "GPU-fa4e0000-0000-0000-0000-000000000001",
+                                      "MIG-bbbb": "GPU-fa4e0000-0000-0000-0000-000000000001"}
+    finally:
+        nvml.stop()

@@ -95,3 +95,11 @@ def test_without_the_kubelet_nvml_processes_name_the_gpu(tmp_path: Path):
     pods = {p.key: p for p in finder.pods()}
     assert pods["ml/trainer-0"].gpu_uuids == ("GPU-aaaa",)
     assert pods["ml/idle"].gpu_uuids == (ANY_GPU,)
+
+
+def test_a_pod_on_a_mig_slice_is_found_on_its_gpu(kubelet):
+    core = _Core([_pod("ml", "mig-0", 1)])
+    finder = PodFinder(core, "n1", socket_path=str(kubelet), mig_parents=lambda: {"MIG-dddd": "GPU-parent"})
+    [pod] = finder.pods()
+    assert pod.gpu_uuids == ("GPU-parent", "MIG-dddd")
+    assert pod.holds("GPU-parent")
