@@ -43,6 +43,7 @@ EVENT_GPU_UNAVAILABLE, EVENT_RECOVERY_ACTION = 0x4000, 0x8000
 WANTED_EVENTS = EVENT_DBE | EVENT_XID | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
 MAX_NVLINKS = 18
 WEEK_SECONDS = 7 * 24 * 3600
+MEMORY_LOCATIONS = {"l1": 0, "l2": 1, "dram": 2, "register_file": 3, "sram": 7}
 # DCGM's PCIe watch: replays per minute per lane allowed at each generation (a 1e-12 bit-error rate).
 PCIE_REPLAYS_PER_LANE_PER_MIN = {1: 0.15, 2: 0.3, 3: 0.48, 4: 0.96, 5: 1.92, 6: 3.84}
 
@@ -339,12 +340,26 @@ class NvmlSource:
             gpu.readings["ecc_dbe_volatile"] = int(dbe)
             new = float(dbe) if first else (delta or 0.0)
             if new > 0:
-                out.append(self._obs(gpu, Signal.ECC_DBE, new, now, volatile_total=int(dbe)))
+                aggregate = self._optional(gpu, "ecc.dbe.aggregate", nvml.nvmlDeviceGetTotalEccErrors, h,
+                                           MEMORY_ERROR_UNCORRECTED, AGGREGATE_ECC)
+                out.append(self._obs(gpu, Signal.ECC_DBE, new, now, volatile_total=int(dbe),
+                                     aggregate_total=int(aggregate) if aggregate is not None else None,
+                                     **self._dbe_locations(gpu)))
         if sbe is not None:
             delta = self._delta(gpu, "ecc.sbe", float(sbe))
             gpu.readings["ecc_sbe_volatile"] = int(sbe)
             if delta:
                 out.append(self._obs(gpu, Signal.ECC_SBE, delta, now, count=int(delta), volatile_total=int(sbe)))
+
+    def _dbe_locations(self, gpu: GpuState) -> dict[str, AttrValue | None]:
+        """Where the uncorrectable errors are (volatile counts per memory location), read when a DBE is new."""
+        counts: dict[str, AttrValue | None] = {}
+        for name, location in MEMORY_LOCATIONS.items():
+            count = self._optional(gpu, f"ecc.location.{name}", self.nvml.nvmlDeviceGetMemoryErrorCounter,
+                                   gpu.handle, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC, location)
+            if count:
+                counts[f"dbe_{name}"] = int(count)
+        return counts
 
     def _read_retired_pages(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         nvml, h = self.nvml, gpu.handle

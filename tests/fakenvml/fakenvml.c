@@ -451,6 +451,18 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type, in
     LEAVE(NVML_SUCCESS);
 }
 
+/* "ecc": {"locations": {"2": 1, ...}}: uncorrected volatile counts per memory location */
+nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, int error_type, int counter_type, int location,
+                                             unsigned long long *count) {
+    ENTER("nvmlDeviceGetMemoryErrorCounter");
+    jnode *ecc = jget(gpu, "ecc");
+    if (ecc && ecc->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    char key[8];
+    snprintf(key, sizeof key, "%d", location);
+    *count = error_type == 1 && counter_type == 0 ? (unsigned long long)jnum(jget(ecc, "locations"), key, 0) : 0;
+    LEAVE(NVML_SUCCESS);
+}
+
 nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause, unsigned int *count,
                                        unsigned long long *addresses) {
     ENTER("nvmlDeviceGetRetiredPages");

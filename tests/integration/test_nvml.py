@@ -51,8 +51,11 @@ def test_a_dbe_increment_between_polls_is_fatal(fake_nvml):
     nvml = source()
     try:
         first = nvml.poll()
-        fake_nvml.write(eight_gpus(**{"5": {"ecc": {"dbe_volatile": 1, "dbe_aggregate": 1}}}))
+        fake_nvml.write(eight_gpus(**{"5": {"ecc": {"dbe_volatile": 1, "dbe_aggregate": 4,
+                                                     "locations": {"2": 1}}}}))
         second = nvml.poll()
+        [dbe_reading] = [o for o in second if o.signal is Signal.ECC_DBE]
+        assert (dbe_reading.attrs["aggregate_total"], dbe_reading.attrs["dbe_dram"]) == (4, 1)
         verdicts, _ = judge(first + second)
         [dbe] = [v for v in verdicts if v.rule_id == "ecc-dbe"]
         assert (dbe.severity, dbe.gpu.index) == ("fatal", 5)
