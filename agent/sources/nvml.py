@@ -344,7 +344,7 @@ class NvmlSource:
                                            MEMORY_ERROR_UNCORRECTED, AGGREGATE_ECC)
                 out.append(self._obs(gpu, Signal.ECC_DBE, new, now, volatile_total=int(dbe),
                                      aggregate_total=int(aggregate) if aggregate is not None else None,
-                                     **self._dbe_locations(gpu)))
+                                     extra=self._dbe_locations(gpu)))
         if sbe is not None:
             delta = self._delta(gpu, "ecc.sbe", float(sbe))
             gpu.readings["ecc_sbe_volatile"] = int(sbe)
@@ -445,8 +445,8 @@ class NvmlSource:
         return value - previous if value >= previous else value
 
     def _obs(self, gpu: GpuState, signal: Signal, value: float, now: float, *, count: int = 1,
-             **attrs: AttrValue | None) -> Observation:
-        clean = {k: v for k, v in attrs.items() if v is not None}
+             extra: dict[str, AttrValue | None] | None = None, **attrs: AttrValue | None) -> Observation:
+        clean = {k: v for k, v in {**attrs, **(extra or {})}.items() if v is not None}
         if gpu.mig_mode:
             clean["mig_mode"] = gpu.mig_mode
         return Observation(signal, float(value), now, self.name, gpu.ref, frozen_attrs(clean), max(1, count))
