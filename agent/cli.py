@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -23,16 +23,17 @@ from agent.errors import AgentError, InputError, InputErrors
 from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
 from agent.httpserver import AgentHttpServer
 from agent.journal import Journal
-from agent.k8s.client import load_api_client
-from agent.k8s.cluster import build_cluster_side, request_release
+from agent.k8s.detect import cluster_configured
 from agent.logs import configure_logging
 from agent.model import AttrValue, GpuRef, Observation, Signal, VerdictKind
 from agent.remediation import GuardPolicy, Mode
-from agent.simulate import SimulationReport, TimelineLine, simulate, simulate_in_cluster
 from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kernel_log import KernelLogParser
 from agent.sources.nvml import NvmlSource, load_pynvml, probe_calls
 from agent.sources.scenario import ScenarioSource, builtin_names, inventory, load_scenario
+
+if TYPE_CHECKING:
+    from agent.simulate import SimulationReport, TimelineLine
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_BAD_INPUT = 2
@@ -112,7 +113,13 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         replay = load_scenario(scenario)
         node = dataclasses.replace(inventory(replay), name=config.node_name)
         extra.append(ScenarioSource(replay, node, speed=speed))
-    api_client, how = load_api_client(kubeconfig=config.remediation.kubeconfig or None)
+    api_client, how = None, "no in-cluster configuration and no kubeconfig"
+    if cluster_configured(config.remediation.kubeconfig or None):
+        # The Kubernetes client is large: it is loaded only where there is a cluster to talk to.
+        from agent.k8s.client import load_api_client  # noqa: PLC0415
+        from agent.k8s.cluster import build_cluster_side  # noqa: PLC0415
+
+        api_client, how = load_api_client(kubeconfig=config.remediation.kubeconfig or None)
     cluster = None
     stuck, budget = LateMetric(), LateMetric()
     if api_client is not None:
@@ -147,6 +154,9 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
 @_reporting_bad_input
 def release(node_name: str | None, gpu_uuid: str, kubeconfig: str | None) -> None:
     """Release faults only an operator may clear (needs-replacement, ...): the node's agent clears them."""
+    from agent.k8s.client import load_api_client  # noqa: PLC0415 - the client is loaded only when needed
+    from agent.k8s.cluster import request_release  # noqa: PLC0415
+
     config = load_config(None)
     name = node_name or config.node_name
     api_client, how = load_api_client(kubeconfig=kubeconfig)
@@ -177,6 +187,8 @@ def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode:
         return
     if not scenario:
         _fail(["simulate: give a scenario name or file, or --list"])
+    from agent.simulate import simulate, simulate_in_cluster  # noqa: PLC0415 - brings the fake cluster
+
     loaded = load_scenario(scenario)
     rules = load_rules(Path(rules_dir) if rules_dir else builtin_rules_dir())
     configure_logging("error", "auto")

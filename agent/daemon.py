@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -19,7 +20,6 @@ from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
 from agent.journal import Journal
-from agent.k8s.cluster import ClusterSide
 from agent.metrics import Metrics
 from agent.model import NodeInventory, Observation
 from agent.pipeline import Pipeline
@@ -30,6 +30,9 @@ from agent.sources.dcgm_bindings import BindingsReader, import_bindings
 from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kmsg import KmsgSource
 from agent.sources.nvml import NvmlSource, load_pynvml
+
+if TYPE_CHECKING:
+    from agent.k8s.cluster import ClusterSide
 
 log = structlog.get_logger("agent.daemon")
 

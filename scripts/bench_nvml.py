@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 FAKE_DIR = REPO / "tests" / "fakenvml" / "build"
 sys.path.insert(0, str(REPO))
 
+import yaml  # noqa: E402
+
 from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
+from agent.fakecluster import FakeApiServer, FakeCluster, populate  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
 from agent.model import NodeInventory, Signal  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402
@@ -44,10 +47,11 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def process_cost(state: Path, seconds: float) -> None:
+def process_cost(state: Path, seconds: float, kubeconfig: Path | None = None) -> None:
     env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DIR), FAKE_NVML_STATE=str(state),
                GPU_HEALTH_SOURCES__KMSG__ENABLED="off", GPU_HEALTH_JOURNAL_PATH=str(state.parent / "j.db"),
-               GPU_HEALTH_HTTP__HOST="127.0.0.1", GPU_HEALTH_LOG__LEVEL="warning", NODE_NAME="bench")
+               GPU_HEALTH_HTTP__HOST="127.0.0.1", GPU_HEALTH_LOG__LEVEL="warning", NODE_NAME="bench",
+               KUBECONFIG=str(kubeconfig or state.parent / "no-kubeconfig"))
     agent = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", "0"], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
     try:
@@ -57,7 +61,8 @@ def process_cost(state: Path, seconds: float) -> None:
         cpu1, t1 = _proc_cpu_seconds(agent.pid), time.monotonic()
         share = (cpu1 - cpu0) / (t1 - t0) * 100
         polls = (t1 - t0) / 10.0
-        print(f"agent process, 8 GPUs, 10 s poll: {share:.3f} % of one core over {t1 - t0:.0f} s "
+        mode = "cluster mode (fake API server)" if kubeconfig else "local mode"
+        print(f"agent process, {mode}, 8 GPUs, 10 s poll: {share:.3f} % of one core over {t1 - t0:.0f} s "
               f"({(cpu1 - cpu0) / polls * 1000:.1f} ms CPU per poll cycle), RSS {_rss_mib(agent.pid):.1f} MiB")
     finally:
         agent.terminate()
@@ -114,6 +119,15 @@ def main() -> None:
         state = Path(folder) / "state.json"
         state.write_text(json.dumps(eight_gpus()))
         process_cost(state, seconds)
+        cluster = FakeCluster()
+        populate(cluster, NodeInventory("bench", (), ()))
+        server = FakeApiServer(cluster).start()
+        kubeconfig = Path(folder) / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(server.kubeconfig()))
+        try:
+            process_cost(state, seconds, kubeconfig)
+        finally:
+            server.stop()
         event_latency(state, 50)
 
 

@@ -10,6 +10,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
+from agent.k8s.detect import kubeconfig_path
+
 
 @dataclass(frozen=True, slots=True)
 class Apis:
@@ -33,7 +35,7 @@ def load_api_client(*, kubeconfig: str | None = None, request_timeout: float = 1
             return _client(request_timeout), "in-cluster service account"
         except ConfigException as exc:
             return None, f"in-cluster configuration failed: {exc}"
-    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube/config")
+    path = str(kubeconfig_path(kubeconfig))
     if not Path(path).is_file():
         return None, "no in-cluster configuration and no kubeconfig"
     try:
