@@ -2,6 +2,7 @@
 
 import pytest
 
+from agent.fakecluster.server import RESOURCES
 from agent.k8s import retry
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
@@ -19,6 +20,10 @@ def fake():
     cluster, server = start_cluster()
     yield cluster, server
     server.stop()
+
+
+def resource(plural):
+    return next(r for r in RESOURCES if r.plural == plural)
 
 
 def results(outcome):
@@ -98,7 +103,7 @@ def test_recovery_clears_the_agents_marks_and_nothing_else(fake):
     agent = make_agent(cluster, server, inventory)
     node = cluster.node("n1")
     node["spec"]["taints"] = [{"key": "someone/else", "effect": "NoSchedule"}]
-    cluster.replace(__import__("agent.fakecluster.server", fromlist=["x"]).RESOURCES[0], "", "n1", node)
+    cluster.replace(resource("nodes"), "", "n1", node)
     agent.pipeline.handle(Observation(Signal.TEMPERATURE, 95, 1.0, "nvml", inventory.gpus[2],
                                       {"shutdown_c": 92, "slowdown_c": 90}), 1.0)
     assert {t["key"] for t in cluster.node("n1")["spec"]["taints"]} == {"someone/else", TAINT}
@@ -289,7 +294,7 @@ def test_a_gpu_is_never_reset_while_its_pod_still_runs(fake):
     outcome = agent.fault(2, xid=48)
     assert results(outcome)[(StepKind.EVICT, "ml/n1-trainer-2")] is StepResult.BLOCKED
     assert resets == []
-    cluster.delete(__import__("agent.fakecluster.server", fromlist=["x"]).RESOURCES[4], "ml", "trainers")
+    cluster.delete(resource("poddisruptionbudgets"), "ml", "trainers")
     retried = agent.pipeline.tick(40.0)
     assert results(retried)[(StepKind.EVICT, "ml/n1-trainer-2")] is StepResult.APPLIED
     assert resets == ["GPU-n1-0002"]
