@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from agent.k8s.cluster import ClusterSide
 
 log = structlog.get_logger("agent.daemon")
+JOURNAL_PRUNE_SECONDS = 3600.0
 
 
 def rules_dir_of(config: Config) -> Path:
@@ -102,13 +103,14 @@ def _dcgm_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     if settings.exporter_url:
         reader: ExporterReader | BindingsReader = ExporterReader(settings.exporter_url,
                                                                  timeout_seconds=settings.timeout_seconds)
-        return DcgmSource(reader, poll_seconds=settings.poll_seconds), ""
+        return DcgmSource(reader, poll_seconds=settings.poll_seconds,
+                          timeout_seconds=settings.timeout_seconds * 2), ""
     try:
         modules = import_bindings()
     except ImportError as exc:
         return None, f"no DCGM bindings ({exc}) and no sources.dcgm.exporter_url"
     reader = BindingsReader(modules, host=settings.hostengine, update_seconds=settings.poll_seconds)
-    return DcgmSource(reader, poll_seconds=settings.poll_seconds), ""
+    return DcgmSource(reader, poll_seconds=settings.poll_seconds, timeout_seconds=settings.timeout_seconds), ""
 
 
 SourceFactory = Callable[[SourceContext], tuple[Source | None, str]]
@@ -263,6 +265,7 @@ class Daemon:
             thread.start()
         next_reload = self.clock() + self.reload_seconds
         next_sync = self.clock()
+        next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
         while not stop.is_set():
             self._drain(timeout=self.config.tick_seconds, stop=stop)
             self._safe_step("tick_failed", self.pipeline.tick)
@@ -270,6 +273,9 @@ class Daemon:
             if self.clock() >= next_reload:
                 self.reload_rules_if_changed()
                 next_reload = self.clock() + self.reload_seconds
+            if self.clock() >= next_prune:
+                self._safe_step("journal_prune_failed", self.journal.prune)
+                next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
             if self.cluster is not None and self.clock() >= next_sync:
                 self._safe_step("node_sync_failed", self._sync_node)
                 next_sync = self.clock() + self.config.remediation.node_sync_seconds

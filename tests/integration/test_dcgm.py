@@ -207,3 +207,25 @@ def test_dcgm_down_is_unknown_never_a_fault():
     reader = BindingsReader(modules)
     observations = reader.read(0.0)
     assert {(o.signal, o.value) for o in observations} == {(Signal.SOURCE_UNREADABLE, 1)}
+
+
+def test_a_hung_dcgm_read_is_unknown_never_a_fault():
+    release = threading.Event()
+
+    class Hangs:
+        def __init__(self):
+            from agent.sources.dcgm_exporter import DcgmTranslator
+            self.translator = DcgmTranslator()
+
+        def read(self, now):
+            release.wait(10)
+            return []
+
+    source = DcgmSource(Hangs(), timeout_seconds=0.2)
+    try:
+        observations = source.read(0.0)
+        assert {(o.signal, o.value) for o in observations} == {(Signal.SOURCE_UNREADABLE, 1)}
+        assert "timed out" in str(observations[0].attrs["message"])
+    finally:
+        release.set()
+        source.caller.close()
