@@ -21,9 +21,9 @@ from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
 from agent.journal import Journal
 from agent.metrics import Metrics
-from agent.model import NodeInventory, Observation
+from agent.model import NodeInventory, Observation, Verdict
 from agent.pipeline import Pipeline
-from agent.remediation import GuardPolicy
+from agent.remediation import GuardPolicy, NodeState
 from agent.sources.base import Source
 from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_bindings import BindingsReader, import_bindings
@@ -200,9 +200,15 @@ class Daemon:
         self.watcher = RulesWatcher(self.rules_dir)
         self.reload_seconds = reload_seconds
         self.cluster = cluster
-        node_state = None
+        node_state: NodeState | None = None
+        node_faults: list[Verdict] = []
+        self._node_restored = cluster is None
         if cluster is not None:
-            node_state, node_faults = cluster.restored(config.remediation.taint_key)
+            try:
+                node_state, node_faults = cluster.restored(config.remediation.taint_key)
+                self._node_restored = True
+            except Exception as exc:  # noqa: BLE001 - the API may be down at start; the node sync retries
+                log.warning("node_state_unreadable", error=f"{type(exc).__name__}: {exc}")
         self.pipeline = Pipeline(
             rules=rules,
             inventory=inventory or NodeInventory(name=config.node_name),
@@ -289,6 +295,12 @@ class Daemon:
         """Operator releases arrive as a Node annotation; the pods of the node are re-read."""
         if self.cluster is None:
             return
+        if not self._node_restored:
+            node_state, node_faults = self.cluster.restored(self.config.remediation.taint_key)
+            self.pipeline.node = node_state
+            self.pipeline.restore_from_node(node_faults)
+            self._node_restored = True
+            log.info("node_state_restored", faults=len(node_faults))
         for observation in self.cluster.sync(self.clock()):
             self.pipeline.handle(observation)
         self.pipeline.refresh_pods()

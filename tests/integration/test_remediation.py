@@ -309,3 +309,26 @@ def test_verified_recoveries_are_remembered_across_a_restart(fake):
     restarted = make_agent(cluster, server, inventory, populate_node=False, restore=True)
     assert restarted.pipeline.node.recoveries == {"GPU-n1-0002": 2}
     assert restarted.fault(2, xid=48, at=3000.0).verdicts[0].action == "replace_gpu"
+
+
+def test_an_agent_started_while_the_api_is_down_reads_its_node_once_it_is_back(fake, tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import load_config
+    from agent.daemon import Daemon
+    from agent.k8s.client import client_for
+    from agent.k8s.cluster import build_cluster_side
+    from tests.k8s_helpers import RULES
+
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    make_agent(cluster, server, inventory).fault(3)
+    config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db")})
+    side = build_cluster_side(client_for(server.url), config, on_stuck=lambda pod: None)
+    cluster.faults.down = True
+    daemon = Daemon(config, rules=RULES, sources=[object()], registry=CollectorRegistry(), cluster=side)  # type: ignore[list-item]
+    assert not daemon.pipeline.node.tainted
+    cluster.faults.down = False
+    daemon._sync_node()
+    assert daemon.pipeline.node.tainted
+    assert daemon.pipeline.gpu_statuses()["GPU-n1-0003"] == "fatal"
