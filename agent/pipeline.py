@@ -323,6 +323,9 @@ class Pipeline:
             result, message = decision.result or StepResult.SKIPPED, decision.reason
         if result in _TOOK_EFFECT:
             self.node.apply(step)
+            if step.kind.disruptive:
+                # Written at once, so a restart right after this step does not repeat it.
+                self._safely("persist_failed", self.actuator.persist, self.node, self.active)
         record = ActionRecord(step=step, result=result, at=now, message=message)
         self._log.bind(gpu=step.gpu_key, rule_id=step.rule_id).info(
             "step", kind=str(step.kind), target=step.target, result=str(result), message=message)

@@ -332,3 +332,19 @@ def test_an_agent_started_while_the_api_is_down_reads_its_node_once_it_is_back(f
     daemon._sync_node()
     assert daemon.pipeline.node.tainted
     assert daemon.pipeline.gpu_statuses()["GPU-n1-0003"] == "fatal"
+
+
+def test_a_step_blocked_before_a_restart_is_taken_after_it(fake):
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    first = make_agent(cluster, server, inventory)
+    selector = {"matchLabels": {"app": "n1-trainer"}}
+    cluster.add("poddisruptionbudgets", {"metadata": {"name": "trainers"},
+                                         "spec": {"maxUnavailable": 0, "selector": selector}},
+                group="policy", namespace="ml")
+    assert results(first.fault(3))[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.BLOCKED
+    cluster.delete(resource("poddisruptionbudgets"), "ml", "trainers")
+    restarted = make_agent(cluster, server, inventory, populate_node=False, restore=True)
+    taken = restarted.pipeline.tick(1.0)
+    assert results(taken)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.APPLIED
+    assert (StepKind.TAINT, "n1") not in results(taken)  # already there: not repeated
