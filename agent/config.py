@@ -69,6 +69,7 @@ class RemediationConfig(_Section):
     eviction_deadline_seconds: float = Field(default=600.0, gt=0)
     reset_command: list[str] = Field(default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{uuid}"])
     reset_timeout_seconds: float = Field(default=120.0, gt=0)
+    reset_settle_seconds: float = Field(default=10.0, ge=0)
     reboot_sentinel_path: str = ""
     max_faulty_gpus: int = Field(default=2, ge=0)
     replace_after_recoveries: int = Field(default=2, ge=1)

@@ -223,6 +223,7 @@ class Daemon:
             pods=cluster.pods.pods if cluster else None,
             max_faulty_gpus=config.remediation.max_faulty_gpus,
             replace_after_recoveries=config.remediation.replace_after_recoveries,
+            reset_settle_seconds=config.remediation.reset_settle_seconds,
         )
         if cluster is not None:
             nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)

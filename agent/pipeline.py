@@ -45,6 +45,7 @@ from agent.remediation import (
     decide,
     plan,
 )
+from agent.remediation.planner import next_settled
 
 BOOT_CURSOR = "boot_id"
 NODE_STATE_CURSOR = "node_state"
@@ -113,6 +114,7 @@ class Pipeline:
         pods: Callable[[], tuple[PodRef, ...]] | None = None,
         max_faulty_gpus: int = 2,
         replace_after_recoveries: int = 2,
+        reset_settle_seconds: float = 10.0,
     ) -> None:
         self.rules = rules
         self.inventory = inventory
@@ -127,7 +129,8 @@ class Pipeline:
         self.engine = EngineState()
         self.history = AttemptHistory()
         self.active: dict[tuple[str, str], ActiveFault] = {}
-        self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus)
+        self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
+                                    reset_settle_seconds=reset_settle_seconds)
         self.pods = pods
         self.replace_after_recoveries = replace_after_recoveries
         self._pending_events: list[Step] = []
@@ -218,14 +221,14 @@ class Pipeline:
             self.refresh_pods()
         self.node.forget_cleared({key for key, _ in self.active})
         steps = [*self._pending_events, *plan(verdicts, self.active, self.node, self.inventory,
-                                              options=self._options)]
+                                              options=self._options, now=now)]
         self._pending_events = []
         actions = [self._carry_out(step, now) for step in steps]
         for _ in range(_FOLLOW_UP_PASSES):
             # Steps that wait on others (a reset waits for the GPU's pods to be gone) come in a further pass.
             if not any(a.result in _TOOK_EFFECT and a.step.kind is StepKind.EVICT for a in actions[-len(steps):]):
                 break
-            steps = plan([], self.active, self.node, self.inventory, options=self._options)
+            steps = plan([], self.active, self.node, self.inventory, options=self._options, now=now)
             if not steps:
                 break
             actions += [self._carry_out(step, now) for step in steps]
@@ -251,6 +254,9 @@ class Pipeline:
                     verdicts, actions = [*verdicts, *follow.verdicts], [*actions, *follow.actions]
         retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions) or bool(self._pending_events)
         self._replan_at = now + self.retry_seconds if retry else None
+        settled = next_settled(self.active.values(), self.node, self._options, now)
+        if settled is not None:
+            self._replan_at = min(settled, self._replan_at) if self._replan_at is not None else settled
         if self.metrics and (verdicts or actions or not self._metrics_primed):
             self._metrics_primed = True
             self.metrics.set_gpu_status(self.gpu_statuses())

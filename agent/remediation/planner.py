@@ -139,6 +139,9 @@ class PlanOptions:
     node_name: str
     own_pod: str = ""
     max_faulty_gpus: int = 2
+    #: A reset waits this long after its fault was raised, so that the other signals of the same incident
+    #: (the Xid, the ECC counter, the recovery action) arrive first and one reset clears them all.
+    reset_settle_seconds: float = 10.0
 
 
 def plan(
@@ -148,6 +151,7 @@ def plan(
     inventory: NodeInventory,
     *,
     options: PlanOptions,
+    now: float = float("inf"),
 ) -> list[Step]:
     """The steps that report the new verdicts and move the node to what the active faults call for."""
     steps = [_event(v, options.node_name) for v in verdicts]
@@ -161,7 +165,7 @@ def plan(
         steps.append(Step(StepKind.UNTAINT, options.node_name, "no active fault calls for a quarantine"))
     for fault in sorted(_whole_node_if_too_many(active.values(), options),
                         key=lambda f: (-f.action.rank, f.gpu_key, f.rule_id)):
-        steps.extend(_remedy_steps(fault, node, inventory, options, steps))
+        steps.extend(_remedy_steps(fault, node, inventory, options, steps, now))
     if node.reboot_requested and not any(f.action is Action.REBOOT_NODE for f in active.values()):
         steps.append(Step(StepKind.CLEAR_REBOOT_REQUEST, options.node_name, "no active fault asks for a reboot"))
     still_replace = {f.gpu_key for f in active.values() if f.action is Action.REPLACE_GPU}
@@ -251,7 +255,8 @@ def condition_message(faults: Iterable[ActiveFault]) -> str:
 
 
 def _remedy_steps(
-    fault: ActiveFault, node: NodeState, inventory: NodeInventory, options: PlanOptions, planned: list[Step]
+    fault: ActiveFault, node: NodeState, inventory: NodeInventory, options: PlanOptions, planned: list[Step],
+    now: float,
 ) -> list[Step]:
     steps: list[Step] = []
     key = fault.gpu_key
@@ -262,7 +267,8 @@ def _remedy_steps(
                 steps.append(Step(StepKind.EVICT, pod.key, f"holds faulty {_gpu_text(fault)}: {fault.summary}",
                                   rule_id=fault.rule_id, gpu_key=key))
     # Never reset a GPU that still runs work: after the evictions took effect, the next pass resets it.
-    wants_reset = fault.action in {Action.RESET_GPU, Action.RESET_WHEN_IDLE} and not _busy(fault, inventory, node)
+    wants_reset = (fault.action in {Action.RESET_GPU, Action.RESET_WHEN_IDLE} and not _busy(fault, inventory, node)
+                   and now - fault.since >= options.reset_settle_seconds)
     if wants_reset and key != NODE_KEY and key not in node.resets and not _planned(planned, StepKind.RESET_GPU, key):
         steps.append(Step(StepKind.RESET_GPU, fault.gpu.uuid if fault.gpu and fault.gpu.uuid else key,
                           f"{fault.summary}", rule_id=fault.rule_id, gpu_key=key))
@@ -305,3 +311,11 @@ def _worst(faults: Iterable[ActiveFault]) -> ActiveFault:
 
 def _worst_summary(faults: Iterable[ActiveFault]) -> str:
     return _worst(faults).summary
+
+
+def next_settled(active: Iterable[ActiveFault], node: NodeState, options: PlanOptions, now: float) -> float | None:
+    """When the earliest reset still settling may be planned (None when none waits)."""
+    waiting = [f.since + options.reset_settle_seconds for f in active
+               if f.action in {Action.RESET_GPU, Action.RESET_WHEN_IDLE} and f.gpu_key not in node.resets
+               and f.since + options.reset_settle_seconds > now]
+    return min(waiting) if waiting else None

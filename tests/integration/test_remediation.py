@@ -267,7 +267,9 @@ def test_a_fault_back_after_verified_recoveries_needs_replacement(fake):
     inventory = gpu_node("n1")
     agent = make_agent(cluster, server, inventory)
     for round_ in range(2):
-        agent.fault(2, xid=48, at=1000.0 * round_ + 1)  # reset_gpu: drained, reset by the fake command, verified
+        agent.fault(2, xid=48, at=1000.0 * round_ + 1)  # reset_gpu: drained, then reset once it settled
+        assert agent.pipeline.gpu_statuses()["GPU-n1-0002"] == "fatal"
+        agent.pipeline.tick(1000.0 * round_ + 11)  # the fake reset command runs and verifies
         assert agent.pipeline.gpu_statuses()["GPU-n1-0002"] == "healthy"
     third = agent.fault(2, xid=48, at=3000.0)
     assert third.verdicts[0].action == "replace_gpu"
@@ -281,6 +283,19 @@ def test_too_many_faulty_gpus_move_every_gpu_pod(fake):
     agent.fault(1, xid=48)
     agent.fault(2, xid=48, at=2.0)
     assert {p["metadata"]["name"] for p in cluster.pods_on("n1")} == {"gpu-health-agent-n1"}
+
+
+def test_a_reset_waits_for_the_incident_to_settle(fake):
+    cluster, server = fake
+    resets = []
+    inventory = gpu_node("n1")
+    agent = make_agent(cluster, server, inventory, reset=lambda uuid: (resets.append(uuid) or True, "reset"))
+    agent.pipeline.handle(Observation(Signal.ECC_DBE, 1, 1.0, "nvml", inventory.gpus[2]), 1.0)
+    agent.fault(2, xid=48, at=1.5)
+    assert resets == []
+    settled = agent.pipeline.tick(11.0)
+    assert resets == ["GPU-n1-0002"]
+    assert sorted(v.rule_id for v in settled.verdicts) == ["ecc-dbe", "xid-48"]  # one reset clears both
 
 
 def test_a_gpu_is_never_reset_while_its_pod_still_runs(fake):
@@ -306,6 +321,7 @@ def test_verified_recoveries_are_remembered_across_a_restart(fake):
     agent = make_agent(cluster, server, inventory)
     for round_ in range(2):
         agent.fault(2, xid=48, at=1000.0 * round_ + 1)
+        agent.pipeline.tick(1000.0 * round_ + 11)
     restarted = make_agent(cluster, server, inventory, populate_node=False, restore=True)
     assert restarted.pipeline.node.recoveries == {"GPU-n1-0002": 2}
     assert restarted.fault(2, xid=48, at=3000.0).verdicts[0].action == "replace_gpu"
