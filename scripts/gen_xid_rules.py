@@ -127,6 +127,8 @@ def xid_rules(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
         bucket = row["immediate_action"]
         if xid == 45:
             rules.extend(_xid45(row))
+        elif xid == 74:
+            rules.extend(_xid74(row))
         elif xid == 154:
             rules.extend(_xid154(row))
         elif bucket == "WORKFLOW_NVLINK5_ERR":
@@ -189,6 +191,28 @@ def _xid45(row: dict[str, str]) -> list[dict[str, Any]]:
     )
     solo["when"] = [{"field": "caused_by", "op": "absent"}]
     return [follows, solo]
+
+
+def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
+    """WORKFLOW_NVLINK_ERR: the registers decide; a line whose registers cannot be read keeps the caution."""
+    ignorable = _base(
+        row, "xid-74-ignorable",
+        Policy("info", "none", "interconnect", QUIET_INFO,
+               "NVIDIA's workflow: only bits that can be safely ignored (first register bits 0, 23, 30; fifth "
+               "register ECC thresholds with no uncorrectable error) are set."),
+        "Xid 74 on link {link} of {gpu}: only ignorable NVLink error bits",
+    )
+    ignorable["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "IGNORE"}]
+    sympathetic = _base(
+        row, "xid-74-sympathetic",
+        Policy("info", "none", "interconnect", QUIET_INFO,
+               "NVIDIA's workflow: only secondary (sympathetic) bits are set; the accompanying Xid or SXid decides."),
+        "Xid 74 on link {link} of {gpu}: secondary NVLink error bits only",
+    )
+    sympathetic["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "SYMPATHETIC"}]
+    serious = _plain(row)
+    serious["fallback"] = True
+    return [ignorable, sympathetic, serious]
 
 
 def _xid154(row: dict[str, str]) -> list[dict[str, Any]]:

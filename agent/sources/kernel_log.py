@@ -220,9 +220,35 @@ def _xid_extras(code: int, message: str) -> dict[str, Any]:
         regs = _XID74.search(message)
         if regs:
             extras["link"] = int(regs.group("link"))
-            for n, value in enumerate(_HEX.findall(regs.group("regs"))):
+            values = _HEX.findall(regs.group("regs"))
+            for n, value in enumerate(values):
                 extras[f"reg{n}"] = value.lower()
+            if len(values) >= 5:
+                extras["nvlink_error_class"] = nvlink_error_class([int(v, 16) for v in values])
     return extras
+
+
+# NVIDIA's WORKFLOW_NVLINK_ERR (Xid 74): which bits of the first, third, fourth and fifth registers mean what.
+_R1_IGNORABLE = frozenset({0, 23, 30})
+_R1_SYMPATHETIC = frozenset({1, 20})
+_R4_SYMPATHETIC = frozenset({16, 17, 18})
+_R5_THRESHOLD_ONLY = frozenset({20, 23, 26, 29})
+
+
+def _bits(value: int) -> set[int]:
+    return {bit for bit in range(32) if value >> bit & 1}
+
+
+def nvlink_error_class(registers: list[int]) -> str:
+    """IGNORE (only bits NVIDIA says can be ignored, or ECC thresholds without an uncorrectable error),
+    SYMPATHETIC (only secondary bits: the other Xid or SXid decides), else INVESTIGATE."""
+    r1, r3, r4, r5 = _bits(registers[0]), _bits(registers[2]), _bits(registers[3]), _bits(registers[4])
+    serious = (r1 - _R1_IGNORABLE - _R1_SYMPATHETIC) | r3 | (r4 - _R4_SYMPATHETIC) | (r5 - _R5_THRESHOLD_ONLY)
+    if serious:
+        return "INVESTIGATE"
+    if r1 & _R1_SYMPATHETIC or r4:
+        return "SYMPATHETIC"
+    return "IGNORE"
 
 
 def _nvlink5_extras(code: int, message: str) -> dict[str, Any]:

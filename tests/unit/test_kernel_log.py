@@ -169,3 +169,16 @@ def test_arbitrary_text_never_raises(text):
                 max_size=20).map("".join))
 def test_near_miss_records_never_raise(text):
     KernelLogParser().feed(text)
+
+
+def test_xid_74_registers_are_classified_by_nvidias_workflow():
+    from agent.sources.kernel_log import nvlink_error_class
+    assert nvlink_error_class([1 << 0 | 1 << 23, 0, 0, 0, 0, 0, 0]) == "IGNORE"
+    assert nvlink_error_class([0, 0, 0, 0, 1 << 20, 0, 0]) == "IGNORE"  # an ECC threshold, nothing uncorrected
+    assert nvlink_error_class([1 << 1, 0, 0, 1 << 16, 0, 0, 0]) == "SYMPATHETIC"
+    assert nvlink_error_class([1 << 4, 0, 0, 0, 0, 0, 0]) == "INVESTIGATE"  # ECC/parity on the link
+    assert nvlink_error_class([0, 0, 1 << 16, 0, 0, 0, 0]) == "INVESTIGATE"
+
+
+def test_the_xid_74_line_carries_its_class():
+    assert xids("syslog.log")[4].extras["nvlink_error_class"] == "INVESTIGATE"

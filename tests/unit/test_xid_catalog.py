@@ -113,3 +113,13 @@ def test_the_generated_file_is_current():
 def test_gpu_helper_is_stable():
     assert gpu(1).index == 1
     assert Path(REPO / "rules").is_dir()
+
+
+def test_xid_74_quarantines_only_when_its_registers_say_so(shipped_rules):
+    def verdict_for(**attrs):
+        [v] = evaluate(obs(Signal.XID, 74, **attrs), EngineState(), 0.0, rules=shipped_rules)
+        return v
+    assert not verdict_for(nvlink_error_class="IGNORE").quarantines
+    assert not verdict_for(nvlink_error_class="SYMPATHETIC").quarantines
+    assert verdict_for(nvlink_error_class="INVESTIGATE").quarantines
+    assert verdict_for().quarantines  # registers that could not be read keep the caution
