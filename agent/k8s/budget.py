@@ -55,7 +55,11 @@ class LeaseBudget:
         self.on_usage = on_usage
 
     def view(self, step: Step) -> ClusterView:
-        return ClusterView(budget_available=self.acquire(), paused=self.paused(), opted_out=self.opted_out())
+        """Paused or opted out: no slot is taken, so a node that will not act holds none from the others."""
+        paused, opted_out = self.paused(), self.opted_out()
+        if paused or opted_out:
+            return ClusterView(budget_available=False, paused=paused, opted_out=opted_out)
+        return ClusterView(budget_available=self.acquire())
 
     def paused(self) -> bool:
         try:

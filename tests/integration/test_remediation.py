@@ -234,6 +234,7 @@ def test_a_cluster_wide_pause_blocks_disruption(fake):
     cluster.add("leases", {"metadata": {"name": "gpu-health-pause"}, "spec": {}}, group="coordination.k8s.io",
                 namespace="gpu-health")
     assert results(agent.fault(3))[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.BLOCKED
+    assert agent.side.gate.holders() == {}  # a paused node takes no slot from the others
 
 
 def test_quarantine_mode_taints_without_evicting(fake):
