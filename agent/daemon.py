@@ -237,7 +237,6 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self._running: dict[str, bool] = {}
         self._finished: set[str] = set()
-        self._dropped = 0
 
     def _count(self, source: str, name: str, amount: int) -> None:
         if name == "lost":
@@ -258,7 +257,6 @@ class Daemon:
         try:
             self.queue.put_nowait(observation)
         except queue.Full:
-            self._dropped += 1
             self.metrics.source_errors.labels(observation.source).inc()
 
     def run(self, stop: threading.Event) -> None:

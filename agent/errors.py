@@ -49,10 +49,3 @@ class InputErrors(AgentError):
         super().__init__("\n".join(p.line() for p in problems))
         self.problems = problems
 
-
-class SourceError(AgentError):
-    """A source failed at run time; the others keep running."""
-
-
-class ActuatorError(AgentError):
-    """A remediation step failed at run time; the others keep running."""

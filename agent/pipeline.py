@@ -183,9 +183,6 @@ class Pipeline:
         if self.metrics:
             self.metrics.rules_loaded.set(len(rules.rules))
 
-    def replace_inventory(self, inventory: NodeInventory) -> None:
-        self.inventory = inventory
-
     def _learn(self, gpu: GpuRef) -> None:
         """A source that knows a GPU's whole identity (NVML, DCGM) teaches it to the inventory, so a
         kernel-log record that names only the PCI bus id is resolved to the same GPU."""

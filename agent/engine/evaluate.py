@@ -35,8 +35,6 @@ class RuleState:
     sustain_since: float | None = None
     occurrences: int = 0
     gpu: GpuRef | None = None
-    last_value: float = 0.0
-    last_source: str = ""
 
 
 @dataclass(slots=True)
@@ -136,8 +134,6 @@ def _on_match(rule: Rule, obs: Observation, state: EngineState, now: float) -> V
     st = state.rules.setdefault((obs.gpu_key, rule.id), RuleState())
     st.gpu = obs.gpu or st.gpu
     st.last_match = now
-    st.last_value = obs.value
-    st.last_source = obs.source
     st.occurrences += obs.count
     if st.sustain_since is None:
         st.sustain_since = now

@@ -151,8 +151,3 @@ class Rule(_Strict):
         return self.model_copy(update=update) if update else self
 
 
-class RuleFile(_Strict):
-    """The top level of a rules file."""
-
-    rules: list[Rule] = Field(default_factory=list)
-

@@ -7,7 +7,6 @@ from typing import Any
 from agent.fakecluster.server import RESOURCES, FakeCluster, now_rfc3339
 from agent.model import NodeInventory
 
-GPU_UUIDS_ANNOTATION = "gpu-health-agent.io/simulated-gpus"
 _NAMESPACES = next(r for r in RESOURCES if r.plural == "namespaces")
 
 
@@ -40,8 +39,6 @@ def populate(cluster: FakeCluster, node: NodeInventory, *, gpu_label: str = "nvi
 
 def _pod(node: str, namespace: str, name: str, uid: str, gpus: tuple[str, ...], daemonset: bool) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid, "labels": {"app": name.rsplit("-", 1)[0]}}
-    if gpus:
-        meta["annotations"] = {GPU_UUIDS_ANNOTATION: ",".join(gpus)}
     owner = ("apps/v1", "DaemonSet") if daemonset else ("batch/v1", "Job")
     meta["ownerReferences"] = [{"apiVersion": owner[0], "kind": owner[1], "name": name.rsplit("-", 1)[0],
                                 "uid": f"owner-{name.rsplit('-', 1)[0]}", "controller": True}]

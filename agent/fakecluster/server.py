@@ -57,10 +57,6 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def now_micro() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class ApiError(Exception):
     def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)

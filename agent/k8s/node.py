@@ -40,7 +40,6 @@ class NodeView:
     labels: dict[str, str]
     annotations: dict[str, str]
     taint_keys: set[str]
-    unschedulable: bool
     conditions: dict[str, dict[str, Any]]
 
     def node_state(self, taint_key: str) -> NodeState:
@@ -81,7 +80,6 @@ class NodeWriter:
             labels=dict(meta.get("labels") or {}),
             annotations=dict(meta.get("annotations") or {}),
             taint_keys={t.get("key", "") for t in spec.get("taints") or []},
-            unschedulable=bool(spec.get("unschedulable")),
             conditions={c["type"]: c for c in status.get("conditions") or [] if "type" in c},
         )
 

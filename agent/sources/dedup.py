@@ -24,7 +24,6 @@ class Deduplicator:
         self.window = window_seconds
         self.max_keys = max_keys
         self._bursts: OrderedDict[Hashable, _Burst] = OrderedDict()
-        self.suppressed = 0
 
     @property
     def idle(self) -> bool:
@@ -37,7 +36,6 @@ class Deduplicator:
         if burst is None or now - burst.started >= self.window:
             return False
         burst.pending += 1
-        self.suppressed += 1
         return True
 
     def offer(self, key: Hashable, observation: Observation, now: float) -> list[Observation]:
@@ -53,7 +51,6 @@ class Deduplicator:
             return out
         burst.pending += observation.count
         burst.last = observation
-        self.suppressed += observation.count
         return out
 
     def flush(self, now: float, *, force: bool = False) -> list[Observation]:
