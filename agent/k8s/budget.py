@@ -53,6 +53,7 @@ class LeaseBudget:
         self.ttl = ttl_seconds
         self.clock = clock
         self.on_usage = on_usage
+        self._limit = 0
 
     def view(self, step: Step) -> ClusterView:
         """Paused or opted out: no slot is taken, so a node that will not act holds none from the others."""
@@ -84,14 +85,17 @@ class LeaseBudget:
         def attempt() -> bool:
             lease = self._read_or_create()
             holders = self._live(lease)
-            nodes = with_retries(lambda: api_call(self.apis.core.list_node, label_selector=self.selector))
-            limit = budget_limit(gpu_nodes=len(nodes.items), max_nodes=self.max_nodes, max_percent=self.max_percent)
-            if self.node not in holders and len(holders) >= limit:
-                self.on_usage(len(holders), limit)
-                return False
+            if self.node not in holders:
+                # Counting the GPU nodes is a list call: made only when a slot is to be taken, not on renewals.
+                nodes = with_retries(lambda: api_call(self.apis.core.list_node, label_selector=self.selector))
+                self._limit = budget_limit(gpu_nodes=len(nodes.items), max_nodes=self.max_nodes,
+                                           max_percent=self.max_percent)
+                if len(holders) >= self._limit:
+                    self.on_usage(len(holders), self._limit)
+                    return False
             holders[self.node] = self.clock()
             self._write(lease, holders)
-            self.on_usage(len(holders), limit)
+            self.on_usage(len(holders), self._limit)
             return True
 
         granted = bool(on_conflict(attempt))
