@@ -463,22 +463,10 @@ nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, int error_type
     LEAVE(NVML_SUCCESS);
 }
 
-nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause, unsigned int *count,
-                                       unsigned long long *addresses) {
-    ENTER("nvmlDeviceGetRetiredPages");
-    jnode *pages = jget(gpu, "retired_pages");
-    if (!pages || pages->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
-    unsigned int have = (unsigned int)jnum(pages, cause == 0 ? "sbe" : "dbe", 0);
-    if (!addresses || *count < have) { *count = have; LEAVE(have ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS); }
-    for (unsigned int i = 0; i < have; i++) addresses[i] = 0x1000ULL * (i + 1) + (unsigned long long)cause;
-    *count = have;
-    LEAVE(NVML_SUCCESS);
-}
-
-/* timestamps: "sbe_timestamps" / "dbe_timestamps" lists (seconds since the epoch), else "now" */
-nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, int cause, unsigned int *count,
-                                          unsigned long long *addresses, unsigned long long *timestamps) {
-    ENTER("nvmlDeviceGetRetiredPages_v2");
+/* timestamps (v2 only): "sbe_timestamps" / "dbe_timestamps" lists (seconds since the epoch), else "now" */
+static nvmlReturn_t retired_pages(nvmlDevice_t device, const char *call, int cause, unsigned int *count,
+                                  unsigned long long *addresses, unsigned long long *timestamps) {
+    ENTER(call);
     jnode *pages = jget(gpu, "retired_pages");
     if (!pages || pages->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     unsigned int have = (unsigned int)jnum(pages, cause == 0 ? "sbe" : "dbe", 0);
@@ -486,11 +474,23 @@ nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, int cause, unsign
     jnode *times = jget(pages, cause == 0 ? "sbe_timestamps" : "dbe_timestamps");
     for (unsigned int i = 0; i < have; i++) {
         addresses[i] = 0x1000ULL * (i + 1) + (unsigned long long)cause;
-        int listed = times && times->type == J_ARR && (int)i < times->count;
-        timestamps[i] = listed ? (unsigned long long)times->items[i]->num : (unsigned long long)time(NULL);
+        if (timestamps) {
+            int listed = times && times->type == J_ARR && (int)i < times->count;
+            timestamps[i] = listed ? (unsigned long long)times->items[i]->num : (unsigned long long)time(NULL);
+        }
     }
     *count = have;
     LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause, unsigned int *count,
+                                       unsigned long long *addresses) {
+    return retired_pages(device, "nvmlDeviceGetRetiredPages", cause, count, addresses, NULL);
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, int cause, unsigned int *count,
+                                          unsigned long long *addresses, unsigned long long *timestamps) {
+    return retired_pages(device, "nvmlDeviceGetRetiredPages_v2", cause, count, addresses, timestamps);
 }
 
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; }
