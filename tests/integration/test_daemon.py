@@ -46,16 +46,17 @@ def test_the_agent_runs_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path: Pa
                                 "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     try:
-        assert wait_for(lambda: _metric_seen(port, 'rule_id="xid-79"')), process.stderr
+        assert wait_for(lambda: _metric_seen(port, 'rule_id="xid-79"'))
         status, body = get(f"http://127.0.0.1:{port}/healthz")
         assert status == 200
         assert json.loads(body)["ok"] is True
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
+        _, stderr = process.communicate(timeout=15)
+        assert process.returncode == 0
     finally:
         if process.poll() is None:
             process.kill()
-    stderr = process.stderr.read() if process.stderr else ""
+            process.communicate()
     assert '"event": "agent_stopped"' in stderr
     history = Journal(tmp_path / "j.db").history()
     assert any(e.get("rule_id") == "xid-79" for e in history)

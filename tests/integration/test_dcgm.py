@@ -3,7 +3,6 @@
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import ModuleType, SimpleNamespace
 
@@ -29,11 +28,13 @@ class StubExporter:
 
     def __init__(self):
         self.page, self.status, self.delay = DEFAULT, 200, 0.0
+        self.closing = threading.Event()
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                time.sleep(stub.delay)
+                if stub.closing.wait(stub.delay):
+                    return
                 body = stub.page.encode()
                 self.send_response(stub.status)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -44,12 +45,16 @@ class StubExporter:
             def log_message(self, *args):
                 return
 
+        # Handler threads are joined on close (not daemons), so none outlives its test and writes to a
+        # socket the client has closed: that BrokenPipeError used to land in a later test's CLI output.
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server.daemon_threads = False
+        self.server.block_on_close = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
 
     def close(self):
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -96,7 +101,7 @@ def test_the_dcgm_source_emits_until_stopped(exporter):
 def test_check_with_an_exporter_file_uses_only_that_source():
     result = CliRunner().invoke(main, ["check", "--dcgm-exporter", str(FIXTURES / "dcgm" / "faults.prom"), "--json"])
     assert result.exit_code == 0, result.output
-    document = json.loads(result.output)
+    document = json.loads(result.stdout)
     statuses = {g["index"]: g["status"] for g in document["gpus"]}
     assert statuses == {0: "healthy", 1: "healthy", 2: "degraded", 3: "fatal", 4: "fatal", 5: "degraded",
                         6: "healthy", 7: "fatal"}
@@ -108,7 +113,7 @@ def test_check_with_an_unreachable_exporter_is_unknown(exporter):
     url = exporter.url
     exporter.close()
     result = CliRunner().invoke(main, ["check", "--dcgm-exporter", url, "--json"])
-    document = json.loads(result.output)
+    document = json.loads(result.stdout)
     assert document["gpus"] == []
     assert [v["severity"] for v in document["node"]["verdicts"]] == ["unknown"]
 

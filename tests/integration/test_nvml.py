@@ -234,8 +234,10 @@ def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
     from tests.integration.test_daemon import free_port, get
     port = free_port()
     env = _agent_env(tmp_path, fake_nvml.path) | {"GPU_HEALTH_SOURCES__NVML__POLL_SECONDS": "0.2"}
-    process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", str(port), "--duration", "60"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "agent.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", str(port), "--duration", "60"],
+                                   env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
     gpu = 'gpu="GPU-fa4e0000-0000-0000-0000-000000000002"'
 
     def status_is(status: str) -> bool:
@@ -246,9 +248,9 @@ def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
         return f'gpu_health_gpu_status{{{gpu},status="{status}"}} 1.0' in body
 
     try:
-        assert wait_for(lambda: status_is("healthy"), timeout=30), process.stderr
+        assert wait_for(lambda: status_is("healthy"), timeout=30), log.read_text()
         fake_nvml.write(eight_gpus(**{"2": {"ecc": {"dbe_volatile": 3}}}))
-        assert wait_for(lambda: status_is("fatal"), timeout=30)
+        assert wait_for(lambda: status_is("fatal"), timeout=30), log.read_text()
     finally:
         process.terminate()
         process.wait(timeout=15)

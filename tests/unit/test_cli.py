@@ -20,7 +20,7 @@ def test_simulate_list_prints_one_name_per_line():
 
 def test_simulate_json_has_verdicts_and_actions_with_kind_target_result():
     result = invoke("simulate", "xid79", "--json")
-    document = json.loads(result.output)
+    document = json.loads(result.stdout)
     assert document["verdicts"][0]["severity"] == "fatal"
     assert all({"kind", "target", "result"} <= set(a) for a in document["actions"])
 

@@ -13,7 +13,7 @@ from tests.conftest import REPO, gpu, obs
 
 QUARANTINING_BUCKETS = {"RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48"}
 HARMLESS_BUCKETS = {"RESTART_APP", "IGNORE"}
-CATALOG = list(csv.DictReader((REPO / "agent" / "data" / "xid_catalog.csv").open(encoding="utf-8")))
+CATALOG = list(csv.DictReader((REPO / "agent" / "data" / "xid_catalog.csv").read_text(encoding="utf-8").splitlines()))
 
 
 def test_the_catalog_lists_xid_1_to_172():
