@@ -98,7 +98,19 @@ NO_BUCKET: dict[int, Policy] = {
     169: Policy("fatal", "reset_gpu", "hardware", RESET, "No bucket in NVIDIA's catalog; a micro-controller halt, treated like Xid 62 (PMU halt), whose bucket is RESET_GPU."),
     170: Policy("warning", "notify", "interconnect", QUIET_WARN, "No bucket in NVIDIA's catalog; an interrupt in confidential-computing mode, reported."),
     171: Policy("info", "none", "hardware", QUIET_INFO, "Adds detail to Xid 48, whose rule decides the action."),
-    172: Policy("info", "none", "hardware", QUIET_INFO, "Adds detail to Xid 48, whose rule decides the action."),
+    172: Policy("info", "none", "hardware", QUIET_INFO,
+                "Adds detail to Xid 48 (an SRAM, not DRAM, error), whose rule decides the reset; NVIDIA's workflow "
+                "then checks the SRAM threshold flag, which rule sram-threshold-exceeded reads and marks for replacement."),
+}
+
+# Xids where we depart from NVIDIA's bucket on purpose (docs/rules.md lists each departure).
+DEPARTURES: dict[int, Policy] = {
+    157: Policy(
+        "degraded", "notify", "hardware", {"kind": "operator"},
+        "NVIDIA's bucket is IGNORE, but the Xid says no repair is possible for lack of spare resources and the "
+        "same error may recur: the GPU is worn. Work keeps running (NVIDIA: workloads may still run), the GPU is "
+        "reported degraded for replacement planning until an operator clears it.",
+    ),
 }
 
 RECOVERY_ACTIONS: list[tuple[int, str, str, str, str, dict[str, Any]]] = [
@@ -131,6 +143,8 @@ def xid_rules(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             rules.extend(_xid74(row))
         elif xid == 154:
             rules.extend(_xid154(row))
+        elif xid == 64:
+            rules.extend([_plain(row), _xid64_remap_unreadable(row)])
         elif bucket == "WORKFLOW_NVLINK5_ERR":
             rules.extend(_nvlink5(row))
         else:
@@ -163,7 +177,9 @@ def _plain(row: dict[str, str]) -> dict[str, Any]:
     xid = int(row["xid"])
     bucket = row["immediate_action"]
     unused = row["description"].strip().lower() == "unused"
-    if xid in NO_BUCKET:
+    if xid in DEPARTURES:
+        policy = DEPARTURES[xid]
+    elif xid in NO_BUCKET:
         policy = NO_BUCKET[xid]
     elif unused and bucket == "CONTACT_SUPPORT":
         policy = Policy("warning", "notify", "driver", QUIET_WARN, UNUSED_REASON)
@@ -215,6 +231,20 @@ def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
     return [ignorable, sympathetic, serious]
 
 
+def _xid64_remap_unreadable(row: dict[str, str]) -> dict[str, Any]:
+    """Xid 64 while the remap state cannot be read (e.g. MIG on): the failure cannot be ruled out."""
+    rule = _base(
+        row, "xid-64-remap-state-unreadable",
+        Policy("fatal", "replace_gpu", "hardware", {"kind": "operator"},
+               "A remapping failure is an RMA candidate (DCGM: ROW_REMAP_FAILURE is FAIL). While NVML cannot read "
+               "the remap state (remapped-row queries are not supported under MIG), the failure the Xid reports "
+               "cannot be ruled out, so the GPU is a replacement candidate until an operator has checked it."),
+        "Xid 64 (remapping failure) on {gpu} while its remap state cannot be read: replacement candidate",
+    )
+    rule["when"] = [{"field": "remap_state", "op": "eq", "value": "unreadable"}]
+    return rule
+
+
 def _xid154(row: dict[str, str]) -> list[dict[str, Any]]:
     rules = []
     for value, name, severity, action, fault_class, recovery in RECOVERY_ACTIONS:
@@ -264,13 +294,17 @@ def _repeating_application_faults() -> dict[str, Any]:
         "severity": "degraded",
         "action": "quarantine",
         "fault_class": "hardware",
-        "nvidia_action": "WORKFLOW_XID_13 / WORKFLOW_XID_31",
-        "summary": "application Xids from several different workloads on {gpu}: suspect the GPU",
-        "source": SOURCE.format(xid="13 and 31") + " (investigatory workflows: repeats across workloads point to hardware)",
-        "reason": "NVIDIA's workflows for Xid 13 and 31: repeated faults on the same GPU from different "
-        "applications suggest hardware (run DCGM diagnostics). New work stays off until it is checked.",
+        "nvidia_action": "WORKFLOW_XID_13 / WORKFLOW_XID_31: repeats on the same GPU (Xid 31) or the same GPC/TPC "
+        "(Xid 13): RUN_DCGMEUD, if it passes RUN_FIELDDIAGS; otherwise CHECK_APP/CUDA",
+        "summary": "application Xids from three different workloads (owners) on {gpu} within an hour: "
+        "a diagnostic must clear the GPU",
+        "source": SOURCE.format(xid="13 and 31") + " and its Resolution Buckets sheet (WORKFLOW_XID_13, WORKFLOW_XID_31)",
+        "reason": "One workload is one owner (its controller or image), never one process: a crash-looping job is "
+        "one workload, and it is the application's (CHECK_APP/CUDA). Three different owners faulting on one GPU "
+        "within an hour is NVIDIA's repeat pattern: new work stays off the node without evicting anyone, and "
+        "only a passing diagnostic (dcgmi diag, then an operator release) lets it back - never a quiet timer.",
         "window": {"count": 3, "seconds": 3600, "distinct": "workload"},
-        "recovery": {"kind": "quiet", "quiet_seconds": 21600},
+        "recovery": {"kind": "operator"},
     }
 
 
