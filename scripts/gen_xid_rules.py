@@ -150,6 +150,7 @@ def xid_rules(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
         else:
             rules.append(_plain(row))
     rules.append(_repeating_application_faults())
+    rules.append(_xid13_repeating_location())
     rules.append(_unknown_xid())
     return rules
 
@@ -304,6 +305,26 @@ def _repeating_application_faults() -> dict[str, Any]:
         "within an hour is NVIDIA's repeat pattern: new work stays off the node without evicting anyone, and "
         "only a passing diagnostic (dcgmi diag, then an operator release) lets it back - never a quiet timer.",
         "window": {"count": 3, "seconds": 3600, "distinct": "workload"},
+        "recovery": {"kind": "operator"},
+    }
+
+
+def _xid13_repeating_location() -> dict[str, Any]:
+    return {
+        "id": "xid-app-13-repeat-gpc-tpc",
+        "signal": "xid",
+        "code": 13,
+        "when": [{"field": "sm_location_processes", "op": "ge", "value": 3}],
+        "severity": "degraded",
+        "action": "quarantine",
+        "fault_class": "hardware",
+        "nvidia_action": "WORKFLOW_XID_13: Repeat TPC and GPC: RUN_DCGMEUD (possible HW issue); if pass RUN_FIELDDIAGS",
+        "summary": "Xid 13 on {sm_location} of {gpu} from {sm_location_processes} different processes: "
+        "a diagnostic must clear the GPU",
+        "source": SOURCE.format(xid="13") + " and its Resolution Buckets sheet (WORKFLOW_XID_13)",
+        "reason": "One crash prints a burst of Xid 13 lines from one process; the same GPC and TPC faulting under "
+        "three different processes is NVIDIA's repeat pattern, a possible hardware issue. New work stays off "
+        "without evicting anyone until a diagnostic passes and an operator releases the GPU.",
         "recovery": {"kind": "operator"},
     }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,9 @@ _SM = re.compile(r"\(\s*GPC\s+(?P<gpc>\d{1,4}),\s*TPC\s+(?P<tpc>\d{1,4})(?:,\s*S
                  re.IGNORECASE)
 _HEX = re.compile(r"0x[0-9a-fA-F]{1,16}(?![0-9a-fA-F])")
 _TAIL_WINDOW = 512
+#: How many GPC/TPC locations (per parser) and processes per location the Xid 13 repeat memory keeps.
+SM_LOCATIONS_KEPT = 256
+SM_PROCESSES_KEPT = 16
 
 KERNEL_FACILITY = 0
 USER_FACILITY = 1
@@ -178,6 +182,7 @@ class KernelLogParser:
     def __init__(self) -> None:
         self.pci_to_uuid: dict[str, str] = {}
         self.skipped = 0
+        self._sm_history: OrderedDict[tuple[str, str], OrderedDict[str, None]] = OrderedDict()
         self._lost_pci: str | None = None
         self._lost_lines = 0
         self._last_sxid: KernelRecord | None = None
@@ -214,7 +219,10 @@ class KernelLogParser:
         match = _XID.match(body)
         if match:
             self._lost_pci = None
-            return _xid_record(match, prefix, line_no)
+            record = _xid_record(match, prefix, line_no)
+            if "sm_location" in record.extras:
+                record.extras["sm_location_processes"] = self._sm_repeats(record)
+            return record
         if _XID_START.match(body):
             self.skipped += 1  # an Xid whose code cannot be read (missing, or an absurdly long number)
             return None
@@ -239,6 +247,22 @@ class KernelLogParser:
             if self._lost_lines >= 3:
                 self._lost_pci = None
         return None
+
+    def _sm_repeats(self, record: KernelRecord) -> int:
+        """How many distinct processes hit Xid 13 on this GPU's GPC/TPC, this one included (NVIDIA's
+        WORKFLOW_XID_13 asks whether faults repeat on the same GPC and TPC). One crash's burst of lines is
+        one process; the memory is bounded (least recently used locations are forgotten)."""
+        key = (record.pci, str(record.extras["sm_location"]))
+        processes = self._sm_history.pop(key, None) or OrderedDict()
+        who = f"pid:{record.pid}" if record.pid is not None else f"name:{record.process or '?'}"
+        processes.pop(who, None)
+        processes[who] = None
+        while len(processes) > SM_PROCESSES_KEPT:
+            processes.popitem(last=False)
+        self._sm_history[key] = processes
+        while len(self._sm_history) > SM_LOCATIONS_KEPT:
+            self._sm_history.popitem(last=False)
+        return len(processes)
 
     def _sxid(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
         match = _SXID.match(body)

@@ -157,3 +157,23 @@ def test_mutated_real_records_never_raise(line, edits):
         at = position % (len(text) + 1)
         text = text[:at] + insert + text[at + len(insert) // 2:]
     KernelLogParser().feed(text)
+
+
+def _xid13(pid: int, gpc: int = 4, tpc: int = 1, sm: int = 0, pci: str = "0000:3b:00") -> str:
+    return (f"NVRM: Xid (PCI:{pci}): 13, pid={pid}, name=python, Graphics SM Warp Exception on "
+            f"(GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address")
+
+
+def test_xid_13_counts_the_processes_that_faulted_on_the_same_gpc_and_tpc():
+    """One crash's burst is one process; a second and third process on the same GPC/TPC count up."""
+    parser = KernelLogParser()
+    burst = [parser.feed(_xid13(10, sm=sm)).extras["sm_location_processes"] for sm in range(4)]
+    others = [parser.feed(_xid13(pid)).extras["sm_location_processes"] for pid in (11, 12)]
+    assert (burst, others) == ([1, 1, 1, 1], [2, 3])
+
+
+def test_xid_13_on_another_tpc_or_gpu_is_another_location():
+    parser = KernelLogParser()
+    parser.feed(_xid13(10))
+    assert parser.feed(_xid13(11, tpc=2)).extras["sm_location_processes"] == 1
+    assert parser.feed(_xid13(12, pci="0000:5d:00")).extras["sm_location_processes"] == 1

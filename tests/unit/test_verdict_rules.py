@@ -97,3 +97,17 @@ def test_faults_across_owners_wait_for_a_diagnostic_not_a_timer(shipped_rules):
     assert any(v.rule_id == "xid-app-faults-across-workloads" and v.quarantines for v in verdicts)
     cleared = tick(state, 7 * 24 * 3600.0, rules=shipped_rules)
     assert "xid-app-faults-across-workloads" not in {v.rule_id for v in cleared}
+
+
+def test_xid_13_repeating_on_one_gpc_and_tpc_waits_for_a_diagnostic(shipped_rules):
+    """NVIDIA's WORKFLOW_XID_13: a repeat on the same GPC/TPC is a possible hardware issue."""
+    verdicts, _ = verdicts_for(shipped_rules, obs(Signal.XID, 13, sm_location="GPC 4, TPC 1",
+                                                  sm_location_processes=3))
+    [repeat] = [v for v in verdicts if v.rule_id == "xid-app-13-repeat-gpc-tpc"]
+    assert repeat.quarantines and not repeat.action.evicts
+
+
+def test_xid_13_from_one_process_is_the_applications(shipped_rules):
+    verdicts, _ = verdicts_for(shipped_rules, obs(Signal.XID, 13, sm_location="GPC 4, TPC 1",
+                                                  sm_location_processes=1))
+    assert not any(v.quarantines for v in verdicts)
