@@ -210,6 +210,18 @@ def _xid45(row: dict[str, str]) -> list[dict[str, Any]]:
     return [follows, solo]
 
 
+#: NVIDIA's WORKFLOW_NVLINK_ERR: "The first, third, fourth and fifth registers are valid for Hopper-based products."
+HOPPER_MODELS = ["*H100*", "*H200*", "*H800*", "*H20*"]
+
+
+def _hopper_only(rule: dict[str, Any]) -> dict[str, Any]:
+    """A register-decode rule applies only to Hopper GPUs; elsewhere (or on an unknown model) the caution stays."""
+    rule["enabled"] = False
+    rule["overrides"] = [{"models": HOPPER_MODELS, "enabled": True}]
+    rule["reason"] += " The register decode is valid only for Hopper-based products, so this rule applies to them only."
+    return rule
+
+
 def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
     """WORKFLOW_NVLINK_ERR: the registers decide; a line whose registers cannot be read keeps the caution."""
     ignorable = _base(
@@ -229,7 +241,7 @@ def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
     sympathetic["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "SYMPATHETIC"}]
     serious = _plain(row)
     serious["fallback"] = True
-    return [ignorable, sympathetic, serious]
+    return [_hopper_only(ignorable), _hopper_only(sympathetic), serious]
 
 
 def _xid64_remap_unreadable(row: dict[str, str]) -> dict[str, Any]:

@@ -111,3 +111,13 @@ def test_xid_13_from_one_process_is_the_applications(shipped_rules):
     verdicts, _ = verdicts_for(shipped_rules, obs(Signal.XID, 13, sm_location="GPC 4, TPC 1",
                                                   sm_location_processes=1))
     assert not any(v.quarantines for v in verdicts)
+
+
+def test_the_xid_74_register_decode_applies_only_to_hopper(shipped_rules):
+    """NVIDIA: the registers are valid for Hopper-based products; on an A100 the caution stays."""
+    from tests.conftest import gpu
+    hopper = verdicts_for(shipped_rules, obs(Signal.XID, 74, nvlink_error_class="IGNORE"))[0]
+    ampere = verdicts_for(shipped_rules, obs(Signal.XID, 74, gpu_ref=gpu(0, "NVIDIA A100-SXM4-80GB"),
+                                             nvlink_error_class="IGNORE"))[0]
+    assert [v.rule_id for v in hopper] == ["xid-74-ignorable"]
+    assert [(v.rule_id, v.quarantines) for v in ampere] == [("xid-74", True)]
