@@ -105,6 +105,12 @@ NO_BUCKET: dict[int, Policy] = {
 
 # Xids where we depart from NVIDIA's bucket on purpose (docs/rules.md lists each departure).
 DEPARTURES: dict[int, Policy] = {
+    94: Policy(
+        "degraded", "reset_when_idle", "hardware", RESET,
+        "NVIDIA: a contained error affects one application, which must restart; all other applications are "
+        "unaffected and may keep running, and the GPU should be reset when convenient. So nobody else is "
+        "evicted: the GPU is reset once idle (an Xid 95 that follows escalates on its own rule).",
+    ),
     157: Policy(
         "degraded", "notify", "hardware", {"kind": "operator"},
         "NVIDIA's bucket is IGNORE, but the Xid says no repair is possible for lack of spare resources and the "
@@ -118,7 +124,7 @@ RECOVERY_ACTIONS: list[tuple[int, str, str, str, str, dict[str, Any]]] = [
     (0, "None", "info", "none", "hardware", QUIET_INFO),
     (1, "GPU Reset Required", "fatal", "reset_gpu", "hardware", RESET),
     (2, "Node Reboot Required", "fatal", "reboot_node", "hardware", BOOT),
-    (3, "Drain P2P", "degraded", "quarantine", "interconnect", RESET),
+    (3, "Drain P2P", "degraded", "drain", "interconnect", {"kind": "quiet", "quiet_seconds": 300}),
     (4, "Drain and Reset", "fatal", "reset_gpu", "hardware", RESET),
     (5, "Recover IMEX domain", "degraded", "quarantine", "interconnect", RESET),
     (6, "Bus Reset", "fatal", "reset_gpu", "hardware", RESET),

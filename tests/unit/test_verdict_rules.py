@@ -121,3 +121,15 @@ def test_the_xid_74_register_decode_applies_only_to_hopper(shipped_rules):
                                              nvlink_error_class="IGNORE"))[0]
     assert [v.rule_id for v in hopper] == ["xid-74-ignorable"]
     assert [(v.rule_id, v.quarantines) for v in ampere] == [("xid-74", True)]
+
+
+def test_a_contained_ecc_error_resets_when_idle_and_evicts_no_other_tenant(shipped_rules):
+    """NVIDIA: Xid 94 is contained to one application; the others are unaffected; reset when convenient."""
+    [verdict] = verdicts_for(shipped_rules, obs(Signal.XID, 94))[0]
+    assert (verdict.action, verdict.action.evicts) == (Action.RESET_WHEN_IDLE, False)
+
+
+def test_recovery_action_drain_p2p_moves_the_pods_using_the_gpu(shipped_rules):
+    [level] = verdicts_for(shipped_rules, obs(Signal.RECOVERY_ACTION, 3))[0]
+    [xid] = verdicts_for(shipped_rules, obs(Signal.XID, 154, recovery_action=3))[0]
+    assert level.action.evicts and xid.action.evicts
