@@ -134,3 +134,18 @@ def test_faults_across_owners_hold_until_a_diagnostic_releases_them():
     report = run("app-faults-across-workloads")
     assert any(f["rule_id"] == "xid-app-faults-across-workloads" for f in report["active_faults"])
     assert "evict" not in {a["kind"] for a in report["actions"]}
+
+
+def test_a_prolonged_power_brake_stops_new_work_evicts_nothing_and_clears():
+    report = run("power-brake-prolonged")
+    prolonged = [(v["kind"], v["at"]) for v in report["verdicts"] if v["rule_id"] == "clocks-power-brake-prolonged"]
+    assert prolonged == [("fault", 900.0), ("cleared", 3000.0)]
+    kinds = {a["kind"] for a in report["actions"]}
+    assert {"taint", "untaint"} <= kinds and "evict" not in kinds
+
+
+def test_a_gpu_missing_after_the_reboot_stays_a_fatal_fault():
+    """The reboot clears Xid 79; the GPU that did not come back is marked for replacement and stays so."""
+    report = run("gpu-missing-after-boot")
+    assert [f["rule_id"] for f in report["active_faults"]] == ["gpu-missing"]
+    assert "mark_replacement" in {a["kind"] for a in report["actions"]}
