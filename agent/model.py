@@ -108,6 +108,10 @@ class Signal(StrEnum):
     BOOT = "boot"
     GPU_RESET = "gpu_reset"
     OPERATOR_RELEASE = "operator_release"
+    RESET_REQUIRED = "reset_required"
+    GPU_MISSING = "gpu_missing"
+    SRAM_THRESHOLD_EXCEEDED = "sram_threshold_exceeded"
+    MEMORY_UNREPAIRABLE = "memory_unrepairable"
 
     @property
     def is_event(self) -> bool:
@@ -273,6 +277,7 @@ class PodRef:
     uid: str = ""
     gpu_uuids: tuple[str, ...] = ()
     daemonset: bool = False
+    owner: str = ""  # the workload: attribution.owner_key() of its top controller, else its image
 
     @property
     def key(self) -> str:

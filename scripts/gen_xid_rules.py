@@ -98,7 +98,25 @@ NO_BUCKET: dict[int, Policy] = {
     169: Policy("fatal", "reset_gpu", "hardware", RESET, "No bucket in NVIDIA's catalog; a micro-controller halt, treated like Xid 62 (PMU halt), whose bucket is RESET_GPU."),
     170: Policy("warning", "notify", "interconnect", QUIET_WARN, "No bucket in NVIDIA's catalog; an interrupt in confidential-computing mode, reported."),
     171: Policy("info", "none", "hardware", QUIET_INFO, "Adds detail to Xid 48, whose rule decides the action."),
-    172: Policy("info", "none", "hardware", QUIET_INFO, "Adds detail to Xid 48, whose rule decides the action."),
+    172: Policy("info", "none", "hardware", QUIET_INFO,
+                "Adds detail to Xid 48 (an SRAM, not DRAM, error), whose rule decides the reset; NVIDIA's workflow "
+                "then checks the SRAM threshold flag, which rule sram-threshold-exceeded reads and marks for replacement."),
+}
+
+# Xids where we depart from NVIDIA's bucket on purpose (docs/rules.md lists each departure).
+DEPARTURES: dict[int, Policy] = {
+    94: Policy(
+        "degraded", "reset_when_idle", "hardware", RESET,
+        "NVIDIA: a contained error affects one application, which must restart; all other applications are "
+        "unaffected and may keep running, and the GPU should be reset when convenient. So nobody else is "
+        "evicted: the GPU is reset once idle (an Xid 95 that follows escalates on its own rule).",
+    ),
+    157: Policy(
+        "degraded", "notify", "hardware", {"kind": "operator"},
+        "NVIDIA's bucket is IGNORE, but the Xid says no repair is possible for lack of spare resources and the "
+        "same error may recur: the GPU is worn. Work keeps running (NVIDIA: workloads may still run), the GPU is "
+        "reported degraded for replacement planning until an operator clears it.",
+    ),
 }
 
 RECOVERY_ACTIONS: list[tuple[int, str, str, str, str, dict[str, Any]]] = [
@@ -106,7 +124,7 @@ RECOVERY_ACTIONS: list[tuple[int, str, str, str, str, dict[str, Any]]] = [
     (0, "None", "info", "none", "hardware", QUIET_INFO),
     (1, "GPU Reset Required", "fatal", "reset_gpu", "hardware", RESET),
     (2, "Node Reboot Required", "fatal", "reboot_node", "hardware", BOOT),
-    (3, "Drain P2P", "degraded", "quarantine", "interconnect", RESET),
+    (3, "Drain P2P", "degraded", "drain", "interconnect", {"kind": "quiet", "quiet_seconds": 300}),
     (4, "Drain and Reset", "fatal", "reset_gpu", "hardware", RESET),
     (5, "Recover IMEX domain", "degraded", "quarantine", "interconnect", RESET),
     (6, "Bus Reset", "fatal", "reset_gpu", "hardware", RESET),
@@ -131,11 +149,14 @@ def xid_rules(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             rules.extend(_xid74(row))
         elif xid == 154:
             rules.extend(_xid154(row))
+        elif xid == 64:
+            rules.extend([_plain(row), _xid64_remap_unreadable(row)])
         elif bucket == "WORKFLOW_NVLINK5_ERR":
             rules.extend(_nvlink5(row))
         else:
             rules.append(_plain(row))
     rules.append(_repeating_application_faults())
+    rules.append(_xid13_repeating_location())
     rules.append(_unknown_xid())
     return rules
 
@@ -163,7 +184,9 @@ def _plain(row: dict[str, str]) -> dict[str, Any]:
     xid = int(row["xid"])
     bucket = row["immediate_action"]
     unused = row["description"].strip().lower() == "unused"
-    if xid in NO_BUCKET:
+    if xid in DEPARTURES:
+        policy = DEPARTURES[xid]
+    elif xid in NO_BUCKET:
         policy = NO_BUCKET[xid]
     elif unused and bucket == "CONTACT_SUPPORT":
         policy = Policy("warning", "notify", "driver", QUIET_WARN, UNUSED_REASON)
@@ -193,6 +216,18 @@ def _xid45(row: dict[str, str]) -> list[dict[str, Any]]:
     return [follows, solo]
 
 
+#: NVIDIA's WORKFLOW_NVLINK_ERR: "The first, third, fourth and fifth registers are valid for Hopper-based products."
+HOPPER_MODELS = ["*H100*", "*H200*", "*H800*", "*H20*"]
+
+
+def _hopper_only(rule: dict[str, Any]) -> dict[str, Any]:
+    """A register-decode rule applies only to Hopper GPUs; elsewhere (or on an unknown model) the caution stays."""
+    rule["enabled"] = False
+    rule["overrides"] = [{"models": HOPPER_MODELS, "enabled": True}]
+    rule["reason"] += " The register decode is valid only for Hopper-based products, so this rule applies to them only."
+    return rule
+
+
 def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
     """WORKFLOW_NVLINK_ERR: the registers decide; a line whose registers cannot be read keeps the caution."""
     ignorable = _base(
@@ -212,7 +247,21 @@ def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
     sympathetic["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "SYMPATHETIC"}]
     serious = _plain(row)
     serious["fallback"] = True
-    return [ignorable, sympathetic, serious]
+    return [_hopper_only(ignorable), _hopper_only(sympathetic), serious]
+
+
+def _xid64_remap_unreadable(row: dict[str, str]) -> dict[str, Any]:
+    """Xid 64 while the remap state cannot be read (e.g. MIG on): the failure cannot be ruled out."""
+    rule = _base(
+        row, "xid-64-remap-state-unreadable",
+        Policy("fatal", "replace_gpu", "hardware", {"kind": "operator"},
+               "A remapping failure is an RMA candidate (DCGM: ROW_REMAP_FAILURE is FAIL). While NVML cannot read "
+               "the remap state (remapped-row queries are not supported under MIG), the failure the Xid reports "
+               "cannot be ruled out, so the GPU is a replacement candidate until an operator has checked it."),
+        "Xid 64 (remapping failure) on {gpu} while its remap state cannot be read: replacement candidate",
+    )
+    rule["when"] = [{"field": "remap_state", "op": "eq", "value": "unreadable"}]
+    return rule
 
 
 def _xid154(row: dict[str, str]) -> list[dict[str, Any]]:
@@ -264,13 +313,37 @@ def _repeating_application_faults() -> dict[str, Any]:
         "severity": "degraded",
         "action": "quarantine",
         "fault_class": "hardware",
-        "nvidia_action": "WORKFLOW_XID_13 / WORKFLOW_XID_31",
-        "summary": "application Xids from several different workloads on {gpu}: suspect the GPU",
-        "source": SOURCE.format(xid="13 and 31") + " (investigatory workflows: repeats across workloads point to hardware)",
-        "reason": "NVIDIA's workflows for Xid 13 and 31: repeated faults on the same GPU from different "
-        "applications suggest hardware (run DCGM diagnostics). New work stays off until it is checked.",
+        "nvidia_action": "WORKFLOW_XID_13 / WORKFLOW_XID_31: repeats on the same GPU (Xid 31) or the same GPC/TPC "
+        "(Xid 13): RUN_DCGMEUD, if it passes RUN_FIELDDIAGS; otherwise CHECK_APP/CUDA",
+        "summary": "application Xids from three different workloads (owners) on {gpu} within an hour: "
+        "a diagnostic must clear the GPU",
+        "source": SOURCE.format(xid="13 and 31") + " and its Resolution Buckets sheet (WORKFLOW_XID_13, WORKFLOW_XID_31)",
+        "reason": "One workload is one owner (its controller or image), never one process: a crash-looping job is "
+        "one workload, and it is the application's (CHECK_APP/CUDA). Three different owners faulting on one GPU "
+        "within an hour is NVIDIA's repeat pattern: new work stays off the node without evicting anyone, and "
+        "only a passing diagnostic (dcgmi diag, then an operator release) lets it back - never a quiet timer.",
         "window": {"count": 3, "seconds": 3600, "distinct": "workload"},
-        "recovery": {"kind": "quiet", "quiet_seconds": 21600},
+        "recovery": {"kind": "operator"},
+    }
+
+
+def _xid13_repeating_location() -> dict[str, Any]:
+    return {
+        "id": "xid-app-13-repeat-gpc-tpc",
+        "signal": "xid",
+        "code": 13,
+        "when": [{"field": "sm_location_processes", "op": "ge", "value": 3}],
+        "severity": "degraded",
+        "action": "quarantine",
+        "fault_class": "hardware",
+        "nvidia_action": "WORKFLOW_XID_13: Repeat TPC and GPC: RUN_DCGMEUD (possible HW issue); if pass RUN_FIELDDIAGS",
+        "summary": "Xid 13 on {sm_location} of {gpu} from {sm_location_processes} different processes: "
+        "a diagnostic must clear the GPU",
+        "source": SOURCE.format(xid="13") + " and its Resolution Buckets sheet (WORKFLOW_XID_13)",
+        "reason": "One crash prints a burst of Xid 13 lines from one process; the same GPC and TPC faulting under "
+        "three different processes is NVIDIA's repeat pattern, a possible hardware issue. New work stays off "
+        "without evicting anyone until a diagnostic passes and an operator releases the GPU.",
+        "recovery": {"kind": "operator"},
     }
 
 

@@ -52,6 +52,21 @@ def rule_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in {".yaml", ".yml"} and p.is_file())
 
 
+#: Rule families without which the agent would be blind to a whole class of fault: a rule set missing one
+#: is rejected (lint fails; a reload keeps the last good rules).
+REQUIRED_FAMILIES: tuple[tuple[Signal, str], ...] = (
+    (Signal.XID, "the Xid rules (signal xid)"),
+    (Signal.GPU_LOST, "GPU loss (signal gpu_lost)"),
+    (Signal.RECOVERY_ACTION, "the recovery-action rules (signal recovery_action)"),
+)
+
+
+def missing_families(rules: Iterable[Rule]) -> list[str]:
+    """The required families that no enabled rule covers."""
+    covered = {rule.signal for rule in rules if rule.enabled}
+    return [name for signal, name in REQUIRED_FAMILIES if signal not in covered]
+
+
 def lint_rules(directory: Path) -> list[RuleError]:
     """Every problem in the rules directory; an empty list means the rules are valid."""
     _, problems = _load(directory)
@@ -101,6 +116,9 @@ def _load(directory: Path) -> tuple[RuleSet, list[RuleError]]:
         problems.extend(file_problems)
     problems.extend(_duplicate_ids(located))
     rules = tuple(rule for _, rule in located)
+    missing = missing_families(rules)
+    if missing and not problems:
+        problems.append(RuleError(f"required rule families missing: {'; '.join(missing)}", file=str(directory)))
     return RuleSet(rules=rules, files=tuple(str(p) for p in paths)), problems
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.model import Action, FaultClass, Severity, Signal
 
@@ -133,7 +133,19 @@ class Rule(_Strict):
             raise ValueError(f"action {self.action} needs severity degraded or fatal, not {self.severity}")
         if self.fault_class is FaultClass.TELEMETRY and self.action.quarantines:
             raise ValueError("a telemetry (cannot read the GPU) rule must never quarantine")
+        self._overrides_valid()
         return self
+
+    def _overrides_valid(self) -> None:
+        """Each per-model override must leave a rule that would pass on its own: same checks, no loophole."""
+        base = self.model_dump(exclude={"overrides"})
+        for position, override in enumerate(self.overrides):
+            changed = override.model_dump(exclude={"models"}, exclude_none=True)
+            try:
+                Rule.model_validate({**base, **changed})
+            except ValidationError as exc:
+                problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
+                raise ValueError(f"override {position + 1} (models {', '.join(override.models)}): {problems}") from None
 
     @property
     def codes(self) -> frozenset[int]:

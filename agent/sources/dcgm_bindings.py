@@ -16,8 +16,13 @@ FIELD_IDS: dict[int, str] = {
     155: "power", 164: "power_limit", 112: "clock_reasons", 310: "sbe_vol", 311: "dbe_vol", 390: "retired_sbe",
     391: "retired_dbe", 392: "retired_pending", 393: "remap_unc", 394: "remap_corr", 395: "remap_failure",
     396: "remap_pending", 1523: "recovery_action", 202: "pcie_replay", 409: "nvlink_crc_flit",
-    419: "nvlink_crc_data", 429: "nvlink_replay", 439: "nvlink_recovery",
+    419: "nvlink_crc_data", 429: "nvlink_replay", 439: "nvlink_recovery", 346: "sram_exceeded",
+    1507: "memory_unrepairable",
 }
+# dcgm_field_entity_group_t (dcgm_fields.h): only a GPU entity's id is a GPU id.
+ENTITY_GPU = 1
+ENTITY_GROUPS = {0: "none", 1: "gpu", 2: "vgpu", 3: "switch", 4: "gpu_instance", 5: "compute_instance", 6: "link",
+                 7: "cpu", 8: "cpu_core", 9: "connectx"}
 # dcgmHealthSystems_t bits (dcgm_structs.h) -> names for messages.
 HEALTH_SYSTEMS = {0x1: "pcie", 0x2: "nvlink", 0x4: "pmu", 0x8: "mcu", 0x10: "mem", 0x20: "sm", 0x40: "inforom",
                   0x80: "thermal", 0x100: "power", 0x200: "driver", 0x400: "nvswitch_nonfatal",
@@ -90,20 +95,34 @@ class BindingsReader:
         return out
 
     def _incidents(self, health: Any, now: float) -> list[Observation]:
+        """The worst incident per GPU, and the worst of every other entity (NVSwitch, link, MIG instance, CPU,
+        ConnectX) as one node-level reading: an incident is charged to a GPU only when its entity is a GPU."""
         worst: dict[int, tuple[int, str]] = {}
+        elsewhere: tuple[int, str, str, int] = (0, "pass", "", -1)
         for position in range(int(getattr(health, "incidentCount", 0))):
             incident = health.incidents[position]
-            gpu_id = int(incident.entityInfo.entityId)
+            entity = incident.entityInfo
+            group_id = getattr(entity, "entityGroupId", None)
+            entity_id = int(entity.entityId)
             system = HEALTH_SYSTEMS.get(int(incident.system), str(incident.system))
             message = f"{system}: {_text(incident.error.msg)} (code {int(incident.error.code)})"
             level = int(incident.health)
-            if level > worst.get(gpu_id, (-1, ""))[0]:
-                worst[gpu_id] = (level, message)
+            if group_id is not None and int(group_id) == ENTITY_GPU:
+                if level > worst.get(entity_id, (-1, ""))[0]:
+                    worst[entity_id] = (level, message)
+            elif level > elsewhere[0]:
+                group = ENTITY_GROUPS.get(int(group_id), str(group_id)) if group_id is not None else "unknown"
+                elsewhere = (level, f"{group} {entity_id}: {message}", group, entity_id)
         out = []
         for gpu_id, ref in self.gpus.items():
             level, message = worst.get(gpu_id, (0, "pass"))
             out.append(Observation(Signal.DCGM_HEALTH, level, now, self.translator.source, ref,
-                                   frozen_attrs({"message": message})))
+                                   frozen_attrs({"message": message, "entity_group": "gpu"})))
+        level, message, group, entity_id = elsewhere
+        attrs: dict[str, str | int] = {"message": message}
+        if group:
+            attrs.update(entity_group=group, entity_id=entity_id)
+        out.append(Observation(Signal.DCGM_HEALTH, level, now, self.translator.source, None, frozen_attrs(attrs)))
         return out
 
 

@@ -14,9 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs
+from agent.sources.thresholds import plausible_threshold
+
+log = structlog.get_logger("agent.sources.dcgm")
 
 # Field names: each key is what we call the reading; values are every name dcgm-exporter may use.
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -44,6 +48,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "nvlink_crc_data": ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",),
     "nvlink_replay": ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",),
     "nvlink_recovery": ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",),
+    "sram_exceeded": ("DCGM_FI_DEV_THRESHOLD_SRM", "DCGM_FI_DEV_SRAM_EXCEEDED"),
+    "memory_unrepairable": ("DCGM_FI_DEV_MEMORY_UNREPAIRABLE",),
 }
 _NAME_TO_FIELD = {name: key for key, names in FIELDS.items() for name in names}
 _NVLINK = {"nvlink_crc_flit": "crc_flit", "nvlink_crc_data": "crc_data", "nvlink_replay": "replay",
@@ -154,6 +160,7 @@ class DcgmTranslator:
         self.source = source
         self.known: dict[str, GpuRef] = {}
         self._memory: dict[str, _Memory] = {}
+        self._warned: set[tuple[str, str]] = set()
 
     def unreadable(self, now: float, message: str) -> list[Observation]:
         """DCGM (or its exporter) cannot be read: Unknown for every GPU known so far, never a fault."""
@@ -176,9 +183,14 @@ class DcgmTranslator:
         if gpu.ref.mig_gpu_instance is None:
             self._xid(gpu, memory, emit)
         if "temp" in v:
-            emit(Signal.TEMPERATURE, v["temp"], slowdown_c=v.get("slowdown_temp"), shutdown_c=v.get("shutdown_temp"))
+            emit(Signal.TEMPERATURE, v["temp"], slowdown_c=self._threshold(gpu, "slowdown_temp"),
+                 shutdown_c=self._threshold(gpu, "shutdown_temp"))
         if "mem_temp" in v:
-            emit(Signal.MEMORY_TEMPERATURE, v["mem_temp"], mem_max_c=v.get("mem_max_temp"))
+            emit(Signal.MEMORY_TEMPERATURE, v["mem_temp"], mem_max_c=self._threshold(gpu, "mem_max_temp"))
+        if "sram_exceeded" in v:
+            emit(Signal.SRAM_THRESHOLD_EXCEEDED, 1 if v["sram_exceeded"] else 0)
+        if "memory_unrepairable" in v:
+            emit(Signal.MEMORY_UNREPAIRABLE, 1 if v["memory_unrepairable"] else 0)
         if "power" in v:
             emit(Signal.POWER, v["power"], limit_w=v.get("power_limit"))
         if "clock_reasons" in v:
@@ -201,6 +213,17 @@ class DcgmTranslator:
         if gpu.ref.mig_gpu_instance is None:
             emit(Signal.SOURCE_UNREADABLE, 0)
         return out
+
+    def _threshold(self, gpu: ScrapedGpu, key: str) -> float | None:
+        """A threshold DCGM reports, or None (warned once per GPU and kind) when it cannot be a real one."""
+        value = gpu.values.get(key)
+        if value is None or plausible_threshold(value):
+            return value
+        warned = (_ref_key(gpu.ref), key)
+        if warned not in self._warned:
+            self._warned.add(warned)
+            log.warning("dcgm_threshold_ignored", gpu=gpu.ref.uuid or gpu.ref.key, threshold=key, value=value)
+        return None
 
     def _xid(self, gpu: ScrapedGpu, memory: _Memory, emit: Callable[..., None]) -> None:
         """The last-Xid value: an Xid when it (or its err_code/err_msg labels) changes; 0 means none yet."""

@@ -1,55 +1,81 @@
 """Parses NVIDIA kernel-log records (Xid, NVSwitch SXid, GPU loss, GPU banners) in every common form.
 
 Pure: lines in, records out. A line counts only when, after a known log prefix (raw /dev/kmsg,
-`<N>`, syslog, ISO time, dmesg, dmesg -T, dmesg --decode, `kernel:`), its body is a driver record;
-text that merely mentions an Xid (a device-plugin log line) is not one.
+`<N>`, syslog, ISO time, dmesg, dmesg -T, dmesg --decode, `kernel:`, journalctl's short-precise,
+short-monotonic, short-full and json outputs), its body is a driver record; text that merely mentions
+an Xid (a device-plugin log line) is not one. Every number is bounded in length and every pattern is
+linear in the line: no line can raise or stall the parser. Structured fields (registers, recovery
+action, SM location) are read from the driver's end of the line, never through the process name.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.sources.nvlink5 import decode
 
 _PCI = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?"
+#: A kernel record is at most 1-2 KB (printk's limit): a longer message is kept only this far.
+MAX_MESSAGE = 2048
 
-_KMSG = re.compile(r"(\d+),(\d+),(\d+),[^;]*;")
+_KMSG = re.compile(r"(\d{1,3}),(\d{1,20}),(\d{1,20}),[^;]{0,16};")
 _PRIORITY = re.compile(r"<(\d{1,3})>")
-_HOST = r"(?:(?!NVRM:|kernel(?:\[\d+\])?:|\[|nvidia-nvswitch)[^\s:\[]+\s+)?"
-_SYSLOG = re.compile(r"[^\W\d_]{3,9}\.?\s+\d{1,2}\s+\d{1,2}:\d{2}:\d{2}\s+" + _HOST)
-_ISO = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s+" + _HOST)
-_DMESG = re.compile(r"\[\s*\d+\.\d+\]\s*")
+_HOST = r"(?:(?!NVRM:|kernel(?:\[\d{1,10}\])?:|\[|nvidia-nvswitch)[^\s:\[]{1,255}\s+)?"
+_SYSLOG = re.compile(r"[^\W\d_]{3,9}\.?\s{1,8}\d{1,2}\s{1,8}\d{1,2}:\d{2}:\d{2}(?:\.\d{1,9})?\s+" + _HOST)
+_ISO = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?\s+" + _HOST)
+# journalctl -o short-full: "Mon 2026-11-30 23:33:39 UTC host kernel: ..."
+_FULL = re.compile(r"[A-Z][a-z]{2}\s+\d{4}-\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?\s+[A-Za-z0-9+\-_/]{1,32}\s+"
+                   + _HOST)
+_DMESG = re.compile(r"\[\s{0,20}\d{1,12}\.\d{1,9}\]\s*")
+# journalctl -o short-monotonic: "[ 1234.567890] host kernel: ..." (the host is dropped only before "kernel:")
+_HOST_KERNEL = re.compile(r"[^\s:\[]{1,255}\s+(?=kernel(?:\[\d{1,10}\])?:)")
 _DMESG_T = re.compile(r"\[[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}\]\s*")
+# NVIDIA's documentation elides the prefix as "[...]" or "[…]".
+_ELIDED = re.compile(r"\[(?:\.\.\.|\u2026)\]\s*")
 _DECODE = re.compile(r"(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])\s*:"
                      r"\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s*")
-_IDENT = re.compile(r"kernel(?:\[\d+\])?:\s*")
-_PREFIXES = (_PRIORITY, _SYSLOG, _ISO, _DMESG_T, _DMESG, _DECODE, _IDENT)
+_IDENT = re.compile(r"kernel(?:\[\d{1,10}\])?:\s*")
+_PREFIXES = (_PRIORITY, _SYSLOG, _FULL, _ISO, _DMESG_T, _DMESG, _ELIDED, _DECODE, _HOST_KERNEL, _IDENT)
 
-_XID = re.compile(
-    r"NVRM:\s*Xid\s*\(\s*(?:PCI:)?(?P<pci>" + _PCI + r")\s*\)\s*:\s*(?P<code>\d+)\s*(?:,\s*)?(?P<rest>.*)", re.DOTALL
-)
-_PID = re.compile(r"pid\s*=\s*(?P<pid>'?<unknown>'?|\d+)\s*(?:,\s*|$)")
+# The address may carry the MIG instance ("PCI:0000:3b:00 GPU-I:05 GPU-CI:02"), or be redacted or mangled:
+# it is captured loosely and read strictly, so a bad address still gives an Xid (on an unknown GPU).
+_XID = re.compile(r"NVRM:\s*Xid\s*\(\s*(?P<addr>[^()]{0,96}?)\s*\)\s*:\s*(?P<code>\d{1,6})(?!\d)\s*(?:,\s*)?"
+                  r"(?P<rest>.*)", re.DOTALL)
+_ADDRESS = re.compile(r"(?:PCI:)?\s*(?P<pci>" + _PCI + r")(?:\s+GPU-I:\s*(?P<gi>\d{1,4}))?"
+                      r"(?:\s+GPU-CI:\s*(?P<ci>\d{1,4}))?", re.IGNORECASE)
+_PID = re.compile(r"pid\s*=\s*(?P<pid>'?<unknown>'?|\d{1,10})(?!\d)\s*(?:,\s*|$)")
 _NAME = re.compile(r"name\s*=\s*")
-_SXID = re.compile(r"(?P<switch>nvidia-nvswitch\d+):\s*SXid\s*\(\s*(?:PCI:)?(?P<pci>" + _PCI + r")\s*\)\s*:\s*"
-                   r"(?P<code>\d+)\s*,\s*(?P<rest>.*)", re.DOTALL)
+_SXID = re.compile(r"(?P<switch>nvidia-nvswitch\d{1,4}):\s*SXid\s*\(\s*(?:PCI:)?(?P<pci>" + _PCI + r")\s*\)\s*:\s*"
+                   r"(?P<code>\d{1,6})(?!\d)\s*,\s*(?P<rest>.*)", re.DOTALL)
 _SXID_SEVERITY = re.compile(r"(?P<severity>Fatal|Non-fatal|Nonfatal)\s*,\s*(?P<message>.*)", re.DOTALL | re.IGNORECASE)
-_LINK = re.compile(r"\bLink\s+(\d+)", re.IGNORECASE)
-_BANNER = re.compile(r"NVRM:\s*GPU at (?:PCI:)?(?P<pci>" + _PCI + r")\s*:\s*(?P<uuid>GPU-[0-9a-fA-F-]{8,})\s*$")
+_LINK = re.compile(r"\bLink\s+(\d{1,4})(?!\d)", re.IGNORECASE)
+_BANNER = re.compile(r"NVRM:\s*GPU at (?:PCI:)?(?P<pci>" + _PCI + r")\s*:\s*(?P<uuid>GPU-[0-9a-fA-F-]{8,64})\s*$")
 _LOST = re.compile(r"NVRM:\s*GPU(?: at)?\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*:\s*GPU has fallen off the bus",
                    re.IGNORECASE)
 _LOST_START = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*$")
-_LOST_END = re.compile(r"NVRM:.*fallen off the bus", re.IGNORECASE)
-_CAUSED_BY = re.compile(r"(?:caused by|due to)\s+(?:an?\s+)?(?:previous\s+)?Xid\s*(\d+)", re.IGNORECASE)
-_RECOVERY = re.compile(r"recovery action changed from\s+(0x[0-9a-fA-F]+|\d+)(?:\s*\(([^)]*)\))?\s+to\s+"
-                       r"(0x[0-9a-fA-F]+|\d+)(?:\s*\(([^)]*)\))?", re.IGNORECASE)
-_NVLINK5 = re.compile(r"(?P<sub>[A-Za-z0-9_]+)\s+(?P<fatal>Fatal|Nonfatal|Non-fatal)\b(?P<mid>.*?)\bLink\s+"
-                      r"(?P<link>\d+)\s*\(\s*(?P<regs>[^)]*)\)", re.IGNORECASE)
-_XID74 = re.compile(r"link\s+(?P<link>\d+)\s*\((?P<regs>[^)]*)\)", re.IGNORECASE)
-_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_LOST_END = re.compile(r"NVRM:.{0,200}fallen off the bus", re.IGNORECASE | re.DOTALL)
+_CAUSED_BY = re.compile(r"(?:caused by|due to)\s+(?:an?\s+)?(?:previous\s+)?Xid\s*(\d{1,6})(?!\d)", re.IGNORECASE)
+_ACTION_VALUE = r"(0x[0-9a-fA-F]{1,8}|\d{1,6})(?![0-9a-fA-Fx])"
+_RECOVERY = re.compile(r"recovery action changed from\s+" + _ACTION_VALUE + r"(?:\s*\(([^()]{0,64})\))?\s+to\s+"
+                       + _ACTION_VALUE + r"(?:\s*\(([^()]{0,64})\))?\s*\.?\s*$", re.IGNORECASE)
+# Registers close the line: "... Link 12 (0x4 0x2 0x0 ...)" (NVLink5) or "... on link 14(0x0, 0x0, ...)" (Xid 74).
+_LINK_TAIL = re.compile(r"\blink\s+(?P<link>\d{1,4})\s*\(\s*(?P<regs>[^()]{0,400})\)\s*\.?\s*$", re.IGNORECASE)
+_NVLINK5_HEAD = re.compile(r"(?<![A-Za-z0-9_])(?P<sub>[A-Za-z][A-Za-z0-9_]{0,39})\s+"
+                           r"(?P<fatal>Fatal|Nonfatal|Non-fatal)\b", re.IGNORECASE)
+_SM = re.compile(r"\(\s*GPC\s+(?P<gpc>\d{1,4}),\s*TPC\s+(?P<tpc>\d{1,4})(?:,\s*SM\s+(?P<sm>\d{1,4}))?\s*\)",
+                 re.IGNORECASE)
+_HEX = re.compile(r"0x[0-9a-fA-F]{1,16}(?![0-9a-fA-F])")
+_TAIL_WINDOW = 512
+#: How many GPC/TPC locations (per parser) and processes per location the Xid 13 repeat memory keeps.
+SM_LOCATIONS_KEPT = 256
+SM_PROCESSES_KEPT = 16
 
 KERNEL_FACILITY = 0
+USER_FACILITY = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +123,7 @@ def strip_prefix(line: str) -> tuple[str, Prefix]:
         text = text[match.end():]
         if text.startswith(("NVRM", "nvidia-nvswitch")):
             return text.strip(), prefix
-    for _ in range(6):
+    for _ in range(8):
         for pattern in _PREFIXES:
             match = pattern.match(text)
             if match:
@@ -111,20 +137,78 @@ def strip_prefix(line: str) -> tuple[str, Prefix]:
     return text.strip(), prefix
 
 
+def journal_entry(line: str) -> tuple[str, Prefix] | None:
+    """The message and origin of one `journalctl -o json` entry, or None when the line is not one.
+
+    A record the kernel wrote (`_TRANSPORT=kernel`) gets the kernel facility; anything else is user space,
+    so the forged-record filter sees it for what it is.
+    """
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    message = entry.get("MESSAGE")
+    if isinstance(message, list):  # journald writes non-UTF-8 messages as a byte array
+        try:
+            message = bytes(b for b in message if isinstance(b, int) and 0 <= b < 256).decode("utf-8", "replace")
+        except (TypeError, ValueError):
+            return None
+    if not isinstance(message, str):
+        return None
+    kernel = entry.get("_TRANSPORT") == "kernel"
+    facility = KERNEL_FACILITY if kernel else _int_or(entry.get("SYSLOG_FACILITY"), USER_FACILITY)
+    level = _int_or(entry.get("PRIORITY"), None)
+    monotonic = _int_or(entry.get("_SOURCE_MONOTONIC_TIMESTAMP"), None)
+    seq = _int_or(entry.get("__SEQNUM"), None)
+    return message, Prefix(seq=seq, timestamp_us=monotonic, facility=facility, level=level)
+
+
+def _int_or(value: object, fallback: int | None) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+        return int(value)
+    return fallback
+
+
 class KernelLogParser:
-    """Turns lines into records, keeping the little state multi-line reports need and the PCI -> UUID map."""
+    """Turns lines into records, keeping the little state multi-line reports need and the PCI -> UUID map.
+
+    `skipped` counts the lines that named a driver record but could not be read; they are dropped.
+    """
 
     def __init__(self) -> None:
         self.pci_to_uuid: dict[str, str] = {}
+        self.skipped = 0
+        self._sm_history: OrderedDict[tuple[str, str], OrderedDict[str, None]] = OrderedDict()
         self._lost_pci: str | None = None
         self._lost_lines = 0
         self._last_sxid: KernelRecord | None = None
 
     def feed(self, line: str, line_no: int = 0) -> KernelRecord | None:
-        """The record this line completes, if any. Never raises on any input."""
-        if "NVRM" not in line and "SXid" not in line:
+        """The record this line completes, if any. Never raises on any input: an unreadable line is skipped."""
+        try:
+            return self._feed(line, line_no)
+        except Exception:  # noqa: BLE001 - one line must never stop the source; it is counted instead
+            self.skipped += 1
             return None
-        body, prefix = strip_prefix(line)
+
+    def _feed(self, line: str, line_no: int) -> KernelRecord | None:
+        if line.lstrip().startswith("{"):
+            entry = journal_entry(line)
+            if entry is None:
+                return None
+            message, json_prefix = entry
+            if "NVRM" not in message and "SXid" not in message:
+                return None
+            body, prefix = strip_prefix(message)
+            prefix = json_prefix
+        else:
+            if "NVRM" not in line and "SXid" not in line:
+                return None
+            body, prefix = strip_prefix(line)
         if body.startswith("NVRM"):
             return self._nvrm(body, prefix, line_no)
         if body.startswith("nvidia-nvswitch"):
@@ -135,7 +219,13 @@ class KernelLogParser:
         match = _XID.match(body)
         if match:
             self._lost_pci = None
-            return _xid_record(match, prefix, line_no)
+            record = _xid_record(match, prefix, line_no)
+            if "sm_location" in record.extras:
+                record.extras["sm_location_processes"] = self._sm_repeats(record)
+            return record
+        if _XID_START.match(body):
+            self.skipped += 1  # an Xid whose code cannot be read (missing, or an absurdly long number)
+            return None
         match = _BANNER.match(body)
         if match:
             self.pci_to_uuid[match.group("pci").lower()] = match.group("uuid")
@@ -157,6 +247,22 @@ class KernelLogParser:
             if self._lost_lines >= 3:
                 self._lost_pci = None
         return None
+
+    def _sm_repeats(self, record: KernelRecord) -> int:
+        """How many distinct processes hit Xid 13 on this GPU's GPC/TPC, this one included (NVIDIA's
+        WORKFLOW_XID_13 asks whether faults repeat on the same GPC and TPC). One crash's burst of lines is
+        one process; the memory is bounded (least recently used locations are forgotten)."""
+        key = (record.pci, str(record.extras["sm_location"]))
+        processes = self._sm_history.pop(key, None) or OrderedDict()
+        who = f"pid:{record.pid}" if record.pid is not None else f"name:{record.process or '?'}"
+        processes.pop(who, None)
+        processes[who] = None
+        while len(processes) > SM_PROCESSES_KEPT:
+            processes.popitem(last=False)
+        self._sm_history[key] = processes
+        while len(self._sm_history) > SM_LOCATIONS_KEPT:
+            self._sm_history.popitem(last=False)
+        return len(processes)
 
     def _sxid(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
         match = _SXID.match(body)
@@ -180,9 +286,12 @@ class KernelLogParser:
         return KernelRecord("sxid", line_no, code, pci, message=rest, extras=extras, prefix=prefix)
 
 
+_XID_START = re.compile(r"NVRM:\s*Xid\b")
+
+
 def _xid_record(match: re.Match[str], prefix: Prefix, line_no: int) -> KernelRecord:
     code = int(match.group("code"))
-    rest = match.group("rest")
+    whole = rest = match.group("rest")
     pid: int | None = None
     process: str | None = None
     pid_match = _PID.match(rest)
@@ -196,28 +305,52 @@ def _xid_record(match: re.Match[str], prefix: Prefix, line_no: int) -> KernelRec
             cut = rest.find(", ")
             name, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut + 2:])
             process = None if name.strip("'") in {"<unknown>", ""} else name
-    message = rest.strip()
-    return KernelRecord("xid", line_no, code, match.group("pci").lower(), pid, process, message,
-                        _xid_extras(code, message), prefix)
+    message = rest.strip()[:MAX_MESSAGE]
+    extras = _address_extras(match.group("addr"))
+    pci = str(extras.pop("pci", ""))
+    # Structured fields are read from the driver's end of the whole line: a process name cannot move them.
+    extras.update(_xid_extras(code, whole.rstrip()))
+    return KernelRecord("xid", line_no, code, pci, pid, process, message, extras, prefix)
 
 
-def _xid_extras(code: int, message: str) -> dict[str, Any]:
+def _address_extras(address: str) -> dict[str, Any]:
+    """The PCI bus id and MIG instance of an Xid's address; a redacted or mangled one leaves the GPU unknown."""
+    match = _ADDRESS.fullmatch(address.strip())
+    if match is None:
+        return {"address_unreadable": True, "address": address.strip()[:64]}
+    extras: dict[str, Any] = {"pci": match.group("pci").lower()}
+    if match.group("gi") is not None:
+        extras["gpu_instance"] = int(match.group("gi"))
+    if match.group("ci") is not None:
+        extras["compute_instance"] = int(match.group("ci"))
+    return extras
+
+
+def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    found = None
+    for found in pattern.finditer(text):  # noqa: B007 - the last match is the driver's, not the process name's
+        pass
+    return found
+
+
+def _xid_extras(code: int, text: str) -> dict[str, Any]:
     extras: dict[str, Any] = {}
+    tail = text[-_TAIL_WINDOW:]
     if code == 45:
-        caused = _CAUSED_BY.search(message)
+        caused = _last(_CAUSED_BY, tail)
         if caused:
             extras["caused_by"] = int(caused.group(1))
     elif code == 154:
-        recovery = _RECOVERY.search(message)
+        recovery = _RECOVERY.search(tail)
         if recovery:
-            extras["recovery_action_from"] = int(recovery.group(1), 0)
-            extras["recovery_action"] = int(recovery.group(3), 0)
+            extras["recovery_action_from"] = _action_value(recovery.group(1))
+            extras["recovery_action"] = _action_value(recovery.group(3))
             if recovery.group(4):
                 extras["recovery_action_name"] = recovery.group(4)
     elif 144 <= code <= 150:
-        extras.update(_nvlink5_extras(code, message))
+        extras.update(_nvlink5_extras(code, tail))
     elif code == 74:
-        regs = _XID74.search(message)
+        regs = _LINK_TAIL.search(tail)
         if regs:
             extras["link"] = int(regs.group("link"))
             values = _HEX.findall(regs.group("regs"))
@@ -225,7 +358,19 @@ def _xid_extras(code: int, message: str) -> dict[str, Any]:
                 extras[f"reg{n}"] = value.lower()
             if len(values) >= 5:
                 extras["nvlink_error_class"] = nvlink_error_class([int(v, 16) for v in values])
+    elif code == 13:
+        location = _last(_SM, tail)
+        if location:
+            gpc, tpc = int(location.group("gpc")), int(location.group("tpc"))
+            extras.update(gpc=gpc, tpc=tpc, sm_location=f"GPC {gpc}, TPC {tpc}")
+            if location.group("sm") is not None:
+                extras["sm"] = int(location.group("sm"))
     return extras
+
+
+def _action_value(text: str) -> int:
+    """A recovery action as printed: `0x2` is hexadecimal; `2` or `02` is the same value written plainly."""
+    return int(text, 16) if text.lower().startswith("0x") else int(text, 10)
 
 
 # NVIDIA's WORKFLOW_NVLINK_ERR (Xid 74): which bits of the first, third, fourth and fifth registers mean what.
@@ -251,15 +396,18 @@ def nvlink_error_class(registers: list[int]) -> str:
     return "IGNORE"
 
 
-def _nvlink5_extras(code: int, message: str) -> dict[str, Any]:
-    match = _NVLINK5.search(message)
-    if not match:
+def _nvlink5_extras(code: int, text: str) -> dict[str, Any]:
+    tail = _LINK_TAIL.search(text)
+    if not tail:
         return {}
-    registers = _HEX.findall(match.group("regs"))
+    head = _last(_NVLINK5_HEAD, text[max(0, tail.start() - 200):tail.start()])
+    if not head:
+        return {}
+    registers = _HEX.findall(tail.group("regs"))
     extras: dict[str, Any] = {
-        "subcomponent": match.group("sub"),
-        "fatal": match.group("fatal").lower() == "fatal",
-        "link": int(match.group("link")),
+        "subcomponent": head.group("sub"),
+        "fatal": head.group("fatal").lower() == "fatal",
+        "link": int(tail.group("link")),
     }
     if len(registers) >= 2:
         intr_info, error_status = int(registers[0], 16), int(registers[1], 16)

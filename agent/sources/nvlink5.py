@@ -11,6 +11,8 @@ _BUCKET_RANK = {"IGNORE": 0, "XID_154_EVAL": 1, "RESET_GPU": 2}
 _SUBCODE = "Subcode V1(<R575)/V2(>=R575) V1(<R575): IntrInfo[9:5] V2(>=R575):IntrInfo[6:0]"
 _V1 = '(V1(<R575)) IntrInfo decode for Data Center Recovery Action IntrInfo (binary; "-" user decode)'
 _V2 = '(V2(>=R575)) IntrInfo decode for Data Center Recovery Action IntrInfo (binary; "-" user decode)'
+_V1_ACTION2 = "(V1(<R575)) Decode for action 2"
+_V2_ACTION2 = "(V2(>=R575)) Decode for action 2"
 _SEVERITY = "Severity (for items with '*' please see Customer User Guide tab)"
 
 
@@ -22,10 +24,21 @@ class DecodeRow:
     statuses: tuple[int, ...]
     bucket: str
     severity: str
+    action2_patterns: tuple[str, str] = ("", "")
+    action2: str = ""
 
-    def matches(self, intr_info: int, error_status: int) -> bool:
-        if not any(_pattern_matches(p, intr_info) for p in self.patterns if p):
-            return False
+    def bucket_for(self, intr_info: int, error_status: int) -> str | None:
+        """This row's bucket for the line: the first action's, or the second action's where the table gives
+        one and the IntrInfo matches its decode; None when the row does not describe the line."""
+        if not self._status_matches(error_status):
+            return None
+        if any(_pattern_matches(p, intr_info) for p in self.patterns if p):
+            return self.bucket
+        if self.action2 and any(_pattern_matches(p, intr_info) for p in self.action2_patterns if p):
+            return self.action2
+        return None
+
+    def _status_matches(self, error_status: int) -> bool:
         if not self.statuses:
             return True
         return any(error_status == s or (s and s & (s - 1) == 0 and error_status & s) for s in self.statuses)
@@ -58,15 +71,17 @@ def decode_table() -> tuple[DecodeRow, ...]:
     text = (resources.files("agent") / "data" / "xid_144_150_decode.csv").read_text(encoding="utf-8")
     return tuple(
         DecodeRow(int(row["Xid"]), row[_SUBCODE], (row[_V1], row[_V2]), _statuses(row["Error Status (hex)"]),
-                  row["Resolution Bucket (Data Center Recovery Action)"], row[_SEVERITY])
+                  row["Resolution Bucket (Data Center Recovery Action)"], row[_SEVERITY],
+                  (row[_V1_ACTION2], row[_V2_ACTION2]), row["Action 2"].strip())
         for row in csv.DictReader(text.splitlines())
     )
 
 
 def decode(xid: int, intr_info: int, error_status: int) -> Decoded | None:
     """The resolution bucket for one Xid 144-150 line, or None when no row of the table matches."""
-    rows = [r for r in decode_table() if r.xid == xid and r.matches(intr_info, error_status)]
-    if not rows:
+    found = [(bucket, row) for row in decode_table() if row.xid == xid
+             and (bucket := row.bucket_for(intr_info, error_status)) is not None]
+    if not found:
         return None
-    worst = max(rows, key=lambda r: _BUCKET_RANK.get(r.bucket, 0))
-    return Decoded(worst.bucket, worst.subcode, worst.severity, len({r.bucket for r in rows}) > 1)
+    bucket, worst = max(found, key=lambda pair: _BUCKET_RANK.get(pair[0], 0))
+    return Decoded(bucket, worst.subcode, worst.severity, len({b for b, _ in found}) > 1)

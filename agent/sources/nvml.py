@@ -1,7 +1,10 @@
 """The NVML source: polls every GPU's health counters and waits on NVML events, each call under a deadline.
 
-Counters become deltas between polls; NotSupported is remembered per GPU and call; a hung call makes
-that GPU Unknown (its own observation), never a hardware fault; GPU lost is its own observation.
+Counters become deltas between polls; NotSupported is remembered per GPU and call, and probed again when
+the GPU's MIG mode changes and every `reprobe_seconds`; a hung call, or a GPU whose every call fails with an
+unexpected error, makes that GPU Unknown (its own observation), never a hardware fault; GPU lost and
+"reset required" are their own observations. The node's GPUs and the NVLinks seen up are remembered in a
+NodeMemory, so a GPU missing after a reboot, or a link down since it, is seen.
 """
 
 from __future__ import annotations
@@ -17,15 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs
 from agent.sources.attribution import pod_of_pid
 from agent.sources.base import Emit
 from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
+from agent.sources.node_memory import InMemory, NodeMemory
+from agent.sources.thresholds import plausible_threshold
+
+log = structlog.get_logger("agent.sources.nvml")
 
 # NVML constants used here (public NVML API documentation).
 ERROR_NOT_SUPPORTED = 3
 ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
+ERROR_RESET_REQUIRED = 16
 ERROR_FUNCTION_NOT_FOUND = 13
 NO_MIG_INSTANCE = 0xFFFFFFFF
 TEMPERATURE_GPU = 0
@@ -42,6 +52,11 @@ EVENT_DBE, EVENT_XID = 0x2, 0x8
 EVENT_GPU_UNAVAILABLE, EVENT_RECOVERY_ACTION = 0x4000, 0x8000
 WANTED_EVENTS = EVENT_DBE | EVENT_XID | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
 MAX_NVLINKS = 18
+SRAM_STATUS_VERSION = 0x1000068  # nvmlEccSramErrorStatus_v1
+REPROBE_SECONDS = 600.0
+XID_REMAP_FAILURE = 64
+INVENTORY_KEY = "nvml.inventory"
+NVLINK_KEY = "nvml.nvlinks_seen_up"
 WEEK_SECONDS = 7 * 24 * 3600
 MEMORY_LOCATIONS = {"l1": 0, "l2": 1, "dram": 2, "register_file": 3, "sram": 7}
 # DCGM's PCIe watch: replays per minute per lane allowed at each generation (a 1e-12 bit-error rate).
@@ -67,6 +82,7 @@ class GpuState:
     readings: dict[str, Any] = field(default_factory=dict)
     lost: bool = False
     mig_uuids: list[str] = field(default_factory=list)
+    probed_at: float = 0.0
 
 
 class GpuLost(Exception):
@@ -83,6 +99,9 @@ class _Reading:
 
     abandoned: threading.Event = field(default_factory=threading.Event)
     current: str = ""
+    succeeded: int = 0
+    failed: int = 0
+    reset_required: str = ""
 
 
 class NvmlSource:
@@ -91,8 +110,12 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(self, nvml: Any, *, poll_seconds: float = 10.0, call_timeout_seconds: float = 2.0,
-                 clock: Callable[[], float] = time.time, event_wait_ms: int = 500) -> None:
+                 clock: Callable[[], float] = time.time, event_wait_ms: int = 500,
+                 memory: NodeMemory | None = None, reprobe_seconds: float = REPROBE_SECONDS) -> None:
         self.nvml = nvml
+        self.memory: NodeMemory = memory if memory is not None else InMemory()
+        self.reprobe_seconds = reprobe_seconds
+        self.missing: list[GpuRef] = []
         self.poll_seconds = poll_seconds
         self.caller = BoundedCaller(timeout_seconds=call_timeout_seconds)
         self.clock = clock
@@ -109,6 +132,47 @@ class NvmlSource:
         self.driver_version = _text(self._call("nvmlSystemGetDriverVersion", self.nvml.nvmlSystemGetDriverVersion))
         count = int(self._call("nvmlDeviceGetCount", self.nvml.nvmlDeviceGetCount))
         self.gpus = [self._discover(index) for index in range(count)]
+        self._remember_inventory()
+        self._restore_nvlink_baselines()
+
+    # ---- what the node had before ----
+    def _remember_inventory(self) -> None:
+        """Compare the GPUs found with those the node had before; remember every GPU ever seen here.
+
+        A GPU that cannot even name itself is present but unreadable (reported lost), so while one is,
+        nothing is called missing: it may be that very GPU.
+        """
+        known = [g for g in self.memory.load(INVENTORY_KEY) or [] if isinstance(g, dict) and g.get("uuid")]
+        present = {gpu.ref.uuid for gpu in self.gpus if gpu.ref.uuid}
+        unnamed = any(not gpu.ref.uuid for gpu in self.gpus)
+        self.missing = [] if unnamed else [
+            GpuRef(uuid=str(g["uuid"]), pci_bus_id=str(g.get("pci", "")), model=str(g.get("model", "")))
+            for g in known if g["uuid"] not in present]
+        for ref in self.missing:
+            log.warning("gpu_missing", gpu=ref.uuid, pci=ref.pci_bus_id)
+        inventory = {str(g["uuid"]): g for g in known}
+        for gpu in self.gpus:
+            if gpu.ref.uuid:
+                inventory[gpu.ref.uuid] = {"uuid": gpu.ref.uuid, "pci": gpu.ref.pci_bus_id, "model": gpu.ref.model,
+                                           "index": gpu.ref.index}
+        self.memory.save(INVENTORY_KEY, sorted(inventory.values(), key=lambda g: str(g["uuid"])))
+
+    def forget_gpu(self, uuid: str) -> None:
+        """An operator released a missing GPU (removed or replaced on purpose): stop reporting it."""
+        known = self.memory.load(INVENTORY_KEY) or []
+        self.memory.save(INVENTORY_KEY, [g for g in known if isinstance(g, dict) and g.get("uuid") != uuid])
+        self.missing = [ref for ref in self.missing if ref.uuid != uuid]
+
+    def _restore_nvlink_baselines(self) -> None:
+        saved = self.memory.load(NVLINK_KEY) or {}
+        for gpu in self.gpus:
+            links = saved.get(gpu.ref.uuid) if isinstance(saved, dict) else None
+            if isinstance(links, list):
+                gpu.links_seen_up.update(int(n) for n in links if isinstance(n, int))
+
+    def _save_nvlink_baselines(self) -> None:
+        self.memory.save(NVLINK_KEY, {gpu.ref.uuid: sorted(gpu.links_seen_up)
+                                      for gpu in self.gpus if gpu.ref.uuid and gpu.links_seen_up})
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):  # shutting down a wedged driver is best effort
@@ -147,13 +211,22 @@ class NvmlSource:
         gpu.mig_mode = int(mig[0]) if mig else 0
         if gpu.mig_mode:
             gpu.mig_uuids = self._mig_devices(gpu)
-        gpu.shutdown_c = self._optional(gpu, "threshold.shutdown", self.nvml.nvmlDeviceGetTemperatureThreshold,
-                                        handle, THRESHOLD_SHUTDOWN)
-        gpu.slowdown_c = self._optional(gpu, "threshold.slowdown", self.nvml.nvmlDeviceGetTemperatureThreshold,
-                                        handle, THRESHOLD_SLOWDOWN)
-        gpu.mem_max_c = self._optional(gpu, "threshold.mem_max", self.nvml.nvmlDeviceGetTemperatureThreshold,
-                                       handle, THRESHOLD_MEM_MAX)
+        gpu.shutdown_c = self._threshold(gpu, "shutdown", THRESHOLD_SHUTDOWN)
+        gpu.slowdown_c = self._threshold(gpu, "slowdown", THRESHOLD_SLOWDOWN)
+        gpu.mem_max_c = self._threshold(gpu, "mem_max", THRESHOLD_MEM_MAX)
         return gpu
+
+    def _threshold(self, gpu: GpuState, name: str, kind: int) -> float | None:
+        """A temperature threshold the GPU reports, or None (with a warning) when it cannot be a real one."""
+        value = self._optional(gpu, f"threshold.{name}", self.nvml.nvmlDeviceGetTemperatureThreshold,
+                               gpu.handle, kind)
+        if value is None:
+            return None
+        if not plausible_threshold(float(value)):
+            log.warning("nvml_threshold_ignored", gpu=gpu.ref.uuid or gpu.ref.index, threshold=name, value=value)
+            gpu.readings.setdefault("ignored_thresholds", {})[name] = value
+            return None
+        return float(value)
 
     def _mig_devices(self, gpu: GpuState) -> list[str]:
         """The UUIDs of a MIG-enabled GPU's MIG devices, so pods holding them are known to be on this GPU."""
@@ -185,9 +258,15 @@ class NvmlSource:
         if reading.abandoned.is_set():
             raise _Abandoned
         reading.current = name
-        result = func(*args)
+        try:
+            result = func(*args)
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) not in {ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND}:
+                reading.failed += 1  # an unexpected error: a GPU that answers nothing else is Unknown
+            raise
         if reading.abandoned.is_set():
             raise _Abandoned  # the poll gave up on this call: touch no state with its late answer
+        reading.succeeded += 1
         return result
 
     def _optional(self, gpu: GpuState, name: str, func: Callable[..., Any], *args: Any) -> Any:
@@ -204,6 +283,9 @@ class NvmlSource:
                 gpu.unsupported.add(name)
             else:
                 gpu.readings.setdefault("errors", {})[name] = str(exc)
+                reading = self._reading.get()
+                if code == ERROR_RESET_REQUIRED and reading is not None and not reading.reset_required:
+                    reading.reset_required = name
             return None
 
     # ---- polling ----
@@ -212,6 +294,11 @@ class NvmlSource:
         observations: list[Observation] = []
         for gpu in self.gpus:
             observations.extend(self.poll_gpu(gpu))
+        now = self.clock()
+        for ref in self.missing:
+            observations.append(Observation(Signal.GPU_MISSING, 1.0, now, self.name, ref, frozen_attrs(
+                {"last_seen": f"PCI {ref.pci_bus_id or '?'} before the last restart",
+                 "message": "no longer enumerated by NVML"})))
         return observations
 
     def poll_gpu(self, gpu: GpuState) -> list[Observation]:
@@ -239,6 +326,21 @@ class NvmlSource:
             out.append(self._obs(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=str(exc)))
             gpu.readings["status_note"] = str(exc)
             return out
+        if gpu.ref.uuid:
+            out.append(self._obs(gpu, Signal.GPU_MISSING, 0, now))
+        out.append(self._obs(gpu, Signal.RESET_REQUIRED, 1 if reading.reset_required else 0, now,
+                             message=f"{reading.reset_required} returned NVML_ERROR_RESET_REQUIRED"
+                             if reading.reset_required else None))
+        if reading.reset_required:
+            gpu.readings["status_note"] = "reset required"
+            return out
+        if reading.failed and not reading.succeeded:
+            errors = gpu.readings.get("errors", {})
+            first = next(iter(errors.items()), ("an NVML call", "failed"))
+            message = f"every NVML call failed ({reading.failed}), e.g. {first[0]}: {first[1]}"
+            out.append(self._obs(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=message))
+            gpu.readings["status_note"] = message
+            return out
         out.append(self._obs(gpu, Signal.SOURCE_UNREADABLE, 0, now))
         gpu.readings.pop("status_note", None)
         return out
@@ -250,8 +352,41 @@ class NvmlSource:
         finally:
             self._reading.set(None)
 
+    def _reprobe(self, gpu: GpuState, now: float) -> None:
+        """Forget what was NotSupported when the MIG mode changed (remapped rows come back when MIG goes
+        off) and every `reprobe_seconds` (a driver update, a GPU reset)."""
+        mig = self._optional(gpu, "nvmlDeviceGetMigMode", self.nvml.nvmlDeviceGetMigMode, gpu.handle)
+        mode = int(mig[0]) if mig else gpu.mig_mode
+        changed = mode != gpu.mig_mode
+        if changed or now - gpu.probed_at >= self.reprobe_seconds:
+            if changed:
+                log.info("nvml_mig_mode_changed", gpu=gpu.ref.uuid, mig_mode=mode)
+            gpu.unsupported.clear()
+            gpu.nvlinks = None
+            gpu.probed_at = now
+            gpu.mig_mode = mode
+            if changed:
+                gpu.mig_uuids = self._mig_devices(gpu) if mode else []
+
+    def _read_sram(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
+        """NVIDIA's WORKFLOW_XID_48: the SRAM uncorrectable-error threshold flag decides replacement."""
+        factory = getattr(self.nvml, "c_nvmlEccSramErrorStatus_v1_t", None)
+        if factory is None or "nvmlDeviceGetSramEccErrorStatus" in gpu.unsupported:
+            return
+        status = factory()
+        done = self._optional(gpu, "nvmlDeviceGetSramEccErrorStatus", self.nvml.nvmlDeviceGetSramEccErrorStatus,
+                              gpu.handle, ctypes.byref(status))
+        if done is None:
+            return
+        exceeded = int(bool(status.bThresholdExceeded))
+        gpu.readings["sram_threshold_exceeded"] = bool(exceeded)
+        out.append(self._obs(gpu, Signal.SRAM_THRESHOLD_EXCEEDED, exceeded, now,
+                             volatile_uncorrected=int(status.volatileUncParity + status.volatileUncSecDed),
+                             aggregate_uncorrected=int(status.aggregateUncParity + status.aggregateUncSecDed)))
+
     def _read_all(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         nvml, h = self.nvml, gpu.handle
+        self._reprobe(gpu, now)
         self._read_temperature(gpu, now, out)
         self._read_fields(gpu, now, out)
         usage = self._optional(gpu, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
@@ -265,6 +400,7 @@ class NvmlSource:
             gpu.readings["clocks_event_reasons"] = int(reasons)
             out.append(self._obs(gpu, Signal.CLOCK_EVENTS, int(reasons), now))
         self._read_ecc(gpu, now, out)
+        self._read_sram(gpu, now, out)
         self._read_retired_pages(gpu, now, out)
         self._read_remapped_rows(gpu, now, out)
         self._read_nvlink_state(gpu, now, out)
@@ -383,6 +519,7 @@ class NvmlSource:
 
     def _read_remapped_rows(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         rows = self._optional(gpu, "nvmlDeviceGetRemappedRows", self.nvml.nvmlDeviceGetRemappedRows, gpu.handle)
+        gpu.readings["remap_state"] = "unreadable" if rows is None else "readable"
         if rows is None:
             return
         corr, unc, pending, failure = (int(v) for v in rows)
@@ -397,6 +534,7 @@ class NvmlSource:
         if "nvlink.state" in gpu.unsupported:
             return
         down: list[int] = []
+        learned = False
         links = gpu.nvlinks if gpu.nvlinks is not None else MAX_NVLINKS
         for link in range(links):
             try:
@@ -411,13 +549,22 @@ class NvmlSource:
                         gpu.unsupported.add("nvlink.state")
                 break
             if active:
-                gpu.links_seen_up.add(link)
+                if link not in gpu.links_seen_up:
+                    gpu.links_seen_up.add(link)
+                    learned = True
             elif link in gpu.links_seen_up:
                 down.append(link)
         else:
             gpu.nvlinks = links
+        if learned:
+            self._save_nvlink_baselines()  # a link seen up is remembered across restarts and reboots
+        # A link counts as down only against a baseline (seen up before, remembered across restarts); a link
+        # with no baseline gives no reading, so "none down" is said only when every link has one.
+        without_baseline = (gpu.nvlinks or 0) - len(gpu.links_seen_up)
         if gpu.links_seen_up:
-            gpu.readings.update(nvlinks_up=len(gpu.links_seen_up) - len(down), nvlinks_down=down)
+            gpu.readings.update(nvlinks_up=len(gpu.links_seen_up) - len(down), nvlinks_down=down,
+                                nvlinks_without_baseline=max(0, without_baseline))
+        if down or (gpu.links_seen_up and without_baseline <= 0):
             out.append(self._obs(gpu, Signal.NVLINK_DOWN, len(down), now,
                                  links=",".join(str(n) for n in down) or "none"))
 
@@ -513,6 +660,9 @@ class NvmlSource:
         if signal is None:
             return None
         value = float(payload) if signal in {Signal.XID, Signal.RECOVERY_ACTION} else 1.0
+        if signal is Signal.XID and payload == XID_REMAP_FAILURE:
+            # Whether a remap failure can be ruled out: not while the remap state cannot be read.
+            attrs["remap_state"] = str(gpu.readings.get("remap_state", "unreadable"))
         return Observation(signal, value, now, "nvml-event", ref, frozen_attrs(attrs))
 
 

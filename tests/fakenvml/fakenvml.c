@@ -21,9 +21,13 @@
  *            "utilization": {"gpu": 0, "memory": 0},
  *            "lost": false,
  *            "errors": {"nvmlDeviceGetPowerUsage": 3},
+ *            "fail_all": 16,
+ *            "sram": {"threshold_exceeded": 0, "volatile_unc_parity": 0, "volatile_unc_secded": 0},
  *            "hang": ["nvmlDeviceGetTemperatureV"]}],
  *  "events": [{"id": 1, "gpu": 3, "type": 8, "data": 79, "gi": 4294967295, "ci": 4294967295}]}
- * A value of null for "retired_pages", "remapped_rows", "ecc" or "nvlink" makes those calls NotSupported.
+ * A value of null for "retired_pages", "remapped_rows", "ecc" or "nvlink" makes those calls NotSupported;
+ * so does a missing "sram" for nvmlDeviceGetSramEccErrorStatus.
+ * "fail_all": every device call on that GPU returns this NVML error (16: a GPU that requires a reset).
  * A call named in "hang" blocks until the state no longer names it.
  */
 #define _GNU_SOURCE
@@ -238,6 +242,8 @@ static nvmlReturn_t enter(nvmlDevice_t device, const char *call, jnode **gpu_out
         if (!gpu) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
         if (names(jget(gpu, "hang"), call)) { pthread_mutex_unlock(&lock); usleep(20000); continue; }
         if (jnum(gpu, "lost", 0)) { pthread_mutex_unlock(&lock); return NVML_ERROR_GPU_IS_LOST; }
+        double failing = jnum(gpu, "fail_all", 0);
+        if (failing) { pthread_mutex_unlock(&lock); return (nvmlReturn_t)failing; }
         jnode *errors = jget(gpu, "errors");
         double injected = jnum(errors, call, 0);
         if (injected) { pthread_mutex_unlock(&lock); return (nvmlReturn_t)injected; }
@@ -509,6 +515,34 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
         infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFFu;
     }
     *count = have;
+    LEAVE(NVML_SUCCESS);
+}
+
+/* nvmlEccSramErrorStatus_v1_t as nvml.h lays it out; the version must be nvmlEccSramErrorStatus_v1. */
+typedef struct {
+    unsigned int version;
+    unsigned long long aggregateUncParity, aggregateUncSecDed, aggregateCor, volatileUncParity, volatileUncSecDed,
+        volatileCor, aggregateUncBucketL2, aggregateUncBucketSm, aggregateUncBucketPcie, aggregateUncBucketMcu,
+        aggregateUncBucketOther;
+    unsigned int bThresholdExceeded;
+} fake_sram_status_t;
+#define FAKE_SRAM_STATUS_V1 0x1000068u
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+
+nvmlReturn_t nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t device, fake_sram_status_t *out) {
+    ENTER("nvmlDeviceGetSramEccErrorStatus");
+    jnode *sram = jget(gpu, "sram");
+    if (!sram || sram->type != J_OBJ) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (!out) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (out->version != FAKE_SRAM_STATUS_V1) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned int version = out->version;
+    memset(out, 0, sizeof(*out));
+    out->version = version;
+    out->volatileUncParity = (unsigned long long)jnum(sram, "volatile_unc_parity", 0);
+    out->volatileUncSecDed = (unsigned long long)jnum(sram, "volatile_unc_secded", 0);
+    out->aggregateUncParity = (unsigned long long)jnum(sram, "aggregate_unc_parity", 0);
+    out->aggregateUncSecDed = (unsigned long long)jnum(sram, "aggregate_unc_secded", 0);
+    out->bThresholdExceeded = (unsigned int)jnum(sram, "threshold_exceeded", 0);
     LEAVE(NVML_SUCCESS);
 }
 

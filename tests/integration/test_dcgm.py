@@ -199,11 +199,12 @@ def test_bindings_values_become_observations():
 
 
 def test_a_health_incident_is_reported_per_gpu():
-    incident = SimpleNamespace(entityInfo=SimpleNamespace(entityId=1), system=0x10, health=20,
+    incident = SimpleNamespace(entityInfo=SimpleNamespace(entityGroupId=1, entityId=1), system=0x10, health=20,
                                error=SimpleNamespace(msg="Volatile DBE detected", code=3))
     modules, _ = fake_bindings({}, [incident])
     health = [o for o in BindingsReader(modules).read(0.0) if o.signal is Signal.DCGM_HEALTH]
-    assert [(o.gpu.uuid, o.value) for o in health] == [("GPU-dcgm-0", 0), ("GPU-dcgm-1", 20)]
+    assert [(o.gpu.uuid if o.gpu else None, o.value) for o in health] == [
+        ("GPU-dcgm-0", 0), ("GPU-dcgm-1", 20), (None, 0)]
     assert "mem: Volatile DBE detected" in str(health[1].attrs["message"])
 
 
@@ -234,3 +235,33 @@ def test_a_hung_dcgm_read_is_unknown_never_a_fault():
     finally:
         release.set()
         source.caller.close()
+
+
+def test_a_switch_or_link_incident_is_never_charged_to_the_gpu_with_the_same_id():
+    """DCGM numbers each entity group on its own: NVSwitch 1 and link 0 are not GPU 1 and GPU 0."""
+    switch = SimpleNamespace(entityInfo=SimpleNamespace(entityGroupId=3, entityId=1), system=0x800, health=20,
+                             error=SimpleNamespace(msg="NVSwitch fatal error", code=52))
+    link = SimpleNamespace(entityInfo=SimpleNamespace(entityGroupId=6, entityId=0), system=0x2, health=10,
+                           error=SimpleNamespace(msg="link down", code=9))
+    modules, _ = fake_bindings({}, [switch, link])
+    health = [o for o in BindingsReader(modules).read(0.0) if o.signal is Signal.DCGM_HEALTH]
+    assert [(o.gpu.uuid, o.value) for o in health if o.gpu] == [("GPU-dcgm-0", 0), ("GPU-dcgm-1", 0)]
+    [node] = [o for o in health if o.gpu is None]
+    assert (node.value, node.attrs["entity_group"], node.attrs["entity_id"]) == (20, "switch", 1)
+
+
+def test_dcgm_sram_threshold_and_unrepairable_memory_are_read():
+    latest = {0: {346: value(1), 1507: value(1)}, 1: {346: value(0), 1507: value(0)}}
+    modules, _ = fake_bindings(latest, [])
+    observations = BindingsReader(modules).read(0.0)
+    flags = {(o.signal, o.gpu.uuid, o.value) for o in observations
+             if o.signal in {Signal.SRAM_THRESHOLD_EXCEEDED, Signal.MEMORY_UNREPAIRABLE}}
+    assert flags == {(Signal.SRAM_THRESHOLD_EXCEEDED, "GPU-dcgm-0", 1), (Signal.MEMORY_UNREPAIRABLE, "GPU-dcgm-0", 1),
+                     (Signal.SRAM_THRESHOLD_EXCEEDED, "GPU-dcgm-1", 0), (Signal.MEMORY_UNREPAIRABLE, "GPU-dcgm-1", 0)}
+
+
+def test_an_absurd_dcgm_threshold_is_ignored():
+    latest = {0: {150: value(35), 158: value(0), 159: value(0)}}
+    modules, _ = fake_bindings(latest, [])
+    [temperature] = [o for o in BindingsReader(modules).read(0.0) if o.signal is Signal.TEMPERATURE]
+    assert "shutdown_c" not in temperature.attrs and "slowdown_c" not in temperature.attrs

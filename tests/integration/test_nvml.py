@@ -188,12 +188,13 @@ def test_an_nvlink_that_was_up_and_went_down_is_counted(fake_nvml):
         nvml.stop()
 
 
-def test_a_link_down_since_boot_is_not_counted(fake_nvml):
+def test_a_link_down_since_boot_gives_no_reading_never_a_healthy_one(fake_nvml):
+    """With no baseline for link 3 the agent cannot tell: no NVLink reading at all, neither down nor healthy."""
     fake_nvml.write(eight_gpus(**{"0": {"nvlink": {"links": 18, "down": [3]}}}))
     nvml = source()
     try:
-        [down] = [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 0]
-        assert down.value == 0
+        assert [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 0] == []
+        assert nvml.gpus[0].readings["nvlinks_without_baseline"] == 1
     finally:
         nvml.stop()
 

@@ -99,3 +99,48 @@ def test_load_rules_raises_with_all_problems(tmp_path: Path):
     (tmp_path / "a.yaml").write_text("rules: 3")
     with pytest.raises(InputErrors):
         load_rules(tmp_path)
+
+
+def _shipped_copy(tmp_path: Path) -> Path:
+    from agent.engine import builtin_rules_dir
+    for path in builtin_rules_dir().glob("*.yaml"):
+        (tmp_path / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("left_out", "family"), [("xid.yaml", "the Xid rules"), ("node.yaml", "GPU loss"),
+                                                  ("recovery_action.yaml", "the recovery-action rules")])
+def test_rules_without_a_required_family_fail_lint_with_one_line(tmp_path: Path, left_out, family):
+    """A rules directory that leaves out the Xid, GPU-loss or recovery rules would blind the agent."""
+    rules_dir = _shipped_copy(tmp_path)
+    (rules_dir / left_out).unlink()
+    [problem] = lint_rules(rules_dir)
+    assert "required rule families missing" in problem.line() and family in problem.line()
+
+
+def test_an_override_that_turns_a_telemetry_rule_into_a_drain_fails():
+    """A per-model override is checked like the rule it changes: it cannot open a loophole."""
+    text = """
+rules:
+- id: cannot-read
+  signal: source_unreadable
+  severity: unknown
+  action: notify
+  fault_class: telemetry
+  summary: "cannot read {gpu}"
+  source: test
+  recovery: {kind: quiet, quiet_seconds: 30}
+  overrides:
+  - models: ["*A100*"]
+    severity: fatal
+    action: drain
+"""
+    [line] = _problems(text)
+    assert "override 1 (models *A100*)" in line and "telemetry" in line
+
+
+def test_an_override_with_an_action_beyond_its_severity_fails():
+    text = VALID.replace("recovery: {kind: boot}", "recovery: {kind: boot}\n  overrides:\n"
+                         "  - models: [\"*H100*\"]\n    severity: warning")
+    [line] = _problems(text)
+    assert "override 1" in line and "needs severity degraded or fatal" in line

@@ -120,3 +120,32 @@ def test_an_unknown_scenario_lists_the_builtin_ones():
 
 def test_verdict_kinds_are_fault_or_cleared():
     assert {v["kind"] for v in run("recovery")["verdicts"]} <= {str(k) for k in VerdictKind}
+
+
+def test_a_crash_looping_job_never_quarantines_the_node():
+    """One owner's pods crash-looping on a GPU are one workload: the application's, not the node's."""
+    report = run("crash-looping-job")
+    assert report["verdicts"] and not any(v["quarantine"] for v in report["verdicts"])
+    assert not {a["kind"] for a in report["actions"]} & (DISRUPTIVE | {"taint"})
+
+
+def test_faults_across_owners_hold_until_a_diagnostic_releases_them():
+    """Three owners on one GPU: NoSchedule, no eviction, still held long after any quiet timer."""
+    report = run("app-faults-across-workloads")
+    assert any(f["rule_id"] == "xid-app-faults-across-workloads" for f in report["active_faults"])
+    assert "evict" not in {a["kind"] for a in report["actions"]}
+
+
+def test_a_prolonged_power_brake_stops_new_work_evicts_nothing_and_clears():
+    report = run("power-brake-prolonged")
+    prolonged = [(v["kind"], v["at"]) for v in report["verdicts"] if v["rule_id"] == "clocks-power-brake-prolonged"]
+    assert prolonged == [("fault", 900.0), ("cleared", 3000.0)]
+    kinds = {a["kind"] for a in report["actions"]}
+    assert {"taint", "untaint"} <= kinds and "evict" not in kinds
+
+
+def test_a_gpu_missing_after_the_reboot_stays_a_fatal_fault():
+    """The reboot clears Xid 79; the GPU that did not come back is marked for replacement and stays so."""
+    report = run("gpu-missing-after-boot")
+    assert [f["rule_id"] for f in report["active_faults"]] == ["gpu-missing"]
+    assert "mark_replacement" in {a["kind"] for a in report["actions"]}
