@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.engine import RuleSet
-from agent.fakecluster import FakeApiServer, FakeCluster, populate
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
@@ -17,6 +16,7 @@ from agent.k8s.node import NodeWriter
 from agent.model import Observation, Signal, action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from agent.sources.scenario import Scenario, expand, inventory
 
 

@@ -6,7 +6,6 @@ import itertools
 from dataclasses import dataclass
 
 from agent.engine import builtin_rules_dir, load_rules
-from agent.fakecluster import FakeApiServer, FakeCluster, populate
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import Apis, client_for
@@ -18,6 +17,7 @@ from agent.k8s.pods import PodFinder
 from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 
 RULES = load_rules(builtin_rules_dir())
 TAINT = "gpu-health-agent.io/unhealthy"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.fakecluster import FakeApiServer, FakeCluster, populate
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from tests.k8s_helpers import gpu_node
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is installed by scripts/test")

@@ -2,10 +2,10 @@
 
 import pytest
 
-from agent.fakecluster.server import RESOURCES
 from agent.k8s import retry
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
+from agent.simulation.fake_apiserver.server import RESOURCES
 from tests.k8s_helpers import TAINT, gpu_node, make_agent, start_cluster
 
 

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from agent.fakecluster.patch import PatchError, json_merge_patch, json_patch, strategic_merge_patch
+from agent.simulation.fake_apiserver.patch import PatchError, json_merge_patch, json_patch, strategic_merge_patch
 
 
 @dataclass(frozen=True, slots=True)
