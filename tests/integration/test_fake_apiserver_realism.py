@@ -152,7 +152,8 @@ def test_a_taint_with_an_unknown_effect_is_invalid(api):
     code, body = request(server, "PATCH", "/api/v1/nodes/n1",
                          {"spec": {"taints": [{"key": "a", "effect": "NoWay"}]}}, "application/merge-patch+json")
     assert code == 422 and body["reason"] == "Invalid"
-    assert "spec.taints[0].effect" in body["message"] and body["details"]["causes"][0]["field"] == "spec.taints[0].effect"
+    assert "spec.taints[0].effect" in body["message"]
+    assert body["details"]["causes"][0]["field"] == "spec.taints[0].effect"
     assert not cluster.node("n1")["spec"].get("taints")
 
 
