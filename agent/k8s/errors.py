@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 
 from agent.errors import AgentError
 
@@ -80,6 +81,8 @@ def translate(exc: BaseException, *, request: str = "", timeout: tuple[float, fl
         if status >= 500 or status == 0:
             kind = EvictionRefused if status == 500 and MULTIPLE_PDBS in message else Unavailable
         return kind(message, status=status, reason=reason)
+    if isinstance(exc, ConfigException):  # the service-account token could not be re-read for this call
+        return Unavailable(f"API credentials could not be refreshed: {_one_line(exc)}")
     cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason else exc
     server = _server_of(exc)
     what = f" ({request})" if request else ""
@@ -123,5 +126,5 @@ def api_call(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return func(*args, **kwargs)
     except K8sError:
         raise
-    except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+    except (ApiException, urllib3.exceptions.HTTPError, OSError, ConfigException) as exc:
         raise translate(exc) from exc

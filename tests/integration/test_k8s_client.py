@@ -9,10 +9,12 @@ from contextlib import contextmanager
 
 import pytest
 import yaml
+from kubernetes.config.config_exception import ConfigException
 
 from agent.k8s import retry
 from agent.k8s.client import Apis, Timeouts, client_for, load_api_client
-from agent.k8s.errors import ApiTimeout, ClientConfigError, Unavailable, api_call
+from agent.k8s.errors import ApiTimeout, ClientConfigError, Unavailable, api_call, translate
+from tests.conftest import FIXTURES
 
 
 @contextmanager
@@ -156,3 +158,21 @@ def test_in_cluster_environment_without_a_port_is_a_config_error(tmp_path, monke
     with pytest.raises(ClientConfigError):
         load_api_client(service_account_dir=tmp_path)
 
+
+
+def test_a_complete_in_cluster_environment_gives_a_client_for_the_service_address(tmp_path, monkeypatch):
+    """Token, CA and service address present: the client talks to https://HOST:PORT with the bearer token."""
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "ca.crt").write_text((FIXTURES / "k8s" / "ca.crt").read_text())
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api_client, how = load_api_client(service_account_dir=tmp_path)
+    assert how == "in-cluster service account"
+    assert api_client.configuration.host == "https://10.96.0.1:443"
+    assert api_client.configuration.api_key["BearerToken"] == "bearer sa-token"
+
+
+def test_a_token_that_cannot_be_refreshed_is_unavailable_in_one_line():
+    """The rotated service-account token unreadable at call time is a transient API error, not a crash."""
+    error = translate(ConfigException("Service token file does not exist."))
+    assert isinstance(error, Unavailable) and "\n" not in str(error) and "token" in str(error)
