@@ -13,43 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
-
-def silent_listener() -> tuple[socket.socket, threading.Event]:
-    """A socket that accepts connections (and holds them) but never writes."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    done = threading.Event()
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not done.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                continue
-        for connection in held:
-            connection.close()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return listener, done
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.net_helpers import refused_url, silent_server  # noqa: E402
 
 
 def kubeconfig(directory: Path, url: str) -> Path:
@@ -90,18 +63,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        listener, done = silent_listener()
-        try:
-            cases = {"hung": f"http://127.0.0.1:{listener.getsockname()[1]}",
-                     "refused": f"http://127.0.0.1:{free_port()}"}
-            for name, url in cases.items():
+        with silent_server() as hung:
+            for name, url in {"hung": hung, "refused": refused_url()}.items():
                 seconds, code = run_agent(kubeconfig(directory, url), directory / f"{name}.db", args.duration,
                                           args.source)
                 outcome = f"exit {code}" if code is not None else "killed (did not exit)"
                 print(f"api {name:8s} run --duration {args.duration:g}: {seconds:6.1f} s to exit ({outcome})")
-        finally:
-            done.set()
-            listener.close()
 
 
 if __name__ == "__main__":

@@ -89,10 +89,10 @@ def translate(exc: BaseException, *, request: str = "", timeout: tuple[float, fl
     if isinstance(cause, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
         return Unavailable(f"API server {server} refused the connection{what}")
     if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):
-        bound = f" within {timeout[0]:g}s" if timeout else ""
+        bound = f" within {timeout[0]:.1f}s" if timeout else ""
         return ApiTimeout(f"API server {server} could not be reached{bound}{what}")
     if isinstance(cause, urllib3.exceptions.TimeoutError | TimeoutError):
-        bound = f" within {timeout[1]:g}s" if timeout else ""
+        bound = f" within {timeout[1]:.1f}s" if timeout else ""
         return ApiTimeout(f"API server {server} did not answer{bound}{what}")
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
         return Unavailable(f"API server {server} unreachable{what}: {_one_line(cause)}")

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import yaml
@@ -15,35 +12,7 @@ from agent.k8s import retry
 from agent.k8s.client import Apis, Timeouts, client_for, load_api_client
 from agent.k8s.errors import ApiTimeout, ClientConfigError, Unavailable, api_call, translate
 from tests.conftest import FIXTURES
-
-
-@contextmanager
-def silent_server() -> Iterator[str]:
-    """A server that accepts every connection and never answers a byte."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    held: list[socket.socket] = []
-    done = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.05)
-        while not done.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        done.set()
-        thread.join()
-        for connection in held:
-            connection.close()
-        listener.close()
+from tests.net_helpers import refused_url, silent_server
 
 
 def call_in_thread(func) -> tuple[threading.Thread, list[BaseException]]:
@@ -118,15 +87,12 @@ def test_retries_of_a_hung_server_stop_at_the_deadline():
 
 def test_an_unreachable_server_is_unavailable_in_one_line():
     """Connection refused becomes Unavailable with the server's address, without urllib3's wrapper text."""
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    core = Apis.of(client_for(f"http://127.0.0.1:{port}")).core
+    url = refused_url()
+    core = Apis.of(client_for(url)).core
     with pytest.raises(Unavailable) as caught:
         api_call(core.read_node, "n1")
     message = str(caught.value)
-    assert "\n" not in message and f"127.0.0.1:{port}" in message
+    assert "\n" not in message and url.removeprefix("http://") in message
     assert "Max retries" not in message and "HTTPConnection" not in message
 
 
