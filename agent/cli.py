@@ -113,16 +113,18 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         replay = load_scenario(scenario)
         node = dataclasses.replace(inventory(replay), name=config.node_name)
         extra.append(ScenarioSource(replay, node, speed=speed))
-    api_client, how = None, "no in-cluster configuration and no kubeconfig"
-    if cluster_configured(config.remediation.kubeconfig or None):
-        # The Kubernetes client is large: it is loaded only where there is a cluster to talk to.
-        from agent.k8s.client import load_api_client  # noqa: PLC0415
-        from agent.k8s.cluster import build_cluster_side  # noqa: PLC0415
-
-        api_client, how = load_api_client(kubeconfig=config.remediation.kubeconfig or None)
+    how = "no in-cluster configuration and no kubeconfig"
     cluster = None
     stuck, budget = LateMetric(), LateMetric()
-    if api_client is not None:
+    if cluster_configured(config.remediation.kubeconfig or None):
+        # The Kubernetes client is large: it is loaded only where there is a cluster to talk to. A cluster
+        # that is configured but unusable (ClientConfigError) ends the start with one line, exit 1.
+        from agent.k8s.client import Timeouts, load_api_client  # noqa: PLC0415
+        from agent.k8s.cluster import build_cluster_side  # noqa: PLC0415
+
+        api_client, how = load_api_client(kubeconfig=config.remediation.kubeconfig or None,
+                                          timeouts=Timeouts(connect=config.remediation.api_connect_timeout_seconds,
+                                                            read=config.remediation.api_read_timeout_seconds))
         cluster = build_cluster_side(api_client, config, on_stuck=lambda pod: stuck(1), on_budget=budget)
     daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra, cluster=cluster)
     stuck.target = lambda _: daemon.metrics.evictions_stuck.inc()
@@ -159,9 +161,9 @@ def release(node_name: str | None, gpu_uuid: str, kubeconfig: str | None) -> Non
 
     config = load_config(None)
     name = node_name or config.node_name
-    api_client, how = load_api_client(kubeconfig=kubeconfig)
-    if api_client is None:
-        _fail([f"release: no cluster ({how})"], code=1)
+    if not cluster_configured(kubeconfig or config.remediation.kubeconfig or None):
+        _fail(["release: no cluster (no in-cluster configuration and no kubeconfig)"], code=1)
+    api_client, _ = load_api_client(kubeconfig=kubeconfig or config.remediation.kubeconfig or None)
     request_release(api_client, name, gpu_uuid)
     click.echo(f"node/{name}: release of {gpu_uuid} requested; the agent applies it within "
                f"{config.remediation.node_sync_seconds:g}s")

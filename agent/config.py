@@ -78,6 +78,8 @@ class RemediationConfig(_Section):
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     node_sync_seconds: float = Field(default=30.0, gt=0)
     kubeconfig: str = ""
+    api_connect_timeout_seconds: float = Field(default=3.0, gt=0)
+    api_read_timeout_seconds: float = Field(default=10.0, gt=0)
 
 
 class HttpConfig(_Section):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.engine import RuleSet
-from agent.fakecluster import FakeApiServer, FakeCluster, populate
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
@@ -17,6 +17,7 @@ from agent.k8s.node import NodeWriter
 from agent.model import Observation, Signal, action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from agent.sources.scenario import Scenario, expand, inventory
 
 
@@ -85,8 +86,11 @@ class SimulationReport:
 def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPolicy,
                         journal: Journal | None = None) -> SimulationReport:
     """The scenario against the real Kubernetes actuators and an in-process fake API server holding the
-    scenario's node and pods (over real HTTP); a GPU reset is simulated, since there is no GPU."""
-    cluster = FakeCluster()
+    scenario's node and pods (over real HTTP); a GPU reset is simulated, since there is no GPU. The fake
+    cluster keeps the scenario's virtual time, so evicted pods finish terminating as the scenario runs."""
+    clock = _VirtualClock()
+    started = time.time()
+    cluster = FakeCluster(clock=lambda: started + clock())
     populate(cluster, inventory(scenario))
     server = FakeApiServer(cluster).start()
     try:
@@ -97,7 +101,8 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
         actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{name}/simulate"),
                                evictor=Evictor(apis.core), budget=budget,
                                reset=lambda uuid: (True, f"simulated reset of {uuid} (no GPU here)"))
-        report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal)
+        report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal,
+                          clock=clock)
     finally:
         server.stop()
     report.cluster = cluster
@@ -112,10 +117,11 @@ def simulate(
     actuator: Actuator | None = None,
     gate: ClusterGate | None = None,
     journal: Journal | None = None,
+    clock: _VirtualClock | None = None,
 ) -> SimulationReport:
     """Run every observation of the scenario through a fresh pipeline, ticking the virtual clock."""
     node = inventory(scenario)
-    clock = _VirtualClock()
+    clock = clock or _VirtualClock()
     pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=actuator, gate=gate,
                         journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p")
     lines: list[TimelineLine] = []

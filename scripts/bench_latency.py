@@ -28,11 +28,11 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from agent.config import load_config  # noqa: E402
 from agent.daemon import Daemon  # noqa: E402
 from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
-from agent.fakecluster import FakeApiServer, FakeCluster, populate  # noqa: E402
 from agent.k8s.client import client_for  # noqa: E402
 from agent.k8s.cluster import build_cluster_side  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
 from agent.model import NodeInventory, Observation, PodRef, Signal  # noqa: E402
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate  # noqa: E402
 from tests.conftest import eight_gpus  # noqa: E402
 
 NODE = "bench-node"

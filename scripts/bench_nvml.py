@@ -26,11 +26,11 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
-from agent.fakecluster import FakeApiServer, FakeCluster, populate  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
 from agent.model import NodeInventory, Signal  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402
 from agent.remediation import GuardPolicy, Mode  # noqa: E402
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate  # noqa: E402
 from agent.sources.nvml import NvmlSource, load_pynvml  # noqa: E402
 from tests.conftest import eight_gpus  # noqa: E402
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 from agent.engine import builtin_rules_dir, load_rules
-from agent.fakecluster import FakeApiServer, FakeCluster, populate
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import Apis, client_for
@@ -18,6 +18,8 @@ from agent.k8s.pods import PodFinder
 from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
+from agent.simulation.fake_apiserver.server import DEFAULT_GRACE_SECONDS
 
 RULES = load_rules(builtin_rules_dir())
 TAINT = "gpu-health-agent.io/unhealthy"
@@ -44,9 +46,25 @@ class Agent:
         return self.pipeline.handle(Observation(Signal.XID, xid, at, "kmsg", self.inventory.gpus[gpu]), at)
 
 
+class ClusterClock:
+    """The fake cluster's own clock, moved by the test: a terminating pod is gone once it passes the deadline."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def start_cluster() -> tuple[FakeCluster, FakeApiServer]:
-    cluster = FakeCluster()
+    cluster = FakeCluster(clock=ClusterClock())
     return cluster, FakeApiServer(cluster).start()
+
+
+def grace_period_passes(cluster: FakeCluster, seconds: float = DEFAULT_GRACE_SECONDS) -> None:
+    """Evicted pods finish terminating, as the kubelet ends them after their grace period."""
+    cluster.clock.now += seconds  # type: ignore[attr-defined]
+    cluster.finish_terminations()
 
 
 def make_agent(cluster: FakeCluster, server: FakeApiServer, inventory: NodeInventory, *,

@@ -11,5 +11,8 @@ def kubeconfig_path(explicit: str | None = None) -> Path:
 
 
 def cluster_configured(kubeconfig: str | None = None) -> bool:
-    """In-cluster service-account environment, or a kubeconfig file: only then is the client loaded."""
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or kubeconfig_path(kubeconfig).is_file()
+    """Whether this node is meant to talk to a cluster: the in-cluster service-account environment, a
+    kubeconfig named in the agent's config (present or not: naming one means it), or a kubeconfig file where
+    kubectl looks ($KUBECONFIG, ~/.kube/config). Only where none of these is there is the agent in local mode."""
+    return (bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or bool(kubeconfig)
+            or kubeconfig_path(None).is_file())

@@ -1,4 +1,4 @@
-"""The Kubernetes client's exceptions, translated once into the agent's own errors."""
+"""The Kubernetes client's exceptions, translated once into the agent's own errors, each one clear line."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 
 from agent.errors import AgentError
 
@@ -51,18 +52,61 @@ class Unavailable(K8sError):
     transient = True
 
 
-def translate(exc: BaseException) -> K8sError:
+class ApiTimeout(Unavailable):
+    """The server took the connection (or not) and did not answer within the request's timeout."""
+
+
+class EvictionRefused(K8sError):
+    """The API refuses this eviction outright and will keep refusing it (a pod under more than one
+    PodDisruptionBudget answers 500): retrying cannot help, a human must decide."""
+
+
+class ClientConfigError(AgentError):
+    """A cluster is configured (service-account environment or kubeconfig) but cannot be used."""
+
+
+#: The eviction subresource answers a pod matched by two or more PodDisruptionBudgets with a bare 500 Status
+#: (no reason, no cause) carrying this text (kubernetes pkg/registry/core/pod/storage/eviction.go).
+MULTIPLE_PDBS = "more than one PodDisruptionBudget"
+
+
+def translate(exc: BaseException, *, request: str = "", timeout: tuple[float, float] | None = None) -> K8sError:
+    """The one place a client exception becomes an agent error; `request` ("GET /api/v1/...") and
+    `timeout` (connect, read) name what failed."""
     if isinstance(exc, ApiException):
         status = int(exc.status or 0)
         message, reason = _status_message(exc)
         kind: type[K8sError] = {409: Conflict, 404: NotFound, 429: TooManyRequests, 401: Forbidden,
                                 403: Forbidden, 400: Invalid, 415: Invalid, 422: Invalid}.get(status, K8sError)
         if status >= 500 or status == 0:
-            kind = Unavailable
+            kind = EvictionRefused if status == 500 and MULTIPLE_PDBS in message else Unavailable
         return kind(message, status=status, reason=reason)
+    if isinstance(exc, ConfigException):  # the service-account token could not be re-read for this call
+        return Unavailable(f"API credentials could not be refreshed: {_one_line(exc)}")
+    cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason else exc
+    server = _server_of(exc)
+    what = f" ({request})" if request else ""
+    if isinstance(cause, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
+        return Unavailable(f"API server {server} refused the connection{what}")
+    if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):
+        bound = f" within {timeout[0]:.1f}s" if timeout else ""
+        return ApiTimeout(f"API server {server} could not be reached{bound}{what}")
+    if isinstance(cause, urllib3.exceptions.TimeoutError | TimeoutError):
+        bound = f" within {timeout[1]:.1f}s" if timeout else ""
+        return ApiTimeout(f"API server {server} did not answer{bound}{what}")
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-        return Unavailable(f"API server unreachable: {exc}")
-    return K8sError(f"{type(exc).__name__}: {exc}")
+        return Unavailable(f"API server {server} unreachable{what}: {_one_line(cause)}")
+    return K8sError(f"{type(exc).__name__}: {_one_line(exc)}")
+
+
+def _server_of(exc: BaseException) -> str:
+    pool = getattr(exc, "pool", None)
+    host, port = getattr(pool, "host", None), getattr(pool, "port", None)
+    return f"{host}:{port}" if host else "(unknown address)"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _status_message(exc: ApiException) -> tuple[str, str]:
@@ -71,8 +115,9 @@ def _status_message(exc: ApiException) -> tuple[str, str]:
     except (TypeError, ValueError):
         body = {}
     if isinstance(body, dict) and body.get("message"):
-        return f"{exc.status} {body.get('reason', '')}: {body['message']}".strip(), str(body.get("reason", ""))
-    return f"{exc.status} {exc.reason}", str(exc.reason or "")
+        reason = str(body.get("reason") or "")
+        return " ".join(f"{f'{exc.status} {reason}'.strip()}: {body['message']}".split()), reason
+    return " ".join(f"{exc.status} {exc.reason}".split()), str(exc.reason or "")
 
 
 def api_call(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -81,5 +126,5 @@ def api_call(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return func(*args, **kwargs)
     except K8sError:
         raise
-    except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+    except (ApiException, urllib3.exceptions.HTTPError, OSError, ConfigException) as exc:
         raise translate(exc) from exc

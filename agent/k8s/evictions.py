@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agent.k8s.errors import NotFound, TooManyRequests, api_call
+from agent.k8s.errors import EvictionRefused, NotFound, TooManyRequests, api_call
 from agent.k8s.retry import with_retries
 
 
@@ -26,7 +26,8 @@ class EvictionResult:
 
 
 class Evictor:
-    """One eviction attempt per call; a 429 is retried by the caller until the pod's deadline, then STUCK."""
+    """One eviction attempt per call; a 429 is retried by the caller until the pod's deadline, then STUCK.
+    A refusal that retrying cannot lift (a pod under more than one PodDisruptionBudget) is STUCK at once."""
 
     def __init__(self, core: Any, *, deadline_seconds: float = 600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -44,6 +45,11 @@ class Evictor:
         except NotFound:
             self._first_refused.pop(key, None)
             return EvictionResult(EvictionOutcome.GONE, "the pod is already gone")
+        except EvictionRefused as exc:
+            self._first_refused.pop(key, None)
+            self.stuck.add(key)
+            return EvictionResult(EvictionOutcome.STUCK, f"the API refuses this eviction for good ({exc}); "
+                                                         "not forced: a human decides")
         except TooManyRequests as exc:
             first = self._first_refused.setdefault(key, self.clock())
             waited = self.clock() - first

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TypeVar
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    stop_before_delay,
+    wait_random_exponential,
+)
 
 from agent.k8s.errors import Conflict, K8sError
 
@@ -17,20 +26,41 @@ WAIT = True
 #: a step that still fails is retried by the pipeline itself on its next pass.
 DEFAULT_DEADLINE_SECONDS = 5.0
 
+#: The monotonic time by which the innermost `with_retries` in progress must be done; the client cuts each
+#: request's timeouts to it, so a retried call never outlives its deadline by a whole read timeout.
+_deadline: ContextVar[float | None] = ContextVar("k8s_retry_deadline", default=None)
+
+
+def remaining_seconds() -> float | None:
+    """Seconds left before the deadline of the retries in progress, or None outside any."""
+    deadline = _deadline.get()
+    return None if deadline is None else deadline - time.monotonic()
+
 
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, K8sError) and exc.transient
 
 
 def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None) -> T:
-    """func(), retried on transient errors (5xx, unreachable) until the deadline."""
-    retrying = Retrying(
-        retry=retry_if_exception(_transient),
-        stop=stop_after_delay(DEFAULT_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds),
-        wait=wait_random_exponential(multiplier=0.2, max=5) if WAIT else wait_random_exponential(max=0),
-        reraise=True,
-    )
-    return retrying(func)
+    """func(), retried on transient errors (5xx, unreachable, timed out) until the deadline.
+
+    No attempt starts, and no backoff sleeps, past the deadline; requests sent meanwhile have their
+    timeouts cut to what is left of it (see `remaining_seconds`).
+    """
+    seconds = DEFAULT_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds
+    outer = _deadline.get()
+    deadline = time.monotonic() + seconds
+    token = _deadline.set(deadline if outer is None else min(outer, deadline))
+    try:
+        retrying = Retrying(
+            retry=retry_if_exception(_transient),
+            stop=stop_after_delay(seconds) | stop_before_delay(seconds),
+            wait=wait_random_exponential(multiplier=0.2, max=5) if WAIT else wait_random_exponential(max=0),
+            reraise=True,
+        )
+        return retrying(func)
+    finally:
+        _deadline.reset(token)
 
 
 def on_conflict(func: Callable[[], T], *, attempts: int = 8) -> T:

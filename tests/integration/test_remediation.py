@@ -2,11 +2,11 @@
 
 import pytest
 
-from agent.fakecluster.server import RESOURCES
 from agent.k8s import retry
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
-from tests.k8s_helpers import TAINT, gpu_node, make_agent, start_cluster
+from agent.simulation.fake_apiserver.server import RESOURCES
+from tests.k8s_helpers import TAINT, gpu_node, grace_period_passes, make_agent, start_cluster
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +46,9 @@ def test_a_fatal_fault_taints_conditions_and_evicts_exactly_the_pod_on_that_gpu(
     assert condition["status"] == "True"
     assert "GPU-n1-0003" in condition["message"] and "0000:1b:00.0" in condition["message"]
     assert "xid-79" in condition["message"]
+    terminating = {p["metadata"]["name"] for p in cluster.pods_on("n1") if p["metadata"].get("deletionTimestamp")}
+    assert terminating == {"n1-trainer-3"}
+    grace_period_passes(cluster)
     remaining = {p["metadata"]["name"] for p in cluster.pods_on("n1")}
     assert "n1-trainer-3" not in remaining
     assert {f"n1-trainer-{i}" for i in (0, 1, 2, 4, 5, 6, 7)} | {"gpu-health-agent-n1"} == remaining
@@ -138,6 +141,7 @@ def test_an_api_server_that_is_down_fails_the_steps_and_they_land_when_it_is_bac
     retried = agent.pipeline.tick(10.0)
     assert results(retried)[(StepKind.TAINT, "n1")] is StepResult.APPLIED
     assert any(e["reason"] == "GpuFatalFault" for e in cluster.events())  # the refused Event was sent again
+    grace_period_passes(cluster)
     assert "n1-trainer-3" not in {p["metadata"]["name"] for p in cluster.pods_on("n1")}
 
 
@@ -192,6 +196,8 @@ def test_a_fleet_wide_false_positive_storm_stays_within_the_budget(fake):
     agents = [make_agent(cluster, server, gpu_node(f"n{i}"), max_nodes=2, max_percent=10) for i in range(10)]
     for agent in agents:
         agent.fault(0)
+    grace_period_passes(cluster)
+
     def still_there(agent):
         return {p["metadata"]["name"] for p in cluster.pods_on(agent.inventory.name)}
 
@@ -283,6 +289,7 @@ def test_too_many_faulty_gpus_move_every_gpu_pod(fake):
                        reset=lambda uuid: (False, "reset refused"))
     agent.fault(1, xid=48)
     agent.fault(2, xid=48, at=2.0)
+    grace_period_passes(cluster)
     assert {p["metadata"]["name"] for p in cluster.pods_on("n1")} == {"gpu-health-agent-n1"}
 
 

@@ -112,3 +112,47 @@ def test_history_without_a_journal_says_so(tmp_path: Path):
     result = CliRunner().invoke(main, ["history", "--journal", str(tmp_path / "none.db")])
     assert result.exit_code == 1
     assert "no journal yet" in result.output
+
+
+def run_briefly(tmp_path: Path, **env: str | None):
+    """`run --duration 0.2` on a scenario instead of GPU sources, with only the given cluster settings."""
+    base: dict[str, str | None] = {
+        "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db"), "GPU_HEALTH_HTTP__HOST": "127.0.0.1",
+        "GPU_HEALTH_SOURCES__KMSG__ENABLED": "off", "GPU_HEALTH_SOURCES__NVML__ENABLED": "off",
+        "GPU_HEALTH_SOURCES__DCGM__ENABLED": "off", "NODE_NAME": "cli-node", "HOME": str(tmp_path),
+        "KUBECONFIG": None, "KUBERNETES_SERVICE_HOST": None, "KUBERNETES_SERVICE_PORT": None,
+    }
+    return CliRunner().invoke(main, ["run", "--port", "0", "--duration", "0.2", "--scenario", "xid79"],
+                              env={**base, **env})
+
+
+def test_run_in_a_pod_with_a_broken_service_account_config_exits_1_with_one_line(tmp_path: Path):
+    """The in-cluster environment present but unusable is a failed start, never a silent local mode."""
+    result = run_briefly(tmp_path, KUBERNETES_SERVICE_HOST="10.96.0.1")
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0
+    assert "in-cluster configuration" in result.output and "local mode" not in result.output
+
+
+def test_run_with_a_configured_kubeconfig_that_is_broken_exits_1_with_one_line(tmp_path: Path):
+    """A kubeconfig the config names but that does not parse stops the start with its path."""
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("clusters: [this is not a kubeconfig")
+    result = run_briefly(tmp_path, GPU_HEALTH_REMEDIATION__KUBECONFIG=str(broken))
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0
+    assert str(broken) in result.output
+
+
+def test_run_with_a_configured_kubeconfig_that_is_missing_exits_1(tmp_path: Path):
+    """Naming a kubeconfig in the config means cluster mode: a missing file is an error, not local mode."""
+    result = run_briefly(tmp_path, GPU_HEALTH_REMEDIATION__KUBECONFIG=str(tmp_path / "absent"))
+    assert result.exit_code == 1
+    assert "local mode" not in result.output
+
+
+def test_run_with_no_cluster_configured_at_all_runs_in_local_mode(tmp_path: Path):
+    """No service-account environment and no kubeconfig anywhere: local mode, exit 0."""
+    result = run_briefly(tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "local mode" in result.output

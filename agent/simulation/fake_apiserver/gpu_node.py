@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.fakecluster.server import RESOURCES, FakeCluster, now_rfc3339
 from agent.model import NodeInventory
+from agent.simulation.fake_apiserver.server import RESOURCES, FakeCluster, now_rfc3339
 
 _NAMESPACES = next(r for r in RESOURCES if r.plural == "namespaces")
 

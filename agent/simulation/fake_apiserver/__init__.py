@@ -1,6 +1,6 @@
 """A faithful fake Kubernetes API server (real HTTP) and a GPU node to put in it, for tests and `simulate`."""
 
-from agent.fakecluster.gpu_node import populate
-from agent.fakecluster.server import ApiError, FakeApiServer, FakeCluster
+from agent.simulation.fake_apiserver.gpu_node import populate
+from agent.simulation.fake_apiserver.server import ApiError, FakeApiServer, FakeCluster
 
 __all__ = ["ApiError", "FakeApiServer", "FakeCluster", "populate"]

@@ -1,10 +1,13 @@
 """A faithful fake Kubernetes API server over real HTTP, for tests and `simulate`.
 
 It serves what the agent and `kubectl` use: discovery; nodes (get, list with label selectors, the three
-patch types, resourceVersion preconditions answered with 409, the status subresource); pods (list
-with field selectors); pods/eviction with PodDisruptionBudget semantics (429 when no disruption is
-allowed); events.k8s.io/v1 events; coordination.k8s.io/v1 leases; apps/v1 daemonsets; and injected
-faults (5xx, latency, downtime, conflicts). Objects live in memory.
+patch types, resourceVersion preconditions answered with 409, the status subresource, taint validation);
+pods (list with field selectors, graceful deletion: a deleted or evicted pod keeps a deletionTimestamp
+until its grace period has passed on the cluster's clock, or `finish_termination`); pods/eviction with
+PodDisruptionBudget semantics (429 when no disruption is allowed, the bare 500 for a pod under two
+budgets); events.k8s.io/v1 events (validated as on creation); coordination.k8s.io/v1 leases; apps/v1
+daemonsets; and injected faults (5xx, latency, downtime, conflicts). Objects live in memory. What still
+differs from a real server is listed in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -16,13 +19,19 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from agent.fakecluster.patch import PatchError, json_merge_patch, json_patch, strategic_merge_patch
+from agent.simulation.fake_apiserver.patch import PatchError, json_merge_patch, json_patch, strategic_merge_patch
+from agent.simulation.fake_apiserver.validation import FieldError, validate_event, validate_node
+
+#: A pod's terminationGracePeriodSeconds when its spec gives none (the API server's default).
+DEFAULT_GRACE_SECONDS = 30
+MULTIPLE_PDBS = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +62,8 @@ RESOURCES = [
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_rfc3339(at: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if at is None else at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ApiError(Exception):
@@ -64,7 +73,9 @@ class ApiError(Exception):
 
     def status(self) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                "message": self.message, "reason": self.reason, "code": self.code}
+                                "message": self.message, "code": self.code}
+        if self.reason:
+            body["reason"] = self.reason
         if self.details:
             body["details"] = self.details
         return body
@@ -83,10 +94,23 @@ class Faults:
     _conflicted: set[str] = field(default_factory=set)
 
 
-class FakeCluster:
-    """The objects, with a cluster-wide resourceVersion counter; thread-safe."""
+def invalid_object(kind: str, name: str, errors: list[FieldError]) -> ApiError:
+    """422 Invalid as the API server words it: every field error in the message and as a cause."""
+    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: '
+                    + ", ".join(f"{e.field}: {e.message}" for e in errors),
+                    {"name": name, "kind": kind, "causes": [e.cause() for e in errors]})
 
-    def __init__(self) -> None:
+
+class FakeCluster:
+    """The objects, with a cluster-wide resourceVersion counter; thread-safe.
+
+    `clock` (seconds since the epoch) is the cluster's own time: deletionTimestamps are set from it, and a
+    terminating pod is gone once it passes its deadline, as a kubelet (or kwok) would finish it.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._terminating: dict[tuple[str, str, str, str], float] = {}
         self.lock = threading.RLock()
         self.revision = 1
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
@@ -119,7 +143,10 @@ class FakeCluster:
             if key in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{resource.plural} "{name}" already exists')
             meta.setdefault("uid", str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp", now_rfc3339())
+            meta.setdefault("creationTimestamp", now_rfc3339(self.clock()))
+            if resource.kind == "Pod":
+                obj.setdefault("spec", {}).setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            _validate(resource, namespace, obj)
             self.objects[key] = self._stamp(resource, obj)
             return copy.deepcopy(self.objects[key])
 
@@ -140,6 +167,18 @@ class FakeCluster:
 
     def replace(self, resource: Resource, namespace: str, name: str, obj: dict[str, Any],
                 subresource: str = "") -> dict[str, Any]:
+        """PUT: the body names the object of the URL; resourceVersion, when given, must be current."""
+        given = obj.get("metadata", {})
+        if given.get("name") and given["name"] != name:
+            raise ApiError(400, "BadRequest", f"the name of the object ({given['name']}) does not match the name "
+                                              f"on the URL ({name})")
+        if resource.namespaced and given.get("namespace") and given["namespace"] != namespace:
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the namespace "
+                                              "sent on the request")
+        return self._update(resource, namespace, name, obj, subresource)
+
+    def _update(self, resource: Resource, namespace: str, name: str, obj: dict[str, Any],
+                subresource: str = "") -> dict[str, Any]:
         with self.lock:
             current = self.get(resource, namespace, name)
             wanted = obj.get("metadata", {}).get("resourceVersion")
@@ -151,6 +190,10 @@ class FakeCluster:
             if resource.namespaced:
                 updated["metadata"]["namespace"] = namespace
             updated["metadata"]["name"] = name
+            for kept in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+                if kept in current["metadata"]:
+                    updated["metadata"][kept] = current["metadata"][kept]
+            _validate(resource, namespace, updated)
             self.objects[self._key(resource, namespace, name)] = self._stamp(resource, updated)
             return copy.deepcopy(self.objects[self._key(resource, namespace, name)])
 
@@ -177,38 +220,96 @@ class FakeCluster:
             wanted = patched.get("metadata", {}).get("resourceVersion")
             if wanted and wanted != current["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict", _conflict_message(resource, name))
+            renamed = patched.get("metadata", {}).get("name")
+            if renamed != name:
+                raise invalid_object(resource.kind, name, [FieldError(
+                    "metadata.name", "FieldValueInvalid", f'Invalid value: "{renamed}": field is immutable')])
             patched.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
-            return self.replace(resource, namespace, name, patched, subresource)
+            return self._update(resource, namespace, name, patched, subresource)
 
-    def delete(self, resource: Resource, namespace: str, name: str) -> dict[str, Any]:
+    def delete(self, resource: Resource, namespace: str, name: str, *,
+               grace_seconds: int | None = None) -> dict[str, Any]:
+        """Delete, gracefully for a pod bound to a node: it gets a deletionTimestamp and stays (Terminating)
+        until its grace period (the pod's own, or `grace_seconds`) passes; a later, shorter grace period
+        moves the deadline in, a longer one never out. Zero, an unbound or a finished pod: gone at once."""
         with self.lock:
             obj = self.get(resource, namespace, name)
-            del self.objects[self._key(resource, namespace, name)]
+            key = self._key(resource, namespace, name)
+            if resource.kind == "Pod":
+                period = _grace_period(obj, grace_seconds)
+                if period > 0:
+                    return self._terminate(resource, key, obj, period)
+            del self.objects[key]
+            self._terminating.pop(key, None)
             self.revision += 1
             return obj
 
+    def _terminate(self, resource: Resource, key: tuple[str, str, str, str], pod: dict[str, Any],
+                   period: int) -> dict[str, Any]:
+        deadline = self.clock() + period
+        if key in self._terminating and self._terminating[key] <= deadline:
+            return pod
+        self._terminating[key] = deadline
+        pod["metadata"]["deletionTimestamp"] = now_rfc3339(deadline)
+        pod["metadata"]["deletionGracePeriodSeconds"] = period
+        self.objects[key] = self._stamp(resource, pod)
+        return copy.deepcopy(pod)
+
+    def finish_terminations(self) -> None:
+        """Remove the terminating pods whose grace period has passed on the cluster's clock."""
+        with self.lock:
+            now = self.clock()
+            for key in [k for k, deadline in self._terminating.items() if deadline <= now]:
+                self._finish(key)
+
+    def finish_termination(self, namespace: str, name: str) -> None:
+        """A terminating pod's containers have exited: the kubelet removes it now (grace period 0)."""
+        with self.lock:
+            key = self._key(_BY_PATH[("", "v1", "pods")], namespace, name)
+            if key not in self._terminating:
+                raise ValueError(f"pod {namespace}/{name} is not terminating")
+            self._finish(key)
+
+    def _finish(self, key: tuple[str, str, str, str]) -> None:
+        self._terminating.pop(key, None)
+        if self.objects.pop(key, None) is not None:
+            self.revision += 1
+
     # ---- eviction ----
-    def evict(self, namespace: str, name: str) -> None:
-        """Evict a pod unless a PodDisruptionBudget forbids it (429), as the Eviction API does."""
+    def evict(self, namespace: str, name: str, *, grace_seconds: int | None = None) -> None:
+        """Evict a pod as the Eviction API does: a pod already terminating, finished or pending goes without
+        asking; a pod under two or more PodDisruptionBudgets is refused with a bare 500; one budget that
+        allows no disruption refuses with 429; otherwise the pod is marked DisruptionTarget and deleted
+        (gracefully)."""
         pods = _BY_PATH[("", "v1", "pods")]
         pdbs = _BY_PATH[("policy", "v1", "poddisruptionbudgets")]
         with self.lock:
             pod = self.get(pods, namespace, name)
-            for pdb in self.list_objects(pdbs, namespace):
+            if _budget_ignored(pod):
+                self.delete(pods, namespace, name, grace_seconds=grace_seconds)
+                return
+            covering = [pdb for pdb in self.list_objects(pdbs, namespace)
+                        if _selector_matches(pdb.get("spec", {}).get("selector", {}), pod)]
+            if len(covering) > 1:
+                raise ApiError(500, "", MULTIPLE_PDBS)
+            for pdb in covering:
                 selector = pdb.get("spec", {}).get("selector", {})
-                if not _selector_matches(selector, pod):
-                    continue
                 matching = [p for p in self.list_objects(pods, namespace) if _selector_matches(selector, p)]
                 healthy = [p for p in matching if _pod_ready(p)]
                 allowed = _disruptions_allowed(pdb, len(matching), len(healthy))
-                if allowed <= 0:
+                if allowed <= 0 and _pod_ready(pod):
                     raise ApiError(429, "TooManyRequests",
                                    "Cannot evict pod as it would violate the pod's disruption budget.",
                                    {"causes": [{"reason": "DisruptionBudget", "message":
                                                 f"The disruption budget {pdb['metadata']['name']} needs "
                                                 f"{len(healthy) - allowed} healthy pods and has {len(healthy)} "
                                                 f"currently"}]})
-            self.delete(pods, namespace, name)
+            conditions = [c for c in pod.get("status", {}).get("conditions", []) if c.get("type") != "DisruptionTarget"]
+            conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                               "message": "Eviction API: evicting", "lastTransitionTime": now_rfc3339(self.clock())})
+            pod.setdefault("status", {})["conditions"] = conditions
+            self.objects[self._key(pods, namespace, name)] = self._stamp(pods, pod)
+            self.delete(pods, namespace, name, grace_seconds=grace_seconds)
 
     # ---- helpers for tests and simulate ----
     def add(self, kind_plural: str, obj: dict[str, Any], *, group: str = "", namespace: str = "") -> dict[str, Any]:
@@ -219,6 +320,7 @@ class FakeCluster:
         return self.get(_BY_PATH[("", "v1", "nodes")], "", name)
 
     def pods_on(self, node: str) -> list[dict[str, Any]]:
+        self.finish_terminations()
         return self.list_objects(_BY_PATH[("", "v1", "pods")], None, field_selector=f"spec.nodeName={node}")
 
     def events(self) -> list[dict[str, Any]]:
@@ -244,9 +346,36 @@ def _keep_parts(resource: Resource, current: dict[str, Any], updated: dict[str, 
     return updated
 
 
+def _validate(resource: Resource, namespace: str, obj: dict[str, Any]) -> None:
+    name = obj.get("metadata", {}).get("name", "")
+    if resource.kind == "Node":
+        errors = validate_node(obj)
+    elif resource.kind == "Event" and resource.group == "events.k8s.io":
+        errors = validate_event(obj, namespace)
+    else:
+        return
+    if errors:
+        raise invalid_object(resource.kind, name, errors)
+
+
+def _grace_period(pod: dict[str, Any], asked: int | None) -> int:
+    """The grace period a delete gives a pod: none for an unbound or finished one (nothing runs it)."""
+    if not pod.get("spec", {}).get("nodeName") or pod.get("status", {}).get("phase") in {"Succeeded", "Failed"}:
+        return 0
+    if asked is not None:
+        return max(int(asked), 0)
+    return int(pod.get("spec", {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+
+
+def _budget_ignored(pod: dict[str, Any]) -> bool:
+    """Pods an eviction deletes without asking a budget: terminating, finished or not yet running."""
+    phase = pod.get("status", {}).get("phase")
+    return bool(pod["metadata"].get("deletionTimestamp")) or phase in {"Succeeded", "Failed", "Pending"}
+
+
 def _pod_ready(pod: dict[str, Any]) -> bool:
     status = pod.get("status", {})
-    if status.get("phase") != "Running":
+    if status.get("phase") != "Running" or pod.get("metadata", {}).get("deletionTimestamp"):
         return False
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
 
@@ -336,6 +465,15 @@ def _fields_match(obj: dict[str, Any], selector: str) -> bool:
         if (str(actual) == value.strip()) == negate:
             return False
     return True
+
+
+def _asked_grace(options: dict[str, Any] | None, query: dict[str, str]) -> int | None:
+    """gracePeriodSeconds from DeleteOptions (the body, or an Eviction's deleteOptions) or the query."""
+    value = (options or {}).get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        raise ApiError(400, "BadRequest", f"gracePeriodSeconds {value!r} is not a number") from None
 
 
 # ---- HTTP ----
@@ -442,6 +580,7 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
             url = urlparse(self.path)
             query = {k: v[0] for k, v in parse_qs(url.query).items()}
             faults = cluster.faults
+            cluster.finish_terminations()
             with cluster.lock:
                 faults.requests += 1
                 writing = method in {"POST", "PUT", "PATCH", "DELETE"}
@@ -498,7 +637,8 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
             if sub == "eviction":
                 if method != "POST":
                     raise ApiError(405, "MethodNotAllowed", "eviction takes POST")
-                cluster.evict(namespace, name)
+                cluster.evict(namespace, name, grace_seconds=_asked_grace(
+                    (body or {}).get("deleteOptions") if isinstance(body, dict) else None, query))
                 return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                              "code": 201}
             if method == "GET" and not name:
@@ -520,7 +660,10 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                 content_type = self.headers.get("Content-Type", "")
                 return 200, cluster.patch(resource, namespace, name, content_type, body, sub)
             if method == "DELETE" and name:
-                cluster.delete(resource, namespace, name)
+                deleted = cluster.delete(resource, namespace, name,
+                                         grace_seconds=_asked_grace(body if isinstance(body, dict) else None, query))
+                if resource.kind == "Pod":
+                    return 200, deleted
                 return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200}
             raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
 

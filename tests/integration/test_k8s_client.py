@@ -1,0 +1,146 @@
+"""The Kubernetes client layer: every call bounded in time, every failure one of the agent's own errors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import yaml
+from kubernetes.config.config_exception import ConfigException
+
+from agent.k8s import retry
+from agent.k8s.client import Apis, Timeouts, client_for, load_api_client
+from agent.k8s.errors import ApiTimeout, ClientConfigError, Unavailable, api_call, translate
+from tests.conftest import FIXTURES
+from tests.net_helpers import refused_url, silent_server
+
+
+def call_in_thread(func) -> tuple[threading.Thread, list[BaseException]]:
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            func()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, raised
+
+
+def test_a_server_that_never_answers_fails_the_call_at_the_read_timeout():
+    """A hung API server turns into ApiTimeout once the read timeout passes, not a call blocked for ever."""
+    with silent_server() as url:
+        core = Apis.of(client_for(url, timeouts=Timeouts(connect=0.5, read=0.5))).core
+        thread, raised = call_in_thread(lambda: api_call(core.read_node, "n1"))
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the call was still blocked a minute later"
+    assert len(raised) == 1 and isinstance(raised[0], ApiTimeout)
+
+
+def test_the_timeout_of_a_kubeconfig_client_is_the_one_asked_for(tmp_path):
+    """load_api_client's timeouts reach every call of the client it returns."""
+    with silent_server() as url:
+        kubeconfig = tmp_path / "config"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": url}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+        api_client, _ = load_api_client(kubeconfig=str(kubeconfig), timeouts=Timeouts(connect=0.5, read=0.7))
+        core = Apis.of(api_client).core
+        thread, raised = call_in_thread(lambda: api_call(core.list_node))
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the call was still blocked a minute later"
+    assert len(raised) == 1 and isinstance(raised[0], ApiTimeout)
+    assert "within 0.7s" in str(raised[0])
+
+
+def test_a_timeout_is_one_line_naming_the_request_and_the_bound():
+    """The operator reads what timed out and after how long, not urllib3's retry wrapper."""
+    with silent_server() as url:
+        core = Apis.of(client_for(url, timeouts=Timeouts(connect=0.5, read=0.5))).core
+        thread, raised = call_in_thread(lambda: api_call(core.read_node, "n1"))
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the call was still blocked a minute later"
+    assert len(raised) == 1 and isinstance(raised[0], ApiTimeout) and raised[0].transient
+    message = str(raised[0])
+    assert "\n" not in message
+    assert "GET /api/v1/nodes/n1" in message and "within 0.5s" in message
+    assert "Max retries" not in message
+
+
+def test_retries_of_a_hung_server_stop_at_the_deadline():
+    """Timeouts are retried as transient, and the deadline cuts the last attempt short."""
+    with silent_server() as url:
+        core = Apis.of(client_for(url, timeouts=Timeouts(connect=0.2, read=30.0))).core
+        calls = []
+
+        def read() -> object:
+            calls.append(1)
+            return api_call(core.read_node, "n1")
+
+        thread, raised = call_in_thread(lambda: retry.with_retries(read, deadline_seconds=1.0))
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "the retries outlived their deadline by far"
+    assert len(raised) == 1 and isinstance(raised[0], ApiTimeout)
+
+
+def test_an_unreachable_server_is_unavailable_in_one_line():
+    """Connection refused becomes Unavailable with the server's address, without urllib3's wrapper text."""
+    url = refused_url()
+    core = Apis.of(client_for(url)).core
+    with pytest.raises(Unavailable) as caught:
+        api_call(core.read_node, "n1")
+    message = str(caught.value)
+    assert "\n" not in message and url.removeprefix("http://") in message
+    assert "Max retries" not in message and "HTTPConnection" not in message
+
+
+def test_in_cluster_environment_without_its_token_is_a_config_error(tmp_path, monkeypatch):
+    """The service-account mount missing its token fails the load with one line, never local mode."""
+    (tmp_path / "ca.crt").write_text("not read before the token")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with pytest.raises(ClientConfigError) as caught:
+        load_api_client(service_account_dir=tmp_path)
+    assert "\n" not in str(caught.value) and "token" in str(caught.value)
+
+
+def test_in_cluster_environment_with_a_broken_ca_is_a_config_error(tmp_path, monkeypatch):
+    """A CA bundle that is not a certificate fails at start, not at the first API call."""
+    (tmp_path / "token").write_text("t")
+    (tmp_path / "ca.crt").write_text("not a certificate")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with pytest.raises(ClientConfigError) as caught:
+        load_api_client(service_account_dir=tmp_path)
+    assert "\n" not in str(caught.value) and "ca.crt" in str(caught.value)
+
+
+def test_in_cluster_environment_without_a_port_is_a_config_error(tmp_path, monkeypatch):
+    """KUBERNETES_SERVICE_HOST without its port is a broken pod, reported as such."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    with pytest.raises(ClientConfigError):
+        load_api_client(service_account_dir=tmp_path)
+
+
+
+def test_a_complete_in_cluster_environment_gives_a_client_for_the_service_address(tmp_path, monkeypatch):
+    """Token, CA and service address present: the client talks to https://HOST:PORT with the bearer token."""
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "ca.crt").write_text((FIXTURES / "k8s" / "ca.crt").read_text())
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api_client, how = load_api_client(service_account_dir=tmp_path)
+    assert how == "in-cluster service account"
+    assert api_client.configuration.host == "https://10.96.0.1:443"
+    assert api_client.configuration.api_key["BearerToken"] == "bearer sa-token"
+
+
+def test_a_token_that_cannot_be_refreshed_is_unavailable_in_one_line():
+    """The rotated service-account token unreadable at call time is a transient API error, not a crash."""
+    error = translate(ConfigException("Service token file does not exist."))
+    assert isinstance(error, Unavailable) and "\n" not in str(error) and "token" in str(error)
