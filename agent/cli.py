@@ -250,6 +250,52 @@ def release(node_name: str | None, gpu_uuid: str, kubeconfig: str | None) -> Non
                f"{config.remediation.node_sync_seconds:g}s")
 
 
+@main.command()
+@click.option("--all-nodes", is_flag=True, help="Every node of the cluster, plus DeviceTaintRules and Leases.")
+@click.option("--node", "nodes", multiple=True, help="Only this node (repeatable).")
+@click.option("--dry-run", is_flag=True, help="List what would be removed; change nothing.")
+@click.option("--force", is_flag=True, help="Clean even while agent pods still run (they will set marks again).")
+@click.option("--config", "config_path", type=click.Path(), help="The agent's config (its taint key, namespace).")
+@click.option("--kubeconfig", type=click.Path(), help="Kubeconfig with operator credentials (default: KUBECONFIG).")
+@_reporting_bad_input
+def cleanup(all_nodes: bool, nodes: tuple[str, ...], dry_run: bool, force: bool, config_path: str | None,
+            kubeconfig: str | None) -> None:
+    """Remove every mark the agent left (taint, its cordon, conditions, labels, annotations, DeviceTaintRules,
+    its Lease) and nothing it did not set. Run after uninstalling; --dry-run lists them first."""
+    from agent.k8s.cleanup import Cleaner, Scope  # noqa: PLC0415 - the client is loaded only when needed
+    from agent.k8s.client import load_api_client  # noqa: PLC0415
+
+    if all_nodes == bool(nodes):
+        _fail(["cleanup: give --all-nodes or --node NAME (not both)"])
+    config = _config(config_path)
+    api_client, how = load_api_client(kubeconfig=kubeconfig)
+    if api_client is None:
+        _fail([f"cleanup: no cluster ({how})"], code=EXIT_FAILED)
+    cleaner = Cleaner.connect(api_client, Scope(taint_key=config.remediation.taint_key,
+                                                namespace=config.remediation.namespace, nodes=nodes))
+
+    def say(line: str) -> None:
+        click.echo(f"cleanup: {line}", err=True)
+
+    say(f"cluster via {how}")
+    running = cleaner.agent_pods()
+    if running and not dry_run and not force:
+        _fail([f"cleanup: {len(running)} agent pod(s) still run in namespace {config.remediation.namespace} and "
+               "would set their marks again: uninstall first (or --force)"], code=EXIT_FAILED)
+    marks = cleaner.find(progress=say)
+    for mark in marks:
+        if dry_run:
+            click.echo(f"would remove {mark.line()}")
+        else:
+            click.echo(f"{'removed' if cleaner.remove(mark) else 'already gone'}: {mark.line()}")
+    if all_nodes and cleaner.pause_lease_present():
+        say(f"left lease/{config.remediation.namespace}/gpu-health-pause: an operator's pause switch "
+            "(kubectl delete lease it yourself)")
+    done = "would remove" if dry_run else "removed"
+    say(f"{done} {len(marks)} mark(s)" + ("; run again without --dry-run to remove them" if dry_run and marks
+                                          else "" if marks else " (nothing the agent set was found)"))
+
+
 @main.command(name="simulate")
 @click.argument("scenario", required=False)
 @click.option("--list", "list_only", is_flag=True, help="List the built-in scenarios.")

@@ -41,13 +41,17 @@ app.kubernetes.io/name: {{ include "gpu-health-agent.name" . }}
 {{/*
 Renders a manifest file of the kustomize base copied under files/ (scripts/sync-deploy-rules keeps the copy
 current; the drift test fails when it is not): every document gets the chart's labels, the release namespace
-where it had one, and the release's service-account name wherever the base names gpu-health:gpu-health-agent.
+where it had one, and the release's service-account name wherever the base names gpu-health:gpu-health-agent, and the
+chart's name (nameOverride) for gpu-health-agent in object names.
 */}}
 {{- define "gpu-health-agent.fromBase" -}}
 {{- $root := index . 0 -}}
 {{- $file := index . 1 -}}
-{{- $account := printf "system:serviceaccount:%s:%s" $root.Release.Namespace (include "gpu-health-agent.name" $root) -}}
+{{- $name := include "gpu-health-agent.name" $root -}}
+{{- $account := printf "system:serviceaccount:%s:%s" $root.Release.Namespace $name -}}
 {{- $text := $root.Files.Get $file | replace "system:serviceaccount:gpu-health:gpu-health-agent" $account -}}
+{{- /* With nameOverride the objects are renamed too (two releases side by side); label keys stay. */ -}}
+{{- $text = $text | replace "gpu-health-agent.io/" "\x00LABELKEY\x00" | replace "gpu-health-agent" $name | replace "\x00LABELKEY\x00" "gpu-health-agent.io/" -}}
 {{- range $document := regexSplit "(?m)^---\\s*$" $text -1 }}
 {{- $object := fromYaml $document }}
 {{- if $object }}
