@@ -24,7 +24,7 @@ import click
 
 from agent import __version__
 from agent.check import CheckReport, CheckStatus, check_node, exporter_reading, kmsg_snapshot, nvml_reading
-from agent.config import Config, config_as_yaml, load_config
+from agent.config import Config, RemediationConfig, config_as_yaml, load_config
 from agent.daemon import Daemon, rules_dir_of
 from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
 from agent.errors import AgentError, InputError, InputErrors
@@ -33,7 +33,7 @@ from agent.httpserver import AgentHttpServer
 from agent.journal import Journal
 from agent.k8s.detect import cluster_configured
 from agent.logs import configure_logging
-from agent.model import AttrValue, GpuRef, Observation, Signal, VerdictKind, normalise_pci
+from agent.model import AttrValue, GpuRef, Observation, Signal, StepKind, StepResult, VerdictKind, normalise_pci
 from agent.remediation import GuardPolicy, Mode
 from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kernel_log import KernelLogParser, KernelRecord
@@ -52,6 +52,8 @@ EXIT_BAD_INPUT = 2
 
 
 POSITIVE = click.FloatRange(min=0, min_open=True)
+DEFAULT_MODE = Config.model_fields["mode"].default
+DEFAULT_REMEDIATION = RemediationConfig()
 
 
 class LateMetric:
@@ -375,8 +377,8 @@ def _first_gpu_pci(config: Config) -> str:
 @click.argument("scenario", required=False)
 @click.option("--list", "list_only", is_flag=True, help="List the built-in scenarios.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document with verdicts and actions.")
-@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=Mode.REMEDIATE.value,
-              show_default=True)
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=str(DEFAULT_MODE), show_default=True,
+              help="The agent's mode (default: the agent's own default).")
 @click.option("--dry-run", is_flag=True, help="Record what would be done.")
 @click.option("--rules", "rules_dir", type=click.Path(), help="Rules directory (default: the shipped rules).")
 @click.option("--journal", "journal_path", type=click.Path(), help="Also record into this journal file.")
@@ -419,13 +421,24 @@ def render_report(report: SimulationReport) -> str:
     scenario = report.scenario
     node = report.pipeline.inventory
     models = sorted({g.model for g in node.gpus})
+    mode = report.pipeline.policy.mode
     lines = [f"scenario {scenario.name}: {' '.join(scenario.description.split())}",
-             f"node {node.name}: {len(node.gpus)} x {', '.join(models)}; mode {report.pipeline.policy.mode}"
+             f"node {node.name}: {len(node.gpus)} x {', '.join(models)}; mode {mode}"
              f"{' (dry-run)' if report.pipeline.policy.dry_run else ''}; "
-             f"{'fake cluster (real HTTP, real actuators)' if report.cluster else 'local mode (no cluster)'}", ""]
-    for line in report.lines:
-        lines.extend(_render_line(line))
+             f"{'fake cluster (real HTTP, real actuators)' if report.cluster else 'local mode (no cluster)'}"]
+    if mode is not Mode.REMEDIATE:
+        lines.append(f"in mode {mode} evictions, GPU resets and reboot requests are skipped "
+                     "(--mode remediate shows them)")
     lines.append("")
+    skipped: set[tuple[str, str, str]] = set()
+    hidden = 0
+    for line in report.lines:
+        rendered, repeats = _render_line(line, skipped)
+        lines.extend(rendered)
+        hidden += repeats
+    lines.append("")
+    if hidden:
+        lines.append(f"({hidden} repeat(s) of a step already reported as skipped are not shown)")
     lines.append("GPU status: " + ", ".join(
         f"{key[:12]}={status}" for key, status in report.pipeline.gpu_statuses().items() if status != "healthy"
     ) if any(s != "healthy" for s in report.pipeline.gpu_statuses().values()) else "GPU status: all healthy")
@@ -435,7 +448,15 @@ def render_report(report: SimulationReport) -> str:
     return "\n".join(lines)
 
 
-def _render_line(line: TimelineLine) -> list[str]:
+_STEP_NOTE = {
+    StepKind.TAINT: f"{DEFAULT_REMEDIATION.taint_key}:{DEFAULT_REMEDIATION.taint_effect}",
+    StepKind.UNTAINT: DEFAULT_REMEDIATION.taint_key,
+    StepKind.REBOOT_REQUEST: "a request for a reboot tool such as kured; the agent never reboots",
+}
+
+
+def _render_line(line: TimelineLine, skipped: set[tuple[str, str, str]]) -> tuple[list[str], int]:
+    """The lines for one timeline entry, and how many repeated skipped steps were left out."""
     out = []
     stamp = f"t={line.at:9.3f}s"
     if line.observation is not None:
@@ -452,10 +473,18 @@ def _render_line(line: TimelineLine) -> list[str]:
         else:
             out.append(f"{'':13}  verdict   {verdict.severity.upper()} {verdict.rule_id}: {verdict.summary} "
                        f"-> {verdict.action} [{verdict.fault_class}]{when}")
+    hidden = 0
     for action in line.outcome.actions:
+        if action.result is StepResult.SKIPPED:
+            key = (str(action.step.kind), action.step.target, action.step.rule_id)
+            if key in skipped:
+                hidden += 1
+                continue
+            skipped.add(key)
         why = f" ({action.message})" if action.message and action.result.value not in {"planned", "applied"} else ""
-        out.append(f"{'':13}  action    {action.step.kind} {action.step.target}: {action.result}{why}")
-    return out
+        note = f" ({_STEP_NOTE[action.step.kind]})" if action.step.kind in _STEP_NOTE else ""
+        out.append(f"{'':13}  action    {action.step.kind} {action.step.target}{note}: {action.result}{why}")
+    return out, hidden
 
 
 def _num(value: float) -> str:

@@ -37,14 +37,14 @@ def test_simulate_json_has_verdicts_and_actions_with_kind_target_result():
 
 
 def test_simulate_prints_a_readable_timeline():
-    result = invoke("simulate", "xid79")
+    result = invoke("simulate", "xid79", "--mode", "remediate")
     assert "observed  xid 79" in result.output
     assert "FATAL xid-79" in result.output
     assert "evict ml/trainer-3: applied" in result.output
 
 
 def test_simulate_local_only_plans():
-    result = invoke("simulate", "xid79", "--local")
+    result = invoke("simulate", "xid79", "--local", "--mode", "remediate")
     assert "evict ml/trainer-3: planned" in result.output
     assert "local mode" in result.output
 
@@ -240,3 +240,25 @@ def test_kmsg_parse_says_how_many_lines_it_read_and_did_not_recognise(tmp_path: 
     result = invoke("kmsg", "parse", str(log))
     assert result.stderr.strip() == (f"{log}: read 3 line(s): 1 NVIDIA record(s) shown, "
                                      "1 Xid line(s) not recognised")
+
+
+def test_simulate_defaults_to_the_agents_own_mode_and_says_what_it_skips():
+    """The agent's default is quarantine: simulate shows that, and says what remediate would add."""
+    output = invoke("simulate", "xid79").output
+    assert "mode quarantine" in output.splitlines()[1]
+    assert "in mode quarantine evictions, GPU resets and reboot requests are skipped" in output
+
+
+def test_simulate_names_the_taint_and_calls_a_reboot_request_a_request():
+    """The taint step shows key and effect; a reboot request is a request for a reboot tool."""
+    output = invoke("simulate", "xid79", "--mode", "remediate").output
+    assert "taint gpu-node-1 (gpu-health-agent.io/unhealthy:NoSchedule): applied" in output
+    assert "reboot_request gpu-node-1 (a request for a reboot tool such as kured; the agent never reboots)" in output
+
+
+def test_simulate_reports_a_skipped_step_once_per_fault():
+    """A step the mode skips is reported once, not on every observation of the fault."""
+    output = invoke("simulate", "recovery").output
+    skipped = [line for line in output.splitlines() if ": skipped" in line]
+    assert len(skipped) == len(set(skipped))
+    assert "repeat(s) of a step already reported as skipped are not shown" in output
