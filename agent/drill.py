@@ -13,6 +13,7 @@ them for a fault.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.model import AttrValue
+from agent.model import Action, AttrValue, Observation, Verdict, frozen_attrs
 
 DRILL_MARK = "gpu-health-agent drill"
 TEST_MARK = "gpu-health-agent test record, not a fault"
@@ -55,6 +56,24 @@ class DrillRequest:
     def attrs(self) -> dict[str, AttrValue]:
         """What marks the observation (and so the verdict, its Event and its metrics) as a drill."""
         return {"drill": self.drill_id, "drill_full": self.full}
+
+
+def marked(observation: Observation, request: DrillRequest) -> Observation:
+    """The observation of an admitted drill record, carrying the drill's marks (the verdict's evidence gets them)."""
+    return dataclasses.replace(observation, attrs=frozen_attrs({**dict(observation.attrs), **request.attrs()}))
+
+
+def contain(verdict: Verdict) -> Verdict:
+    """A drill's verdict as the planner must see it: notify only (condition, Event, metrics; no taint, eviction,
+    reset or reboot) unless the request was a full drill; its summary says DRILL. Other verdicts pass as they are."""
+    drill = verdict.evidence.get("drill")
+    if not drill:
+        return verdict
+    summary = f"DRILL {drill} (not a fault): {verdict.summary}"
+    if verdict.evidence.get("drill_full") is True:
+        return dataclasses.replace(verdict, summary=summary)
+    action = verdict.action if verdict.action.rank <= Action.NOTIFY.rank else Action.NOTIFY
+    return dataclasses.replace(verdict, action=action, summary=summary)
 
 
 def drill_id_of(message: str) -> str | None:

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from agent.drill import DrillBox, drill_id_of, new_request, write_kmsg
+from agent.model import Action, Severity, Signal
 from agent.sources.kernel_log import KernelLogParser
 from agent.sources.kmsg import KERNEL_FACILITY, RecordReader
 from tests.conftest import wait_for
@@ -152,3 +153,38 @@ def test_a_drill_through_the_real_dev_kmsg_comes_back_forged_and_is_admitted_by_
     assert record is not None and (record.kind, record.code, record.pci) == ("xid", 79, "0000:3b:00")
     assert record.prefix.facility != KERNEL_FACILITY
     assert box.admit(record.message, node=NODE, now=time.time()) == filed
+
+
+def test_a_drill_verdict_is_held_at_notify_and_says_drill(tmp_path: Path, shipped_rules):
+    """Xid 79 from a drill record: still fatal (the alert fires), but only notify, and marked DRILL."""
+    from agent.drill import contain, marked
+    from agent.engine import EngineState, evaluate
+    from tests.conftest import obs
+
+    filed = request(DrillBox(tmp_path / "drills"))
+    [verdict] = evaluate(marked(obs(Signal.XID, 79), filed), EngineState(), 0.0, rules=shipped_rules)
+    held = contain(verdict)
+    assert (held.severity, held.action) == (Severity.FATAL, Action.NOTIFY)
+    assert held.summary.startswith(f"DRILL {filed.drill_id} (not a fault): ")
+    assert held.evidence["drill"] == filed.drill_id
+
+
+def test_a_full_drill_keeps_the_rules_action(tmp_path: Path, shipped_rules):
+    """--full: the rule's own action stands (the guard's budget, pause and opt-out still apply)."""
+    from agent.drill import contain, marked
+    from agent.engine import EngineState, evaluate
+    from tests.conftest import obs
+
+    filed = request(DrillBox(tmp_path / "drills"), full=True)
+    [verdict] = evaluate(marked(obs(Signal.XID, 79), filed), EngineState(), 0.0, rules=shipped_rules)
+    assert contain(verdict).action is Action.REBOOT_NODE
+
+
+def test_a_verdict_without_drill_marks_passes_unchanged(shipped_rules):
+    """Real faults are never touched by the drill containment."""
+    from agent.drill import contain
+    from agent.engine import EngineState, evaluate
+    from tests.conftest import obs
+
+    [verdict] = evaluate(obs(Signal.XID, 79), EngineState(), 0.0, rules=shipped_rules)
+    assert contain(verdict) is verdict
