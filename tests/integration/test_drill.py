@@ -188,3 +188,19 @@ def test_a_verdict_without_drill_marks_passes_unchanged(shipped_rules):
 
     [verdict] = evaluate(obs(Signal.XID, 79), EngineState(), 0.0, rules=shipped_rules)
     assert contain(verdict) is verdict
+
+
+@pytest.mark.root
+@needs_root_kmsg
+def test_kmsg_parse_of_dev_kmsg_reads_the_buffer_and_stops():
+    """On the live device, kmsg parse dumps what the ring buffer holds now and exits: it never follows."""
+    import uuid
+
+    from agent.drill import mark_test_record
+
+    nonce = uuid.uuid4().hex
+    write_kmsg(f"NVRM: Xid (PCI:0000:ee:00): 31, pid=1, name=gha-test, {mark_test_record(nonce)}")
+    result = CliRunner().invoke(main, ["kmsg", "parse", "/dev/kmsg", "--json"])
+    assert result.exit_code == 0
+    assert nonce in result.stdout
+    assert "stopped at the end of the buffer (not following)" in result.stderr
