@@ -78,6 +78,15 @@ CASES = [
     ("config show --config BIN", USAGE),
     ("config show --config LATIN", USAGE),
     ("release --kubeconfig MISSING", FAILED),
+    ("drill --xid 0 --pci 0000:3b:00", USAGE),
+    ("drill --wait 0 --pci 0000:3b:00", USAGE),
+    ("drill --full --pci 0000:3b:00", USAGE),
+    ("drill --node someone-else --pci 0000:3b:00", USAGE),
+    ("drill --config BIN", USAGE),
+    ("cleanup", USAGE),
+    ("cleanup --all-nodes --node n1", USAGE),
+    ("cleanup --all-nodes --kubeconfig MISSING", FAILED),
+    ("cleanup --all-nodes --config LATIN", USAGE),
 ]
 
 
