@@ -147,3 +147,14 @@ def test_the_values_schema_rejects_an_unknown_key(helm):
     result = render(helm, "--set", "isolaton=device", check=False)
     assert result.returncode != 0
     assert "isolaton" in result.stderr
+
+
+@pytest.mark.parametrize("copy, source", [
+    ("files/rbac.yaml", "daemonset/rbac.yaml"),
+    ("files/admission-policy.yaml", "daemonset/admission-policy.yaml"),
+    ("files/alerts/gpu-health-alerts.yaml", "daemonset/alerts/gpu-health-alerts.yaml"),
+    *[(f"files/rules/{p.name}", f"rules/{p.name}") for p in sorted((REPO / "rules").glob("*.yaml"))],
+])
+def test_the_charts_copies_are_current(copy: str, source: str):
+    """helm reads nothing outside the chart: its copies of the base's files must equal them."""
+    assert (CHART / copy).read_bytes() == (REPO / source).read_bytes(), "run scripts/sync-deploy-rules"
