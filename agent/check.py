@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,19 @@ from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kmsg import KernelLogProcessor, RecordReader
 from agent.sources.nvml import NvmlSource
 
+
+class CheckStatus(IntEnum):
+    """The exit status of `check`, in the monitoring-plugin convention (Nagios, Icinga, Sensu, Zabbix agents)."""
+
+    OK = 0
+    WARNING = 1
+    CRITICAL = 2
+    UNKNOWN = 3
+
+
+# Which status wins when several apply: a fatal GPU outranks an unreadable one, which outranks a degraded one.
+_PRECEDENCE = (CheckStatus.CRITICAL, CheckStatus.UNKNOWN, CheckStatus.WARNING, CheckStatus.OK)
+
 _STATUS = {Severity.FATAL: "fatal", Severity.DEGRADED: "degraded", Severity.UNKNOWN: "unknown"}
 _RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}
 
@@ -38,6 +52,13 @@ class GpuReport:
         serious = [v for v in self.verdicts if v.severity.rank >= Severity.WARNING.rank]
         return "; ".join(f"{v.rule_id}: {v.summary}" for v in serious) or "no fault"
 
+    @property
+    def short_why(self) -> str:
+        """The reasons without this GPU's own name, UUID and PCI address (the table's columns say those)."""
+        serious = [v for v in self.verdicts if v.severity.rank >= Severity.WARNING.rank]
+        described = self.gpu.describe()
+        return "; ".join(f"{v.rule_id}: {_without(v.summary, described)}" for v in serious) or "-"
+
     def to_json(self) -> dict[str, Any]:
         gpu = gpu_to_dict(self.gpu) or {}
         return {**gpu, "status": self.status, "why": self.why, "verdicts": [verdict_to_dict(v) for v in self.verdicts],
@@ -49,11 +70,43 @@ class CheckReport:
     gpus: list[GpuReport]
     node_verdicts: list[Verdict]
     sources: dict[str, str]
+    unreadable: list[str] = field(default_factory=list)
+
+    def status(self) -> tuple[CheckStatus, str]:
+        """The exit status and a one-line summary saying why (the first line a monitoring system shows)."""
+        counts = {s: sum(1 for g in self.gpus if g.status == s) for s in ("fatal", "unknown", "degraded", "healthy")}
+        reasons: dict[CheckStatus, list[str]] = {s: [] for s in CheckStatus}
+        if counts["fatal"]:
+            reasons[CheckStatus.CRITICAL].append(f"{counts['fatal']} fatal")
+        if not self.gpus:
+            reasons[CheckStatus.UNKNOWN].append("no GPU found")
+        if counts["unknown"]:
+            reasons[CheckStatus.UNKNOWN].append(f"{counts['unknown']} unreadable")
+        reasons[CheckStatus.UNKNOWN].extend(f"source {name} unreadable" for name in self.unreadable)
+        if any(v.severity is Severity.UNKNOWN for v in self.node_verdicts):
+            reasons[CheckStatus.UNKNOWN].append("node-level source unreadable")
+        if counts["degraded"] or any(v.severity.rank >= Severity.WARNING.rank and v.severity is not Severity.UNKNOWN
+                                     for v in self.node_verdicts):
+            reasons[CheckStatus.WARNING].append(f"{counts['degraded']} degraded" if counts["degraded"]
+                                                else "node-level warning")
+        status = next(s for s in _PRECEDENCE if reasons[s] or s is CheckStatus.OK)
+        found = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        details = [r for s in _PRECEDENCE for r in reasons[s] if not r.endswith((" fatal", " degraded"))]
+        summary = f"{len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''}" + (f" ({found})" if found else "")
+        return status, f"{status.name} - {summary}" + (f"; {'; '.join(details)}" if details else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"gpus": [g.to_json() for g in self.gpus],
+        status, summary = self.status()
+        return {"status": status.name, "exit_code": int(status), "summary": summary,
+                "gpus": [g.to_json() for g in self.gpus],
                 "node": {"verdicts": [verdict_to_dict(v) for v in self.node_verdicts]},
-                "sources": self.sources}
+                "sources": self.sources, "unreadable_sources": self.unreadable}
+
+
+def _without(summary: str, described: str) -> str:
+    """A verdict summary with the GPU's own description taken out ("Xid 79 on GPU 3 ... : x" -> "Xid 79: x")."""
+    text = summary.replace(f" on {described}", "").replace(f" ({described})", "").replace(described, "this GPU")
+    return " ".join(text.split())
 
 
 def instantaneous(rules: RuleSet) -> RuleSet:
@@ -76,7 +129,7 @@ def kmsg_snapshot(path: Path, *, now: float) -> list[Observation]:
 
 
 def check_node(rules: RuleSet, *, gpus: list[tuple[GpuRef, dict[str, Any]]], observations: list[Observation],
-               now: float, sources: dict[str, str]) -> CheckReport:
+               now: float, sources: dict[str, str], unreadable: list[str] | None = None) -> CheckReport:
     """Judge every GPU from one reading of each source (GPUs with their readings, and observations)."""
     reports: dict[str, GpuReport] = {ref.key: GpuReport(ref, readings=dict(readings)) for ref, readings in gpus}
     by_pci = {normalise_pci(r.gpu.pci_bus_id): r for r in reports.values() if r.gpu.pci_bus_id}
@@ -94,7 +147,7 @@ def check_node(rules: RuleSet, *, gpus: list[tuple[GpuRef, dict[str, Any]]], obs
             if _RANK[status] > _RANK[report.status]:
                 report.status = status
     ordered = sorted(reports.values(), key=lambda r: (r.gpu.index is None, r.gpu.index or 0, r.gpu.pci_bus_id))
-    return CheckReport(ordered, node_verdicts, sources)
+    return CheckReport(ordered, node_verdicts, sources, list(unreadable or []))
 
 
 def nvml_reading(nvml: NvmlSource) -> tuple[list[tuple[GpuRef, dict[str, Any]]], list[Observation]]:

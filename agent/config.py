@@ -80,6 +80,8 @@ class RemediationConfig(_Section):
     kubeconfig: str = ""
     api_connect_timeout_seconds: float = Field(default=3.0, gt=0)
     api_read_timeout_seconds: float = Field(default=10.0, gt=0)
+    # node: taint the node; device: a DeviceTaintRule per faulty GPU (resource.k8s.io); auto: device where served.
+    isolation: Literal["node", "device", "auto"] = "auto"
 
 
 class HttpConfig(_Section):
@@ -135,6 +137,8 @@ def _read_file(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("not UTF-8 text (a binary file?)", file=str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

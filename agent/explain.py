@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import string
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
 from agent.engine import EngineState, RuleSet, evaluate
+from agent.engine.schema import Recovery, Rule
 from agent.model import AttrValue, GpuRef, Observation, Signal, Verdict, frozen_attrs
 
 CATALOG_XIDS = range(1, 173)
@@ -61,6 +63,7 @@ def explain_xid(rules: RuleSet, xid: int, *, attrs: dict[str, AttrValue] | None 
         "nvidia_action": row.immediate_action if row else None,
         "nvidia_investigatory_action": row.investigatory_action if row else None,
         **_verdict_fields(verdict),
+        "clears": _clears(rules, verdict),
         "variants": variants,
     }
 
@@ -77,8 +80,16 @@ def explain_signal(rules: RuleSet, signal: Signal, value: float, *, attrs: dict[
          "window": r.window.model_dump(), "recovery": r.recovery.model_dump(), "source": r.source}
         for r in rules.for_signal(signal)
     ]
-    result = {"signal": str(signal), "value": value, "attrs": dict(attrs or {}), **_verdict_fields(verdict),
-              "rules": watching}
+    needed = attributes_read(rules.for_signal(signal))
+    missing = [name for name in needed if name not in (attrs or {})]
+    needs = ", ".join(needed) or "none"
+    if missing:
+        needs += f" (not given: {', '.join(missing)}; pass --attr KEY=VALUE)"
+    fields = _verdict_fields(verdict)
+    description = fields["summary"].replace(gpu.describe(), "the GPU") if verdict is not None else None
+    result = {"signal": str(signal), "value": value, "attrs": dict(attrs or {}), **fields,
+              "description": description,
+              "clears": _clears(rules, verdict), "attributes": needed, "needs": needs, "rules": watching}
     if verdict is None and any(r.sustain_seconds or r.window.count > 1 for r in rules.for_signal(signal)):
         result["note"] = "one reading is not enough: some rules need the condition sustained or repeated"
     return result
@@ -97,3 +108,33 @@ def _verdict_fields(verdict: Verdict | None) -> dict[str, Any]:
         "summary": verdict.summary,
         "reason": verdict.evidence.get("reason"),
     }
+
+
+def attributes_read(rules: list[Rule] | tuple[Rule, ...]) -> list[str]:
+    """Every observation attribute these rules test, compare against, count or print, sorted."""
+    names: set[str] = set()
+    for rule in rules:
+        for condition in rule.when:
+            names.update(n for n in (condition.field, condition.ref) if n and n != "value")
+        if rule.window.distinct:
+            names.add(rule.window.distinct)
+        names.update(field for _, field, _, _ in string.Formatter().parse(rule.summary) if field)
+    return sorted(names - {"value", "code", "gpu", "source"})
+
+
+def recovery_text(recovery: Recovery) -> str:
+    """How a fault of this rule clears, in an operator's words."""
+    return {
+        "quiet": f"after {recovery.quiet_seconds:g}s without another occurrence (and, for a polled reading, "
+                 "a healthy one since)",
+        "reset": "after a verified GPU reset (or a new boot) followed by a clean poll",
+        "boot": "after a reboot: a new boot with the GPU present and clean",
+        "operator": "only when an operator releases it (gpu-health-agent release --node N --gpu UUID)",
+    }[recovery.kind]
+
+
+def _clears(rules: RuleSet, verdict: Verdict | None) -> str | None:
+    if verdict is None:
+        return None
+    rule = rules.get(verdict.rule_id)
+    return recovery_text(rule.recovery) if rule is not None else None

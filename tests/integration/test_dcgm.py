@@ -100,7 +100,7 @@ def test_the_dcgm_source_emits_until_stopped(exporter):
 
 def test_check_with_an_exporter_file_uses_only_that_source():
     result = CliRunner().invoke(main, ["check", "--dcgm-exporter", str(FIXTURES / "dcgm" / "faults.prom"), "--json"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 2, result.output  # CRITICAL: GPUs 3, 4 and 7 are fatal
     document = json.loads(result.stdout)
     statuses = {g["index"]: g["status"] for g in document["gpus"]}
     assert statuses == {0: "healthy", 1: "healthy", 2: "degraded", 3: "fatal", 4: "fatal", 5: "degraded",

@@ -220,7 +220,8 @@ def test_check_json_reports_every_gpu_with_status_and_why(fake_nvml, tmp_path: P
     fake_nvml.write(eight_gpus(**{"1": {"temp": 93}, "3": {"ecc": {"dbe_volatile": 1}}}))
     env = _agent_env(tmp_path, fake_nvml.path)
     result = subprocess.run([sys.executable, "-m", "agent", "check", "--json"], env=env, capture_output=True,
-                            text=True, timeout=60, check=True)
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr  # CRITICAL: a GPU is fatal
     document = json.loads(result.stdout)
     statuses = {g["index"]: g["status"] for g in document["gpus"]}
     assert statuses == {0: "healthy", 1: "fatal", 2: "healthy", 3: "fatal", 4: "healthy", 5: "healthy",

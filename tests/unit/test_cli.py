@@ -1,21 +1,32 @@
 """The command line as an operator uses it: exit codes, output shapes, one-line errors."""
 
 import json
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from agent.cli import main
+from tests.conftest import FIXTURES
 
 
 def invoke(*args, env=None):
     return CliRunner().invoke(main, list(args), env=env or {}, catch_exceptions=False)
 
 
-def test_simulate_list_prints_one_name_per_line():
+def test_simulate_list_prints_each_name_with_its_description():
+    """One line per built-in scenario: the name, then what it shows."""
     result = invoke("simulate", "--list")
     assert result.exit_code == 0
-    assert "xid79" in result.output.splitlines()
+    [line] = [line for line in result.output.splitlines() if line.split()[0] == "xid79"]
+    assert "GPU 3 falls off the bus (Xid 79)" in line
+
+
+def test_simulate_list_honours_json():
+    """--list --json: a list of {name, description} objects."""
+    document = json.loads(invoke("simulate", "--list", "--json").output)
+    assert {"name": "xid79"} .items() <= next(d for d in document if d["name"] == "xid79").items()
+    assert all(d["description"] for d in document)
 
 
 def test_simulate_json_has_verdicts_and_actions_with_kind_target_result():
@@ -26,14 +37,14 @@ def test_simulate_json_has_verdicts_and_actions_with_kind_target_result():
 
 
 def test_simulate_prints_a_readable_timeline():
-    result = invoke("simulate", "xid79")
+    result = invoke("simulate", "xid79", "--mode", "remediate")
     assert "observed  xid 79" in result.output
     assert "FATAL xid-79" in result.output
     assert "evict ml/trainer-3: applied" in result.output
 
 
 def test_simulate_local_only_plans():
-    result = invoke("simulate", "xid79", "--local")
+    result = invoke("simulate", "xid79", "--local", "--mode", "remediate")
     assert "evict ml/trainer-3: planned" in result.output
     assert "local mode" in result.output
 
@@ -156,3 +167,142 @@ def test_run_with_no_cluster_configured_at_all_runs_in_local_mode(tmp_path: Path
     result = run_briefly(tmp_path)
     assert result.exit_code == 0, result.output
     assert "local mode" in result.output
+
+
+def exporter_page(tmp_path: Path, *, gpus: set[int]) -> str:
+    """The faults fixture cut down to some of its GPUs (0, 1, 6 healthy; 2, 5 degraded; 3, 4, 7 fatal)."""
+    lines = (FIXTURES / "dcgm" / "faults.prom").read_text().splitlines()
+    kept = [line for line in lines if not (m := re.search(r'gpu="(\d+)"', line)) or int(m.group(1)) in gpus]
+    page = tmp_path / "metrics.prom"
+    page.write_text("\n".join(kept) + "\n")
+    return str(page)
+
+
+def test_check_exits_0_ok_when_every_gpu_is_healthy(tmp_path: Path):
+    """Monitoring-plugin convention: OK is 0, and the first line says so."""
+    result = invoke("check", "--dcgm-exporter", exporter_page(tmp_path, gpus={0, 1, 6}))
+    assert result.exit_code == 0
+    assert result.output.splitlines()[0] == "gpu-health-agent check: OK - 3 GPUs (3 healthy)"
+
+
+def test_check_exits_1_warning_when_a_gpu_is_degraded(tmp_path: Path):
+    """A GPU past its slowdown threshold is WARNING (1)."""
+    result = invoke("check", "--dcgm-exporter", exporter_page(tmp_path, gpus={0, 5}))
+    assert result.exit_code == 1
+    assert result.output.startswith("gpu-health-agent check: WARNING - 2 GPUs (1 degraded, 1 healthy)")
+
+
+def test_check_exits_2_critical_when_any_gpu_is_fatal():
+    """A fatal GPU is CRITICAL (2), whatever the other GPUs say."""
+    result = invoke("check", "--dcgm-exporter", str(FIXTURES / "dcgm" / "faults.prom"))
+    assert result.exit_code == 2
+    assert result.output.startswith("gpu-health-agent check: CRITICAL - 8 GPUs (3 fatal")
+
+
+def test_check_exits_3_unknown_when_the_only_source_cannot_be_read():
+    """No GPU found and an unreadable exporter is UNKNOWN (3), never OK."""
+    result = invoke("check", "--dcgm-exporter", "/nonexistent")
+    assert result.exit_code == 3
+    assert "UNKNOWN - 0 GPUs; no GPU found; source dcgm unreadable" in result.output.splitlines()[0]
+
+
+def test_check_json_carries_the_status_and_exit_code():
+    """--json has the same verdict as the exit code, for scripts that parse it."""
+    result = invoke("check", "--dcgm-exporter", str(FIXTURES / "dcgm" / "faults.prom"), "--json")
+    document = json.loads(result.output)
+    assert (document["status"], document["exit_code"], result.exit_code) == ("CRITICAL", 2, 2)
+
+
+def test_check_table_labels_its_columns_and_keeps_reasons_free_of_the_gpu_identity():
+    """The reason column does not repeat the UUID and PCI address that the row already shows."""
+    result = invoke("check", "--dcgm-exporter", str(FIXTURES / "dcgm" / "faults.prom"))
+    lines = result.output.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("GPU  UUID"))
+    assert all(label in header for label in ("TEMP/SLOW/SHUT C", "POWER/LIMIT W", "ECC SBE/DBE", "STATUS", "REASON"))
+    [row] = [line for line in lines if line.startswith("  3  ")]
+    reason = row.split("fatal", 1)[1]
+    assert "xid-79" in reason
+    assert "GPU-5d1c0f3a" not in reason and "PCI" not in reason
+
+
+def test_check_table_fits_a_narrow_terminal_and_lists_whole_reasons_below(tmp_path: Path):
+    """Cut reasons end in '...' and appear whole under the table."""
+    from agent.check import check_node, exporter_reading
+    from agent.cli import render_check_table
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.sources.dcgm_exporter import ExporterReader
+
+    reader = ExporterReader(str(FIXTURES / "dcgm" / "faults.prom"), timeout_seconds=1, baseline_xid=False)
+    gpus, observations = exporter_reading(reader, 0.0)
+    report = check_node(load_rules(builtin_rules_dir()), gpus=gpus, observations=observations, now=0.0, sources={})
+    text = render_check_table(report, width=160)
+    table = text.split("\n\n")[0].splitlines()
+    assert all(len(line) <= 160 for line in table[1:])
+    assert any(line.startswith("GPU 3: xid-79: Xid 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS)")
+               for line in text.splitlines())
+
+
+def test_explain_an_xid_shows_what_it_is_what_to_do_and_how_it_clears():
+    """Description, NVIDIA's action, our action and the way the fault clears, each labelled."""
+    output = " ".join(invoke("explain", "--xid", "79").output.split())
+    assert "what it is: GPU has fallen off the bus" in output
+    assert "NVIDIA's action: RESTART_BM" in output
+    assert "our action: fatal, reboot_node [hardware], quarantine yes, rule xid-79" in output
+    assert "how it clears: after a reboot" in output
+
+
+def test_explain_a_signal_says_which_attributes_the_rules_read():
+    """Without the attributes the verdict cannot be judged: explain names the missing ones."""
+    output = " ".join(invoke("explain", "--signal", "temperature", "--value", "95").output.split())
+    assert "attributes read: shutdown_c, slowdown_c (not given: shutdown_c, slowdown_c" in output
+
+
+def test_history_prints_local_times_with_the_zone(tmp_path: Path):
+    """Journal times are the host's local time, the zone named, not epoch seconds."""
+    journal = tmp_path / "j.db"
+    invoke("simulate", "xid79", "--journal", str(journal))
+    result = invoke("history", "--journal", str(journal), env={"TZ": "UTC"})
+    first = result.output.splitlines()[0]
+    assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC  (verdict|action)", first), first
+
+
+def test_history_of_an_empty_journal_says_it_is_empty(tmp_path: Path):
+    """An empty journal is not silence: one line says so, exit 0."""
+    from agent.journal import Journal
+
+    Journal(tmp_path / "j.db").close()
+    result = invoke("history", "--journal", str(tmp_path / "j.db"))
+    assert result.exit_code == 0
+    assert "the journal is empty" in result.stderr
+
+
+def test_kmsg_parse_says_how_many_lines_it_read_and_did_not_recognise(tmp_path: Path):
+    """The summary on stderr: lines read, records shown, Xid lines the parser did not recognise."""
+    log = tmp_path / "k.log"
+    log.write_text("boot\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+                   "NVRM: Xid (PCI:0000:3b:00): garbled\n")
+    result = invoke("kmsg", "parse", str(log))
+    assert result.stderr.strip() == (f"{log}: read 3 line(s): 1 NVIDIA record(s) shown, "
+                                     "1 Xid line(s) not recognised")
+
+
+def test_simulate_defaults_to_the_agents_own_mode_and_says_what_it_skips():
+    """The agent's default is quarantine: simulate shows that, and says what remediate would add."""
+    output = invoke("simulate", "xid79").output
+    assert "mode quarantine" in output.splitlines()[1]
+    assert "in mode quarantine evictions, GPU resets and reboot requests are skipped" in output
+
+
+def test_simulate_names_the_taint_and_calls_a_reboot_request_a_request():
+    """The taint step shows key and effect; a reboot request is a request for a reboot tool."""
+    output = invoke("simulate", "xid79", "--mode", "remediate").output
+    assert "taint gpu-node-1 (gpu-health-agent.io/unhealthy:NoSchedule): applied" in output
+    assert "reboot_request gpu-node-1 (a request for a reboot tool such as kured; the agent never reboots)" in output
+
+
+def test_simulate_reports_a_skipped_step_once_per_fault():
+    """A step the mode skips is reported once, not on every observation of the fault."""
+    output = invoke("simulate", "recovery").output
+    skipped = [line for line in output.splitlines() if ": skipped" in line]
+    assert len(skipped) == len(set(skipped))
+    assert "repeat(s) of a step already reported as skipped are not shown" in output

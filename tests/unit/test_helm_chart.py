@@ -1,0 +1,160 @@
+"""The Helm chart: with default values it renders what the kustomize base does, and its values reach the pods."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+CHART = REPO / "daemonset" / "helm" / "gpu-health-agent"
+MONITORING = ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+              "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
+# What Helm adds and the kustomize base has no use for: release bookkeeping, and a rollout on config changes.
+HELM_ONLY_LABELS = {"app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/version",
+                    "helm.sh/chart"}
+HELM_ONLY_ANNOTATIONS = {"checksum/config"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    if shutil.which("go") is None and not (REPO / ".tools" / "bin" / "helm").exists():
+        pytest.skip("helm is built from Go modules by scripts/build-helm; no Go here")
+    built = subprocess.run([str(REPO / "scripts" / "build-helm")], capture_output=True, text=True, check=True,
+                           timeout=1200)
+    return built.stdout.strip().splitlines()[-1]
+
+
+def render(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, "template", "gha", str(CHART), "--namespace", "gpu-health", *args],
+                          capture_output=True, text=True, timeout=120, check=check)
+
+
+def objects(text: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text) if d}
+
+
+def comparable(obj: dict[str, Any]) -> dict[str, Any]:
+    """One object with what only Helm adds taken out, and the config file parsed so key order does not count."""
+    obj = yaml.safe_load(yaml.safe_dump(obj))
+    for meta in (obj["metadata"], obj.get("spec", {}).get("template", {}).get("metadata")):
+        if not meta:
+            continue
+        for field, drop in (("labels", HELM_ONLY_LABELS), ("annotations", HELM_ONLY_ANNOTATIONS)):
+            kept = {k: v for k, v in (meta.get(field) or {}).items() if k not in drop}
+            meta.pop(field, None)
+            if kept:
+                meta[field] = kept
+    if obj["kind"] in CLUSTER_SCOPED:
+        obj["metadata"].pop("namespace", None)
+    if obj["kind"] == "ConfigMap" and "config.yaml" in obj.get("data", {}):
+        obj["data"]["config.yaml"] = yaml.safe_load(obj["data"]["config.yaml"])
+    return obj
+
+
+@pytest.fixture(scope="module")
+def kustomized() -> dict[tuple[str, str], dict[str, Any]]:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is installed by scripts/test")
+    out = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset")], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    return {key: comparable(obj) for key, obj in objects(out).items()}
+
+
+def test_the_default_chart_renders_every_object_of_the_kustomize_base(helm, kustomized):
+    """Default values on a cluster with the Prometheus Operator: the same objects, field for field."""
+    charted = {key: comparable(obj) for key, obj in objects(render(helm, *MONITORING).stdout).items()}
+    base = {key: obj for key, obj in kustomized.items() if key[0] != "Namespace"}
+    assert sorted(charted) == sorted(base)
+    for key, obj in base.items():
+        assert charted[key] == obj, f"{key[0]}/{key[1]} differs between the chart and daemonset/"
+
+
+def test_the_chart_creates_the_base_namespace_only_when_asked(helm, kustomized):
+    """namespace.create renders the base's Namespace with its Pod Security label; the default leaves it to helm."""
+    assert not any(kind == "Namespace" for kind, _ in objects(render(helm).stdout))
+    created = objects(render(helm, "--set", "namespace.create=true").stdout)
+    assert comparable(created[("Namespace", "gpu-health")]) == kustomized[("Namespace", "gpu-health")]
+
+
+def test_without_the_prometheus_operator_no_monitoring_object_is_rendered(helm):
+    """The ServiceMonitor and PrometheusRule need their CRDs: without the API the chart still installs."""
+    kinds = {kind for kind, _ in objects(render(helm).stdout)}
+    assert "ServiceMonitor" not in kinds and "PrometheusRule" not in kinds
+    assert "DaemonSet" in kinds
+
+
+def test_monitoring_objects_can_be_turned_off_where_the_operator_runs(helm):
+    """An enable flag per object, for clusters that scrape another way."""
+    rendered = objects(render(helm, *MONITORING, "--set", "serviceMonitor.enabled=false",
+                              "--set", "prometheusRule.enabled=false").stdout)
+    assert not {kind for kind, _ in rendered} & {"ServiceMonitor", "PrometheusRule"}
+
+
+def test_values_reach_the_agent_config_and_the_pod(helm):
+    """Image, mode, budget, isolation, runtime class, node selector, tolerations and resources are honoured."""
+    rendered = objects(render(helm, "--namespace", "gpu", "--set", "image.repository=registry.example/gha",
+                              "--set", "image.tag=9.9", "--set", "mode=remediate", "--set", "budget.maxNodes=3",
+                              "--set", "isolation=device", "--set", "runtimeClassName=nvidia",
+                              "--set", "nodeSelector.pool=gpu", "--set", "resources.limits.memory=1Gi",
+                              "--set", "tolerations=null").stdout)
+    config = yaml.safe_load(rendered[("ConfigMap", "gpu-health-agent-config")]["data"]["config.yaml"])
+    assert (config["mode"], config["remediation"]["budget_max_nodes"]) == ("remediate", 3)
+    assert (config["remediation"]["isolation"], config["remediation"]["namespace"]) == ("device", "gpu")
+    pod = rendered[("DaemonSet", "gpu-health-agent")]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.example/gha:9.9"
+    assert (pod["runtimeClassName"], pod["nodeSelector"]) == ("nvidia", {"pool": "gpu"})
+    assert pod["containers"][0]["resources"]["limits"]["memory"] == "1Gi"
+    assert pod["tolerations"] == [{"key": "gpu-health-agent.io/unhealthy", "operator": "Exists"}]
+
+
+def test_the_rendered_config_is_one_the_agent_accepts(helm, tmp_path: Path):
+    """The chart's config.yaml passes the agent's own strict validation (unknown keys are errors)."""
+    from agent.config import load_config
+
+    rendered = objects(render(helm, "--set", "isolation=node", "--set", "extraConfig.tick_seconds=2").stdout)
+    path = tmp_path / "config.yaml"
+    path.write_text(rendered[("ConfigMap", "gpu-health-agent-config")]["data"]["config.yaml"])
+    config = load_config(path, env={"NODE_NAME": "n"})
+    assert (config.remediation.isolation, config.tick_seconds) == ("node", 2.0)
+
+
+def test_a_rules_override_replaces_a_shipped_file_and_adds_new_ones(helm):
+    """rules.overrides maps file names to YAML text: same name replaces, a new name adds."""
+    rendered = objects(render(helm, "--set-string", "rules.overrides.local\\.yaml=rules: []",
+                              "--set-string", "rules.overrides.xid\\.yaml=rules: []").stdout)
+    data = rendered[("ConfigMap", "gpu-health-agent-rules")]["data"]
+    assert data["local.yaml"] == "rules: []" and data["xid.yaml"] == "rules: []"
+    assert "memory.yaml" in data
+
+
+def test_the_values_schema_rejects_an_unknown_mode_in_one_line(helm):
+    """values.schema.json: a typo in a value fails before anything reaches the cluster."""
+    result = render(helm, "--set", "mode=fix-everything", check=False)
+    assert result.returncode != 0
+    assert "mode" in result.stderr
+
+
+def test_the_values_schema_rejects_an_unknown_key(helm):
+    """A misspelt top-level key is an error, not a silently ignored value."""
+    result = render(helm, "--set", "isolaton=device", check=False)
+    assert result.returncode != 0
+    assert "isolaton" in result.stderr
+
+
+@pytest.mark.parametrize("copy, source", [
+    ("files/rbac.yaml", "daemonset/rbac.yaml"),
+    ("files/admission-policy.yaml", "daemonset/admission-policy.yaml"),
+    ("files/alerts/gpu-health-alerts.yaml", "daemonset/alerts/gpu-health-alerts.yaml"),
+    *[(f"files/rules/{p.name}", f"rules/{p.name}") for p in sorted((REPO / "rules").glob("*.yaml"))],
+])
+def test_the_charts_copies_are_current(copy: str, source: str):
+    """helm reads nothing outside the chart: its copies of the base's files must equal them."""
+    assert (CHART / copy).read_bytes() == (REPO / source).read_bytes(), "run scripts/sync-deploy-rules"
