@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -673,22 +674,23 @@ def kmsg_parse(path: str, as_json: bool, all_kinds: bool) -> None:
     """
     tally = ParseTally()
     parser = KernelLogParser()
-    if path != "-" and Path(path).exists() and stat.S_ISCHR(Path(path).stat().st_mode):
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            lines: Iterable[str] = list(RecordReader(fd, tally.lost).available())
-        finally:
-            os.close(fd)
-        tally.device = True
-    else:
-        try:
-            handle = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
-        except OSError as exc:
-            _fail([f"{path}: cannot read: {exc.strerror}"])
-        if looks_binary(handle.peek(8192)[:8192] if hasattr(handle, "peek") else b""):
-            _fail([f"{path}: binary data, not a kernel log (give a text log: dmesg, syslog, journalctl)"])
-        lines = (raw.decode("utf-8", errors="replace") for raw in handle)
-    records = [r for r in tally.count(parser, lines) if r is not None]
+    with contextlib.ExitStack() as files:
+        if path != "-" and Path(path).exists() and stat.S_ISCHR(Path(path).stat().st_mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                lines: Iterable[str] = list(RecordReader(fd, tally.lost).available())
+            finally:
+                os.close(fd)
+            tally.device = True
+        else:
+            try:
+                handle = sys.stdin.buffer if path == "-" else files.enter_context(open(path, "rb"))
+            except OSError as exc:
+                _fail([f"{path}: cannot read: {exc.strerror}"])
+            if looks_binary(handle.peek(8192)[:8192] if hasattr(handle, "peek") else b""):
+                _fail([f"{path}: binary data, not a kernel log (give a text log: dmesg, syslog, journalctl)"])
+            lines = (raw.decode("utf-8", errors="replace") for raw in handle)
+        records = [r for r in tally.count(parser, lines) if r is not None]
     shown = [r for r in records if all_kinds or r.kind in {"xid", "sxid"}]
     if as_json:
         for record in shown:

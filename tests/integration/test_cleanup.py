@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from kubernetes import client
 
 from agent.cli import main
-from agent.fakecluster import FakeApiServer, FakeCluster, populate
 from agent.k8s.client import client_for
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from tests.k8s_helpers import gpu_node
 
 TAINT = "gpu-health-agent.io/unhealthy"
@@ -57,7 +57,7 @@ def node(fake: FakeCluster, name: str) -> dict[str, Any]:
 
 
 def lease_names(fake: FakeCluster) -> set[str]:
-    from agent.fakecluster.server import RESOURCES
+    from agent.simulation.fake_apiserver.server import RESOURCES
 
     leases = next(r for r in RESOURCES if r.plural == "leases")
     return {lease["metadata"]["name"] for lease in fake.list_objects(leases, "gpu-health")}
