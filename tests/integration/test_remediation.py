@@ -4,6 +4,7 @@ import pytest
 
 from agent.fakecluster.server import RESOURCES
 from agent.k8s import retry
+from agent.k8s.node import AGENT_CONDITIONS
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
 from tests.k8s_helpers import TAINT, gpu_node, make_agent, operator_client
@@ -30,7 +31,7 @@ def results(outcome):
 
 
 def our_conditions(node):
-    return {c["type"]: c for c in node["status"]["conditions"] if c["type"] != "Ready"}
+    return {c["type"]: c for c in node["status"]["conditions"] if c["type"] in AGENT_CONDITIONS}
 
 
 def test_a_fatal_fault_taints_conditions_and_evicts_exactly_the_pod_on_that_gpu(fake):
@@ -163,7 +164,6 @@ def test_a_pdb_that_blocks_past_the_deadline_is_never_forced(fake):
     assert results(agent.pipeline.tick(40.0)).get((StepKind.EVICT, "ml/n1-trainer-3")) is StepResult.SKIPPED
 
 
-@pytest.mark.fake_only
 def test_a_restart_mid_remediation_repeats_no_eviction(fake):
     cluster, server = fake
     inventory = gpu_node("n1")

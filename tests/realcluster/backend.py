@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from agent.model import NodeInventory
-from tests.realcluster.controlplane import AGENT_NAMESPACE, ControlPlane, api_path, wait_until
+from tests.realcluster.controlplane import AGENT_NAMESPACE, ControlPlane, api_path, audit_events, wait_until
 
 # Events these made are the control plane's own, not the agent's (the fake has no such reporters).
 _COMPONENTS = {"kube-controller-manager", "kube-scheduler", "kwok", "kube-apiserver"}
@@ -41,6 +41,13 @@ class RealCluster:
         for pod in inventory.pods:
             if not pod.daemonset:
                 self.plane.wait_running(pod.namespace, pod.name)
+
+    @property
+    def log(self) -> list[tuple[str, str, int]]:
+        """(verb, request URI, status) of every request the agents made, from the audit log (the fake's log
+        holds every request; the audit policy records the agent's ServiceAccount only)."""
+        return [(e["verb"], e["requestURI"].split("?", 1)[0], e["responseStatus"]["code"])
+                for e in audit_events(self.plane.audit_log)]
 
     def node(self, name: str) -> dict[str, Any]:
         return dict(self._call("GET", api_path("", "nodes", name=name)))

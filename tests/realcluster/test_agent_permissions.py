@@ -74,7 +74,7 @@ def test_an_agent_may_not_touch_taints_it_did_not_set(control_plane, two_nodes):
     a, _ = two_nodes
     control_plane.core.patch_node(a, {"spec": {"taints": [{"key": "someone/else", "effect": "NoSchedule"}]}})
     core = agent_apis(control_plane, a).core
-    with pytest.raises(Forbidden, match="only its own gpu-health-agent.io/ taints"):
+    with pytest.raises(Forbidden, match=r"only its own gpu-health-agent\.io/ taints"):
         api_call(core.patch_node, a, {"spec": {"taints": []}})
     assert [t.key for t in node(control_plane, a).spec.taints] == ["someone/else"]
 
@@ -85,7 +85,7 @@ def test_an_agent_may_change_only_its_own_labels_and_annotations(control_plane, 
     a, _ = two_nodes
     writer = NodeWriter(agent_apis(control_plane, a).core, a, taint_key=TAINT)
     assert writer.set_metadata(**{field: {"gpu-health-agent.io/needs-replacement": "true"}})
-    with pytest.raises(Forbidden, match=f"only {field} under gpu-health-agent.io/"):
+    with pytest.raises(Forbidden, match=rf"only {field} under gpu-health-agent\.io/"):
         writer.set_metadata(**{field: {"nvidia.com/gpu.present": "false"}})
 
 
