@@ -12,6 +12,7 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +38,15 @@ KWOK_LABEL = "gpu-health-agent.io/test-node"
 # Kinds the shipped base has that need CRDs (Prometheus operator) this control plane does not serve.
 UNSERVED_KINDS = {"ServiceMonitor", "PrometheusRule"}
 # What the controller manager runs: PDB status (so eviction is decided for real), namespaces and the
-# ServiceAccounts pods need, the CA bundle a projected token volume reads.
-CONTROLLERS = "disruption,namespace,serviceaccount,root-ca-certificate-publisher"
+# ServiceAccounts pods need, the CA bundle a projected token volume reads, and the type-checking
+# status of ValidatingAdmissionPolicies, node lifecycle (it lifts the not-ready taint admission puts on a
+# new node once kwok reports it Ready). No garbage collector, DaemonSet or Job controller: the tests'
+# pods are bare or owned by an inert DaemonSet.
+CONTROLLERS = ",".join(f"{name}-controller" for name in (
+    "disruption", "namespace", "serviceaccount", "root-ca-certificate-publisher",
+    "validatingadmissionpolicy-status", "node-lifecycle"))
 # DRA (issue 13): the resource.k8s.io APIs and device taints.
-FEATURE_GATES = "DRADeviceTaints=true"
+FEATURE_GATES = "DRADeviceTaints=true,DRADeviceTaintRules=true"
 RUNTIME_CONFIG = "resource.k8s.io/v1beta2=true"
 # (group, plural) -> (version, namespaced): the resources tests create or read through rest().
 RESOURCES = {
@@ -127,7 +133,10 @@ class ControlPlane:
             "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{etcd_port}", "--bind-address=127.0.0.1",
             f"--secure-port={apiserver_port}", "--advertise-address=127.0.0.1",
             f"--tls-cert-file={serving_cert}", f"--tls-private-key-file={serving_key}",
-            f"--client-ca-file={self.ca_file}", "--service-account-issuer=https://kubernetes.default.svc",
+            f"--client-ca-file={self.ca_file}", f"--requestheader-client-ca-file={self.ca_file}",
+            "--requestheader-allowed-names=front-proxy", "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={self.pki.sa_pub}", f"--service-account-signing-key-file={self.pki.sa_key}",
             "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy",
@@ -155,10 +164,10 @@ class ControlPlane:
         return self
 
     def stop(self) -> None:
+        """SIGTERM each component, the clients first and etcd last, waiting for each to exit."""
         for process in reversed(self._processes):
             if process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
-        for process in reversed(self._processes):
             try:
                 process.popen.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -186,7 +195,7 @@ class ControlPlane:
             raise ControlPlaneError(f"{dead[0].name} exited with {dead[0].popen.returncode}:\n"
                                     f"{self.log_tails(only=dead[0].name)}")
 
-    def log_tails(self, lines: int = 30, *, only: str = "") -> str:
+    def log_tails(self, lines: int = 15, *, only: str = "") -> str:
         """The last lines of every component's log (for a failing test's report)."""
         parts = []
         for log in sorted(self.logs.glob("*.log")):
@@ -270,7 +279,7 @@ class ControlPlane:
             "status": {"capacity": resources, "allocatable": resources},
         })
         self._created.append(("", "nodes", "", name))
-        wait_until(lambda: _ready(self.core.read_node(name)), f"kwok to make node {name} Ready")
+        wait_until(lambda: _schedulable(self.core.read_node(name)), f"node {name} Ready, without the not-ready taint")
 
     def ensure_namespace(self, namespace: str) -> None:
         try:
@@ -353,10 +362,14 @@ class ControlPlane:
 
     # ---- between tests ----
     def rest(self, method: str, path: str, body: Any = None, **query: str) -> Any:
-        """One admin request to `path` (see api_path); the decoded JSON answer."""
-        return self.admin.call_api(path, method, query_params=list(query.items()), body=body,
-                                   header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                                   response_type="object", _return_http_data_only=True)
+        """One admin request to `path` (see api_path); the decoded JSON answer, ApiException on an error."""
+        url = self.url + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        response = self.admin.call_api(method, url, header_params={"Accept": "application/json",
+                                                                   "Content-Type": "application/json"}, body=body)
+        response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(http_resp=response)
+        return json.loads(response.data)
 
     def reset(self) -> None:
         """Delete what the tests made, newest first; pods at once, as if their kubelet were gone.
@@ -387,6 +400,11 @@ def api_path(group: str, plural: str, namespace: str = "", name: str = "") -> st
 def _ready(obj: Any) -> bool:
     conditions = (obj.status.conditions if obj.status else None) or []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _schedulable(node: Any) -> bool:
+    """Ready (kwok), and the node lifecycle controller has lifted the taint admission gave the new node."""
+    return _ready(node) and not any(t.key.startswith("node.kubernetes.io/") for t in node.spec.taints or [])
 
 
 def _kubeconfig(url: str, ca_file: Path, user: str, credentials: dict[str, str]) -> dict[str, Any]:

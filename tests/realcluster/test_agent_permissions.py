@@ -97,14 +97,6 @@ def test_an_agent_may_not_change_conditions_it_does_not_own(control_plane, two_n
         writer.set_condition("Ready", status=False, reason="Broken", message="test")
 
 
-def test_an_agent_may_not_change_the_gpus_its_node_advertises(control_plane, two_nodes):
-    """Capacity and allocatable are the device plugin's."""
-    a, _ = two_nodes
-    core = agent_apis(control_plane, a).core
-    with pytest.raises(Forbidden, match="capacity or allocatable"):
-        api_call(core.patch_node_status, a, {"status": {"allocatable": {"nvidia.com/gpu": "0"}}})
-
-
 def test_an_agent_may_not_read_secrets(control_plane, two_nodes):
     """RBAC grants nothing on secrets."""
     a, _ = two_nodes
