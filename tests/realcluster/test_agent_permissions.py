@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes import client, config
 
 from agent.k8s.client import Apis
 from agent.k8s.errors import Forbidden, api_call
 from agent.k8s.node import AGENT_CONDITIONS, NodeWriter
 from tests.k8s_helpers import TAINT
 from tests.realcluster.backend import RealServer
-from tests.realcluster.controlplane import ControlPlane
+from tests.realcluster.controlplane import ControlPlane, wait_until
 
 
 def agent_apis(plane: ControlPlane, node: str) -> Apis:
@@ -127,3 +128,32 @@ def test_an_agent_may_not_create_pods_or_delete_nodes(control_plane, two_nodes):
                                                     "spec": {"containers": [{"name": "x", "image": "x"}]}})
     with pytest.raises(Forbidden):
         api_call(core.delete_node, a)
+
+
+def test_a_token_bound_to_no_pod_may_change_no_node(control_plane, two_nodes):
+    """A ServiceAccount token bound to no pod carries no node-name claim: every Node change is denied."""
+    a, _ = two_nodes
+    control_plane.apply_shipped_manifests()
+    token = control_plane.core.create_namespaced_service_account_token(
+        "gpu-health-agent", "gpu-health", {"spec": {"expirationSeconds": 600}}).status.token
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(control_plane.admin_kubeconfig), client_configuration=configuration)
+    configuration.cert_file = configuration.key_file = None
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    writer = NodeWriter(client.CoreV1Api(client.ApiClient(configuration)), a, taint_key=TAINT)
+    with pytest.raises(Forbidden, match="may only modify the node it runs on") as denied:
+        writer.set_taint(True)
+    assert denied.value.status == 403
+
+
+def test_the_shipped_policy_type_checks_against_the_real_node_schema(control_plane):
+    """Every expression compiles against the server's Node type (a field CEL cannot see is a silent hole)."""
+    control_plane.apply_shipped_manifests()
+    api = client.AdmissionregistrationV1Api(control_plane.admin)
+
+    def checked() -> Any:
+        policy = api.read_validating_admission_policy("gpu-health-agent-own-node-only")
+        return policy.status if policy.status and policy.status.type_checking else None
+
+    status = wait_until(checked, "the type check of the admission policy")
+    assert status.type_checking.expression_warnings in (None, [])
