@@ -158,8 +158,11 @@ class ControlPlane:
         self._spawn("kwok", kubeconfig, f"--config={stages}", f"--manage-nodes-with-label-selector={KWOK_LABEL}",
                     "--node-lease-duration-seconds=40", "--cidr=10.1.0.0/16", "--node-ip=127.0.0.2")
         # The serviceaccount controller has made "default" in a namespace: pods may be created.
-        wait_until(lambda: self.core.read_namespaced_service_account("default", "default"),
-                   "kube-controller-manager (the default ServiceAccount)")
+        def default_account() -> Any:
+            self._check_alive()
+            return self.core.read_namespaced_service_account("default", "default")
+
+        wait_until(default_account, "kube-controller-manager (the default ServiceAccount)")
         self.started_seconds = time.monotonic() - began
         return self
 
@@ -174,6 +177,7 @@ class ControlPlane:
                 process.popen.kill()
                 process.popen.wait()
         self._processes.clear()
+        self.url = ""  # nothing to reset any more
 
     def _spawn(self, name: str, *args: str) -> None:
         log = self.logs / f"{name}.log"
