@@ -177,7 +177,6 @@ def test_a_restart_mid_remediation_repeats_no_eviction(fake):
     assert not any(a.step.kind is StepKind.EVICT for a in restarted.pipeline.tick(100.0).actions)
 
 
-@pytest.mark.fake_only
 def test_a_healthy_node_writes_nothing(fake):
     cluster, server = fake
     inventory = gpu_node("n1")

@@ -43,6 +43,11 @@ class RealCluster:
                 self.plane.wait_running(pod.namespace, pod.name)
 
     @property
+    def faults(self) -> AuditedWrites:
+        """Only `writes` of the fake's fault switches: a real server has no switch to turn it down."""
+        return AuditedWrites(self)
+
+    @property
     def log(self) -> list[tuple[str, str, int]]:
         """(verb, request URI, status) of every request the agents made, from the audit log (the fake's log
         holds every request; the audit policy records the agent's ServiceAccount only)."""
@@ -99,6 +104,17 @@ class RealCluster:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
+
+
+class AuditedWrites:
+    """The agents' writes (create, update, patch, delete), counted from the audit log."""
+
+    def __init__(self, cluster: RealCluster) -> None:
+        self.cluster = cluster
+
+    @property
+    def writes(self) -> int:
+        return sum(1 for verb, _, _ in self.cluster.log if verb in {"create", "update", "patch", "delete"})
 
 
 class RealServer:
