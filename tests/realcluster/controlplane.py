@@ -28,6 +28,9 @@ from tests.realcluster.pki import Pki
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / "tests" / "controlplane" / "bin"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# util-linux's setpriv kills each component when the test process dies, even killed (SIGKILL), so no
+# component outlives the session (Debian has util-linux in every image; without it, they are not tied).
+_DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--") if shutil.which("setpriv") else ()
 AGENT_NAMESPACE = "gpu-health"
 AGENT_SERVICE_ACCOUNT = "gpu-health-agent"
 AGENT_USER = f"system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_SERVICE_ACCOUNT}"
@@ -182,8 +185,9 @@ class ControlPlane:
     def _spawn(self, name: str, *args: str) -> None:
         log = self.logs / f"{name}.log"
         with log.open("ab") as out:
-            popen = subprocess.Popen([str(self.bin / name), *args], stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=self.workdir, start_new_session=True)
+            popen = subprocess.Popen([*_DIE_WITH_PARENT, str(self.bin / name), *args], stdout=out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir,
+                                     start_new_session=True)
         self._processes.append(_Process(name, popen, log))
 
     def _apiserver_ready(self) -> bool:
