@@ -54,7 +54,7 @@ class EventRecorder:
             return series.name
         event = {
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
-            "metadata": {"generateName": f"{regarding.get('name', 'gpu')}.", "namespace": namespace},
+            "metadata": {"generateName": f"{regarding.get('name', 'gpu')}-", "namespace": namespace},
             "eventTime": micro_time(), "reportingController": CONTROLLER, "reportingInstance": self.instance,
             "action": action, "reason": reason, "type": type_, "note": note, "regarding": regarding,
         }

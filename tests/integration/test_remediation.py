@@ -3,10 +3,11 @@
 import pytest
 
 from agent.k8s import retry
+from agent.k8s.node import AGENT_CONDITIONS
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
 from agent.simulation.fake_apiserver.server import RESOURCES
-from tests.k8s_helpers import TAINT, gpu_node, grace_period_passes, make_agent, start_cluster
+from tests.k8s_helpers import TAINT, gpu_node, grace_period_passes, make_agent, operator_client
 
 
 @pytest.fixture(autouse=True)
@@ -16,10 +17,9 @@ def no_retry_sleep(monkeypatch):
 
 
 @pytest.fixture
-def fake():
-    cluster, server = start_cluster()
-    yield cluster, server
-    server.stop()
+def fake(k8s_backend):
+    """The fake API server, and the real control plane (tests/conftest.py k8s_backend)."""
+    return k8s_backend
 
 
 def resource(plural):
@@ -31,7 +31,7 @@ def results(outcome):
 
 
 def our_conditions(node):
-    return {c["type"]: c for c in node["status"]["conditions"] if c["type"] != "Ready"}
+    return {c["type"]: c for c in node["status"]["conditions"] if c["type"] in AGENT_CONDITIONS}
 
 
 def test_a_fatal_fault_taints_conditions_and_evicts_exactly_the_pod_on_that_gpu(fake):
@@ -119,6 +119,7 @@ def test_recovery_clears_the_agents_marks_and_nothing_else(fake):
     assert our_conditions(node)["GpuFatalFault"]["status"] == "False"
 
 
+@pytest.mark.fake_only
 def test_every_first_write_answered_409_still_lands(fake):
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"))
@@ -130,6 +131,7 @@ def test_every_first_write_answered_409_still_lands(fake):
     assert any(code == 409 for _, _, code in cluster.log)
 
 
+@pytest.mark.fake_only
 def test_an_api_server_that_is_down_fails_the_steps_and_they_land_when_it_is_back(fake):
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"), retry_seconds=5)
@@ -252,7 +254,6 @@ def test_quarantine_mode_taints_without_evicting(fake):
 
 
 def test_a_replacement_is_released_only_by_an_operator(fake):
-    from agent.k8s.client import client_for
     from agent.k8s.cluster import request_release
     cluster, server = fake
     inventory = gpu_node("n1")
@@ -261,7 +262,7 @@ def test_a_replacement_is_released_only_by_an_operator(fake):
     node = cluster.node("n1")
     assert node["metadata"]["labels"]["gpu-health-agent.io/needs-replacement"] == "true"
     assert agent.pipeline.tick(10**6).verdicts == []
-    request_release(client_for(server.url), "n1", "GPU-n1-0005")
+    request_release(operator_client(server), "n1", "GPU-n1-0005")
     for observation in agent.side.sync(20.0):
         agent.pipeline.handle(observation, 20.0)
     node = cluster.node("n1")
@@ -335,6 +336,7 @@ def test_verified_recoveries_are_remembered_across_a_restart(fake):
     assert restarted.fault(2, xid=48, at=3000.0).verdicts[0].action == "replace_gpu"
 
 
+@pytest.mark.fake_only
 def test_an_agent_started_while_the_api_is_down_reads_its_node_once_it_is_back(fake, tmp_path):
     from prometheus_client import CollectorRegistry
 
