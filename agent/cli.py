@@ -250,7 +250,8 @@ def release(node_name: str | None, gpu_uuid: str, kubeconfig: str | None) -> Non
     if not cluster_configured(kubeconfig or config.remediation.kubeconfig or None):
         _fail(["release: no cluster (no in-cluster configuration and no kubeconfig)"], code=1)
     api_client, _ = load_api_client(kubeconfig=kubeconfig or config.remediation.kubeconfig or None)
-    request_release(api_client, name, gpu_uuid)
+    with api_client:
+        request_release(api_client, name, gpu_uuid)
     click.echo(f"node/{name}: release of {gpu_uuid} requested; the agent applies it within "
                f"{config.remediation.node_sync_seconds:g}s")
 
@@ -276,29 +277,30 @@ def cleanup(all_nodes: bool, nodes: tuple[str, ...], dry_run: bool, force: bool,
     api_client, how = load_api_client(kubeconfig=kubeconfig)
     if api_client is None:
         _fail([f"cleanup: no cluster ({how})"], code=EXIT_FAILED)
-    cleaner = Cleaner.connect(api_client, Scope(taint_key=config.remediation.taint_key,
-                                                namespace=config.remediation.namespace, nodes=nodes))
+    with api_client:
+        cleaner = Cleaner.connect(api_client, Scope(taint_key=config.remediation.taint_key,
+                                                    namespace=config.remediation.namespace, nodes=nodes))
 
-    def say(line: str) -> None:
-        click.echo(f"cleanup: {line}", err=True)
+        def say(line: str) -> None:
+            click.echo(f"cleanup: {line}", err=True)
 
-    say(f"cluster via {how}")
-    running = cleaner.agent_pods()
-    if running and not dry_run and not force:
-        _fail([f"cleanup: {len(running)} agent pod(s) still run in namespace {config.remediation.namespace} and "
-               "would set their marks again: uninstall first (or --force)"], code=EXIT_FAILED)
-    marks = cleaner.find(progress=say)
-    for mark in marks:
-        if dry_run:
-            click.echo(f"would remove {mark.line()}")
-        else:
-            click.echo(f"{'removed' if cleaner.remove(mark) else 'already gone'}: {mark.line()}")
-    if all_nodes and cleaner.pause_lease_present():
-        say(f"left lease/{config.remediation.namespace}/gpu-health-pause: an operator's pause switch "
-            "(kubectl delete lease it yourself)")
-    done = "would remove" if dry_run else "removed"
-    say(f"{done} {len(marks)} mark(s)" + ("; run again without --dry-run to remove them" if dry_run and marks
-                                          else "" if marks else " (nothing the agent set was found)"))
+        say(f"cluster via {how}")
+        running = cleaner.agent_pods()
+        if running and not dry_run and not force:
+            _fail([f"cleanup: {len(running)} agent pod(s) still run in namespace {config.remediation.namespace} and "
+                   "would set their marks again: uninstall first (or --force)"], code=EXIT_FAILED)
+        marks = cleaner.find(progress=say)
+        for mark in marks:
+            if dry_run:
+                click.echo(f"would remove {mark.line()}")
+            else:
+                click.echo(f"{'removed' if cleaner.remove(mark) else 'already gone'}: {mark.line()}")
+        if all_nodes and cleaner.pause_lease_present():
+            say(f"left lease/{config.remediation.namespace}/gpu-health-pause: an operator's pause switch "
+                "(kubectl delete lease it yourself)")
+        done = "would remove" if dry_run else "removed"
+        say(f"{done} {len(marks)} mark(s)" + ("; run again without --dry-run to remove them" if dry_run and marks
+                                              else "" if marks else " (nothing the agent set was found)"))
 
 
 _ALERT_FOR = {"fatal": "GpuHealthFatalFault", "degraded": "GpuHealthDegradedForLong",

@@ -130,16 +130,21 @@ class RealServer:
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
         self.url = plane.url
+        self._handed_out: list[Any] = []
 
     def agent_client(self, node_name: str) -> Any:
         """The agent's ApiClient built as the agent builds it, from a kubeconfig of its own identity."""
         from agent.k8s.client import load_api_client
         api_client, how = load_api_client(kubeconfig=str(self.plane.agent_kubeconfig(node_name)))
         assert api_client is not None, how
+        self._handed_out.append(api_client)
         return api_client
 
     def operator_client(self) -> Any:
         return self.plane.admin
 
     def stop(self) -> None:
+        for api_client in self._handed_out:
+            api_client.close()
+        self._handed_out.clear()
         RealCluster(self.plane).clear_agent_writes()

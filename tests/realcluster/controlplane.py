@@ -171,6 +171,9 @@ class ControlPlane:
 
     def stop(self) -> None:
         """SIGTERM each component, the clients first and etcd last, waiting for each to exit."""
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
         for process in reversed(self._processes):
             if process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
@@ -267,6 +270,7 @@ class ControlPlane:
         try:
             return bool(wait_until(denied, "the ValidatingAdmissionPolicy to be enforced", timeout=60))
         finally:
+            impersonated.close()
             self.core.delete_node(probe)
 
     def kubectl(self, *args: str, input_text: str | None = None) -> str:

@@ -140,9 +140,10 @@ def test_a_token_bound_to_no_pod_may_change_no_node(control_plane, two_nodes):
     config.load_kube_config(config_file=str(control_plane.admin_kubeconfig), client_configuration=configuration)
     configuration.cert_file = configuration.key_file = None
     configuration.api_key = {"authorization": f"Bearer {token}"}
-    writer = NodeWriter(client.CoreV1Api(client.ApiClient(configuration)), a, taint_key=TAINT)
-    with pytest.raises(Forbidden, match="may only modify the node it runs on") as denied:
-        writer.set_taint(True)
+    with client.ApiClient(configuration) as api_client:
+        writer = NodeWriter(client.CoreV1Api(api_client), a, taint_key=TAINT)
+        with pytest.raises(Forbidden, match="may only modify the node it runs on") as denied:
+            writer.set_taint(True)
     assert denied.value.status == 403
 
 

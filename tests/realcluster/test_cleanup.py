@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from click.testing import CliRunner
-from kubernetes import client, config
+from kubernetes import client
 
 from agent.cli import main
 
@@ -16,7 +16,7 @@ NAMESPACE = "gha-cleanup-test"  # no agent runs here, so cleanup need not be for
 def test_cleanup_removes_the_agents_marks_from_a_real_node(control_plane, tmp_path: Path):
     """Taint, condition, label and annotation set as the agent sets them are removed; the operator's stay."""
     control_plane.add_gpu_node("cleanup-n1")
-    api = config.new_client_from_config(config_file=str(control_plane.admin_kubeconfig))
+    api = control_plane.admin
     core = client.CoreV1Api(api)
     core.patch_node("cleanup-n1", {
         "metadata": {"labels": {"gpu-health-agent.io/needs-replacement": "true", "gpu-health-agent.io/opt-out": "true"},

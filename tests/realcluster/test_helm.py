@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.conftest import REPO
@@ -31,7 +31,7 @@ def helm(control_plane):
 
 
 def apis(control_plane):
-    api = config.new_client_from_config(config_file=str(control_plane.admin_kubeconfig))
+    api = control_plane.admin
     return client.AppsV1Api(api), client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
 
 
