@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from agent.engine import builtin_rules_dir, load_rules
 from agent.fakecluster import FakeApiServer, FakeCluster, populate
+from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import Apis, client_for
@@ -39,9 +42,23 @@ class Agent:
     actuator: K8sActuator
     side: ClusterSide
     evictor: Evictor
+    journal: Journal | None = None
+    cluster: FakeCluster | None = None
+    server: FakeApiServer | None = None
+    options: dict[str, Any] | None = None
 
     def fault(self, gpu: int, xid: int = 79, at: float = 1.0):
         return self.pipeline.handle(Observation(Signal.XID, xid, at, "kmsg", self.inventory.gpus[gpu]), at)
+
+    def settle(self, now: float):
+        """One reconciliation pass at `now`, as the agent's reconciler would make it."""
+        for observation in self.side.sync(now):
+            self.pipeline.handle(observation, now)
+        return self.pipeline.tick(now)
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
 
 
 def start_cluster() -> tuple[FakeCluster, FakeApiServer]:
@@ -52,14 +69,18 @@ def start_cluster() -> tuple[FakeCluster, FakeApiServer]:
 def make_agent(cluster: FakeCluster, server: FakeApiServer, inventory: NodeInventory, *,
                mode: Mode = Mode.REMEDIATE, populate_node: bool = True, max_nodes: int = 1,
                max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
-               restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2) -> Agent:
+               restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2,
+               journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None) -> Agent:
+    options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
+                                                               "restore"}}
     if populate_node:
         populate(cluster, inventory)
     apis = Apis.of(client_for(server.url))
     writer = NodeWriter(apis.core, inventory.name, taint_key=TAINT)
     evictor = Evictor(apis.core, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
-                         max_percent=max_percent, opt_out_label="gpu-health-agent.io/opt-out")
+                         max_percent=max_percent, opt_out_label="gpu-health-agent.io/opt-out",
+                         **({"clock": budget_clock} if budget_clock else {}))
     stuck: list[str] = []
     actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{inventory.name}/test"),
                            evictor=evictor, budget=budget, reset=reset or (lambda uuid: (True, "fake reset")),
@@ -67,11 +88,25 @@ def make_agent(cluster: FakeCluster, server: FakeApiServer, inventory: NodeInven
     side = ClusterSide(actuator, budget, PodFinder(apis.core, inventory.name), writer,
                        f"gpu-health/gpu-health-agent-{inventory.name}")
     node_state, saved = side.restored(TAINT) if restore else (None, [])
-    pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode), actuator=actuator,
+    opened = Journal(journal) if journal is not None else None
+    pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode, dry_run=dry_run),
+                        actuator=actuator, journal=opened,
                         gate=budget, node_state=node_state, own_pod=side.own_pod, clock=lambda: 0.0,
                         retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus)
     if restore:
         pipeline.restore_from_node(saved)
-    agent = Agent(inventory, pipeline, actuator, side, evictor)
+    agent = Agent(inventory, pipeline, actuator, side, evictor, opened, cluster, server, options)
     agent.stuck = stuck  # type: ignore[attr-defined]
     return agent
+
+
+def restart(agent: Agent | None, *, cluster: FakeCluster | None = None, server: FakeApiServer | None = None,
+            inventory: NodeInventory | None = None) -> Agent:
+    """A new agent process on the same node: same journal file (if any), same Node, a fresh memory."""
+    options = dict(agent.options or {}) if agent is not None else {}
+    if agent is not None:
+        agent.close()
+        cluster, server = cluster or agent.cluster, server or agent.server
+        inventory = inventory or agent.inventory
+    assert cluster is not None and server is not None and inventory is not None
+    return make_agent(cluster, server, inventory, populate_node=False, restore=True, **options)
