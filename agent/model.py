@@ -273,6 +273,8 @@ class PodRef:
     uid: str = ""
     gpu_uuids: tuple[str, ...] = ()
     daemonset: bool = False
+    #: Deleted (an eviction was accepted) but not gone yet: it still holds its GPUs.
+    terminating: bool = False
 
     @property
     def key(self) -> str:

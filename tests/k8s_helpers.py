@@ -51,9 +51,7 @@ class Agent:
         return self.pipeline.handle(Observation(Signal.XID, xid, at, "kmsg", self.inventory.gpus[gpu]), at)
 
     def settle(self, now: float):
-        """One reconciliation pass at `now`, as the agent's reconciler would make it."""
-        for observation in self.side.sync(now):
-            self.pipeline.handle(observation, now)
+        """Time passes to `now`: a reconciliation pass runs if one is due, as the agent's reconciler makes it."""
         return self.pipeline.tick(now)
 
     def close(self) -> None:
@@ -79,22 +77,22 @@ def make_agent(cluster: FakeCluster, server: FakeApiServer, inventory: NodeInven
     writer = NodeWriter(apis.core, inventory.name, taint_key=TAINT)
     evictor = Evictor(apis.core, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
-                         max_percent=max_percent, opt_out_label="gpu-health-agent.io/opt-out",
-                         **({"clock": budget_clock} if budget_clock else {}))
+                         max_percent=max_percent, **({"clock": budget_clock} if budget_clock else {}))
     stuck: list[str] = []
     actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{inventory.name}/test"),
-                           evictor=evictor, budget=budget, reset=reset or (lambda uuid: (True, "fake reset")),
-                           on_stuck=stuck.append)
-    side = ClusterSide(actuator, budget, PodFinder(apis.core, inventory.name), writer,
+                           evictor=evictor, reset=reset or (lambda uuid: (True, "fake reset")),
+                           on_stuck=stuck.append, opt_out_label="gpu-health-agent.io/opt-out")
+    # The GPUs each pod's processes run on, as NVML's process accounting tells the daemon's pod finder.
+    held = {p.uid: list(p.gpu_uuids) for p in inventory.pods}
+    side = ClusterSide(actuator, budget, PodFinder(apis.core, inventory.name, gpus_by_pod_uid=lambda: held), writer,
                        f"gpu-health/gpu-health-agent-{inventory.name}")
-    node_state, saved = side.restored(TAINT) if restore else (None, [])
     opened = Journal(journal) if journal is not None else None
     pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode, dry_run=dry_run),
-                        actuator=actuator, journal=opened,
-                        gate=budget, node_state=node_state, own_pod=side.own_pod, clock=lambda: 0.0,
+                        actuator=actuator, journal=opened, pods=side.pods.pods,
+                        gate=budget, own_pod=side.own_pod, clock=lambda: 0.0,
                         retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus)
     if restore:
-        pipeline.restore_from_node(saved)
+        pipeline.start()
     agent = Agent(inventory, pipeline, actuator, side, evictor, opened, cluster, server, options)
     agent.stuck = stuck  # type: ignore[attr-defined]
     return agent

@@ -256,8 +256,7 @@ def test_a_replacement_is_released_only_by_an_operator(fake):
     assert node["metadata"]["labels"]["gpu-health-agent.io/needs-replacement"] == "true"
     assert agent.pipeline.tick(10**6).verdicts == []
     request_release(client_for(server.url), "n1", "GPU-n1-0005")
-    for observation in agent.side.sync(20.0):
-        agent.pipeline.handle(observation, 20.0)
+    agent.pipeline.reconcile(20.0)
     node = cluster.node("n1")
     assert "gpu-health-agent.io/needs-replacement" not in node["metadata"]["labels"]
     assert "gpu-health-agent.io/release" not in node["metadata"].get("annotations", {})
@@ -346,7 +345,7 @@ def test_an_agent_started_while_the_api_is_down_reads_its_node_once_it_is_back(f
     daemon = Daemon(config, rules=RULES, sources=[object()], registry=CollectorRegistry(), cluster=side)  # type: ignore[list-item]
     assert not daemon.pipeline.node.tainted
     cluster.faults.down = False
-    daemon._sync_node()
+    daemon.pipeline.reconcile()
     assert daemon.pipeline.node.tainted
     assert daemon.pipeline.gpu_statuses()["GPU-n1-0003"] == "fatal"
 
