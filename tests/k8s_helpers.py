@@ -68,12 +68,13 @@ def make_agent(cluster: FakeCluster, server: FakeApiServer, inventory: NodeInven
                mode: Mode = Mode.REMEDIATE, populate_node: bool = True, max_nodes: int = 1,
                max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
                restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2,
-               journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None) -> Agent:
+               journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
+               api_client: Any = None) -> Agent:
     options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
-                                                               "restore"}}
+                                                               "restore", "api_client"}}
     if populate_node:
         populate(cluster, inventory)
-    apis = Apis.of(client_for(server.url))
+    apis = Apis.of(api_client if api_client is not None else client_for(server.url))
     writer = NodeWriter(apis.core, inventory.name, taint_key=TAINT)
     evictor = Evictor(apis.core, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
