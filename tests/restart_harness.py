@@ -24,30 +24,68 @@ from typing import Any
 
 from agent.engine import RuleSet
 from agent.fakecluster import FakeApiServer, FakeCluster
-from agent.k8s.client import client_for
+from agent.k8s.budget import LeaseBudget
+from agent.k8s.client import Apis, client_for
 from agent.k8s.cluster import request_release
 from agent.model import GpuRef, NodeInventory, Observation, Signal, frozen_attrs
 from tests.k8s_helpers import RULES, TAINT, Agent, gpu_node, make_agent
 
 
-class Killed(BaseException):  # noqa: N818 - a process death, not an error
+class Killed(BaseException):
     """The agent process dies here (SIGKILL): nothing after this point runs."""
 
 
 @dataclass
 class Tripwire:
-    """Counts an agent's I/O and kills it at the `kill_at`-th (None: never)."""
+    """Counts an agent's I/O by kill point and kills it at the `kill_at`-th I/O (of kind `kill_on`, if set).
+
+    The kill point is the remediation step in progress (evict, reset_gpu, reboot_request, untaint...),
+    "fault" while an observation is classified and recorded, "release" while a release is consumed, else
+    the kind of I/O (read, lease, event, journal)."""
 
     kill_at: int | None = None
+    kill_on: str = ""
     count: int = 0
     requests: int = 0
-    label: str = ""
+    context: str = ""
+    points: Counter[str] = field(default_factory=Counter)
 
     def hit(self, label: str) -> None:
+        point = self.context or label
+        self.points[point] += 1
         self.count += 1
-        if self.kill_at is not None and self.count == self.kill_at:
-            self.label = label
-            raise Killed(label)
+        counted = self.points[point] if self.kill_on else self.count
+        if self.kill_at is not None and (not self.kill_on or point == self.kill_on) and counted == self.kill_at:
+            raise Killed(point)
+
+    def within(self, context: str, func: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            outer, self.context = self.context, context
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.context = outer
+        return run
+
+
+class _Labelled:
+    """The agent's actuator, naming the kill point after the step in progress."""
+
+    def __init__(self, actuator: Any, tripwire: Tripwire) -> None:
+        self.actuator = actuator
+        self.tripwire = tripwire
+
+    def apply(self, step: Any) -> Any:
+        return self.tripwire.within(str(step.kind), self.actuator.apply)(step)
+
+    def observe(self) -> Any:
+        return self.actuator.observe()
+
+    def mirror(self, document: Any) -> None:
+        self.tripwire.within("mirror", self.actuator.mirror)(document)
+
+    def consume_release(self, value: str) -> None:
+        self.tripwire.within("release", self.actuator.consume_release)(value)
 
 
 def _label(method: str, path: str) -> str:
@@ -125,7 +163,7 @@ class World:
     faulty: set[int] = field(default_factory=set)
     expect_clean: bool = False
     restarts: int = 0
-    first_io: int = 0
+    first_points: Counter[str] = field(default_factory=Counter)
     kills: list[str] = field(default_factory=list)
     now: float = 0.0
     resets: Counter[str] = field(default_factory=Counter)
@@ -135,9 +173,9 @@ class World:
     def name(self) -> str:
         return self.inventory.name
 
-    def start_agent(self, *, first: bool = False, kill_at: int | None = None) -> None:
+    def start_agent(self, *, first: bool = False, kill_at: int | None = None, kill_on: str = "") -> None:
         """Start an agent as the daemon does: the Node first, then NVML's GPUs, then the kernel log."""
-        self.tripwire = Tripwire(kill_at)
+        self.tripwire = Tripwire(kill_at, kill_on)
         known = self.inventory if first else NodeInventory(self.name, (), self.inventory.pods)
 
         def reset(uuid: str) -> tuple[bool, str]:
@@ -156,6 +194,7 @@ class World:
                 self.tripwire.hit("journal")
 
             self.agent.pipeline.journal.save_record = save_record  # type: ignore[method-assign]
+        self.agent.pipeline.actuator = _Labelled(self.agent.actuator, self.tripwire)
         self.deliver(Observation(Signal.BOOT, 0, self.now, "kmsg", None, frozen_attrs({"boot_id": self.boot_id})))
         for gpu in self.inventory.gpus:
             assert gpu.index is not None
@@ -172,7 +211,8 @@ class World:
 
     def deliver(self, observation: Observation) -> None:
         assert self.agent is not None
-        self.agent.pipeline.handle(observation, self.now)
+        self.tripwire.within("fault" if observation.signal is Signal.XID else "",
+                             self.agent.pipeline.handle)(observation, self.now)
 
     def step(self, action: Callable[[World], None]) -> None:
         """Run one scenario step; a kill restarts the agent (the step's input is replayed by its source)."""
@@ -187,7 +227,7 @@ class World:
         if self.agent is not None:
             self.agent.close()
         if self.restarts == 0:
-            self.first_io = self.tripwire.count
+            self.first_points = Counter(self.tripwire.points)
         self.restarts += 1
         while True:
             try:
@@ -271,14 +311,14 @@ def check(world: World, *, expect_active: set[int]) -> TrialResult:
                        requarantined, missing, duplicated)
 
 
-def new_world(seed: int, *, kill_at: int | None, directory: Path, **options: Any) -> World:
+def new_world(seed: int, *, kill_at: int | None, directory: Path, kill_on: str = "", **options: Any) -> World:
     rng = random.Random(seed)
     backend = start_backend()
     directory.mkdir(parents=True, exist_ok=True)
     world = World(backend, gpu_node(f"n{seed % 1000}"), directory / f"journal-{seed}.db", rng, kill_at,
                   options=options)
     try:
-        world.start_agent(first=True, kill_at=kill_at)
+        world.start_agent(first=True, kill_at=kill_at, kill_on=kill_on)
     except Killed as killed:
         world.kills.append(str(killed))
         world.restart(killed=True)
@@ -399,30 +439,38 @@ SCENARIOS: dict[str, Callable[[World], set[int]]] = {
 }
 
 
-def io_points(scenario: Callable[[World], set[int]], seed: int, directory: Path) -> int:
-    """How many I/O points the scenario's first agent passes when nothing kills it."""
+def io_points(scenario: Callable[[World], set[int]], seed: int, directory: Path) -> Counter[str]:
+    """The I/O points the scenario's first agent passes when nothing kills it, by kill point."""
     world = new_world(seed, kill_at=None, directory=directory)
     try:
         scenario(world)
-        return max(1, world.first_io if world.restarts else world.tripwire.count)
+        return world.first_points if world.restarts else Counter(world.tripwire.points)
     finally:
         if world.agent is not None:
             world.agent.close()
         world.backend.stop()
 
 
-_POINTS: dict[str, int] = {}
+_POINTS: dict[str, Counter[str]] = {}
 
 
-def run_trial(name: str, seed: int, *, directory: Path | None = None) -> TrialResult:
-    """One trial: the scenario with the first agent killed at a random I/O point (seeded)."""
+def kill_points(name: str, directory: Path) -> Counter[str]:
+    """The kill points a scenario passes, with how often (probed once, without a kill)."""
+    if name not in _POINTS:
+        _POINTS[name] = io_points(SCENARIOS[name], 0, directory / f"probe-{len(_POINTS)}")
+    return _POINTS[name]
+
+
+def run_trial(name: str, seed: int, *, kill_on: str = "", directory: Path | None = None) -> TrialResult:
+    """One trial: the scenario with the first agent killed at a random I/O point (seeded), or at a random
+    occurrence of one kill point."""
     scenario = SCENARIOS[name]
     with tempfile.TemporaryDirectory() as scratch:
         where = directory or Path(scratch)
-        if name not in _POINTS:
-            _POINTS[name] = io_points(scenario, 0, where / "probe")
-        kill_at = random.Random(seed).randrange(1, _POINTS[name] + 1)
-        world = new_world(seed, kill_at=kill_at, directory=where)
+        points = kill_points(name, where)
+        total = points[kill_on] if kill_on else sum(points.values())
+        kill_at = random.Random(seed).randrange(1, max(1, total) + 1)
+        world = new_world(seed, kill_at=kill_at, kill_on=kill_on, directory=where)
         try:
             expect = scenario(world)
             result = check(world, expect_active=expect)
@@ -432,3 +480,111 @@ def run_trial(name: str, seed: int, *, directory: Path | None = None) -> TrialRe
             world.backend.stop()
     result.scenario = name
     return result
+
+
+@dataclass
+class FleetResult:
+    nodes: int
+    budget: int
+    samples: int
+    over_budget_holders: int
+    over_budget_disrupted: int
+    wrong_evictions: int
+    double_evictions: int
+    kills: int
+    not_remediated: int
+    blocked_requests_per_minute_max: float
+    blocked_requests_per_minute_mean: float
+
+
+def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, step: float = 15.0,
+          kill_rate: float = 0.01, directory: Path) -> FleetResult:
+    """Every node of a fleet gets a fatal fault at once; a budget of 2 lets two at a time evict and ask for a
+    reboot; reboots come 30 to 180 minutes later (slots outlive their 2 h lifetime unless renewed); agents
+    are killed at random I/O points and started again. Samples the Lease and the Nodes at every step."""
+    rng = random.Random(seed)
+    backend = start_backend()
+    directory.mkdir(parents=True, exist_ok=True)
+    worlds = []
+    try:
+        for index in range(nodes):
+            world = World(backend, gpu_node(f"f{seed}-{index}"), directory / f"fleet-{seed}-{index}.db",
+                          random.Random(seed * 1000 + index), options={"max_nodes": budget, "max_percent": 0})
+            world.start_agent(first=True)
+            worlds.append(world)
+        observer = LeaseBudget(Apis.of(client_for(backend.server.url)), node_name="observer", namespace="gpu-health",
+                               max_nodes=budget, max_percent=0, clock=lambda: now)
+        reboot_at: dict[str, float] = {}
+        faulty_at = {w.name: rng.uniform(0, 300) for w in worlds}
+        samples = over_holders = over_disrupted = kills = 0
+        per_minute: list[float] = []
+        window: dict[str, list[int]] = {w.name: [] for w in worlds}
+        now = 0.0
+        while now < hours * 3600:
+            now += step
+            for world in worlds:
+                world.now = now
+                if world.name in faulty_at and faulty_at[world.name] <= now:
+                    del faulty_at[world.name]
+                    world.step(world.kmsg_xid(rng.randrange(8), 79))
+                if world.name in reboot_at and reboot_at[world.name] <= now:
+                    del reboot_at[world.name]
+                    _reboot(world)
+                if rng.random() < kill_rate:
+                    world.tripwire.kill_at = world.tripwire.count + rng.randrange(1, 8)
+                blocked = _blocked(world)
+                before = world.tripwire.requests
+                world.step(world.settle(0.0))
+                spent = window[world.name]
+                if blocked and _blocked(world):
+                    spent.append(max(0, world.tripwire.requests - before))
+                    if len(spent) * step >= 60.0:
+                        per_minute.append(sum(spent) * 60.0 / (len(spent) * step))
+                        spent.clear()
+                else:
+                    spent.clear()
+                requested = "gpu-health-agent.io/reboot-requested" in (backend.node(world.name)["metadata"]
+                                                                        .get("annotations") or {})
+                if requested and world.name not in reboot_at and not world.expect_clean:
+                    # Most nodes reboot within minutes; some only after the slot's 2 h lifetime.
+                    long = rng.random() < 0.2
+                    reboot_at[world.name] = now + (rng.uniform(7800, 10800) if long else rng.uniform(300, 1200))
+            kills = sum(len(w.kills) for w in worlds)
+            samples += 1
+            holders = len(observer.holders())
+            disrupted = sum(1 for w in worlds if "gpu-health-agent.io/reboot-requested" in
+                            (backend.node(w.name)["metadata"].get("annotations") or {}))
+            over_holders += holders > budget
+            over_disrupted += disrupted > budget
+        accepted = [pod for pod, code in backend.evictions() if code in {200, 201}]
+        attempts = Counter(pod for pod, code in backend.evictions() if code != 429)
+        on_faulty = set()
+        for world in worlds:
+            for gpu in world.faulty:
+                on_faulty |= {p.name for p in world.inventory.pods if world.inventory.gpus[gpu].uuid in p.gpu_uuids}
+        not_remediated = sum(1 for w in worlds if w.faulty and not w.expect_clean)
+        return FleetResult(nodes, budget, samples, over_holders, over_disrupted,
+                           sum(1 for pod in accepted if pod not in on_faulty),
+                           sum(n - 1 for n in attempts.values() if n > 1), kills, not_remediated,
+                           max(per_minute, default=0.0), sum(per_minute) / len(per_minute) if per_minute else 0.0)
+    finally:
+        for world in worlds:
+            if world.agent is not None:
+                world.agent.close()
+        backend.stop()
+
+
+def _blocked(world: World) -> bool:
+    """A faulty node that could not yet evict or ask for its reboot (the budget is spent)."""
+    if world.agent is None or not world.agent.pipeline.record.faults:
+        return False
+    return not world.agent.pipeline.record.node.reboot_requested
+
+
+def _reboot(world: World) -> None:
+    """The node reboots: a new boot id, an empty ring buffer, the GPUs back, a new agent process."""
+    world.boot_id = f"boot-{world.rng.randrange(10**9)}"
+    world.ring.clear()
+    world.lost.clear()
+    world.expect_clean = True
+    world.restart()
