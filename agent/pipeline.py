@@ -482,8 +482,12 @@ class Pipeline:
             with self._lock:
                 verdicts = self._classify(release, now)
                 self._save()
+                document = self.record.to_json()
             self._pass_verdicts.extend(verdicts)
-            self._safely("release_not_consumed", self.actuator.consume_release, observed.release)
+            # The Node's copy says "released" before the request goes: a journal lost now cannot bring the
+            # fault back. Not mirrored: the request stays and the next pass handles it again (idempotent).
+            if self._safely("mirror_failed", self.actuator.mirror, document) is not False:
+                self._safely("release_not_consumed", self.actuator.consume_release, observed.release)
             if verdicts:
                 self.wake.set()
         return observed
@@ -693,11 +697,12 @@ class Pipeline:
             self.metrics.set_active([f.severity for f in list(self.record.faults.values())])
 
     def _safely(self, event: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """func(...), or False (logged) when it raised."""
         try:
             return func(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
             self._log.error(event, error=f"{type(exc).__name__}: {exc}")
-            return None
+            return False
 
 
 def _same_record(mirrored: Mapping[str, object] | None, document: Mapping[str, object]) -> bool:

@@ -372,8 +372,26 @@ def damaged_journal(world: World) -> set[int]:
     gpu = world.rng.randrange(8)
     world.step(world.kmsg_xid(gpu, 79))
     world.step(world.settle(40.0))
-    assert world.agent is not None
-    world.agent.close()
+    _damage_journal(world)
+    world.step(world.settle(40.0))
+    return {gpu}
+
+
+def journal_lost_after_release(world: World) -> set[int]:
+    """Released, then the journal is lost: the next agent rebuilds from the Node and stays released."""
+    gpu = world.rng.randrange(8)
+    world.step(world.kmsg_xid(gpu, 79))
+    world.step(world.settle(40.0))
+    world.step(world.operator_release())
+    world.step(world.settle(40.0))
+    _damage_journal(world)
+    world.step(world.settle(40.0))
+    return set()
+
+
+def _damage_journal(world: World) -> None:
+    if world.agent is not None:
+        world.agent.close()
     kind = world.rng.choice(["garbage", "truncated", "empty", "missing"])
     data = world.journal.read_bytes() if world.journal.exists() else b""
     for leftover in world.journal.parent.glob(world.journal.name + "-*"):
@@ -385,8 +403,6 @@ def damaged_journal(world: World) -> set[int]:
                                    "empty": b""}[kind])
     world.agent = None
     world.restart(killed=True)
-    world.step(world.settle(40.0))
-    return {gpu}
 
 
 def rules_reload_renames(world: World) -> set[int]:
@@ -434,6 +450,7 @@ SCENARIOS: dict[str, Callable[[World], set[int]]] = {
     "second fault during the first": second_fault_during_first,
     "graceful restarts mid-ladder": graceful_restart_mid_ladder,
     "damaged or missing journal": damaged_journal,
+    "journal lost after a release": journal_lost_after_release,
     "rules reload renaming the rule": rules_reload_renames,
     "API 5xx, 409, latency, outage": api_trouble,
 }
