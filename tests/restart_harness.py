@@ -379,11 +379,7 @@ def damaged_journal(world: World) -> set[int]:
 
 def journal_lost_after_release(world: World) -> set[int]:
     """Released, then the journal is lost: the next agent rebuilds from the Node and stays released."""
-    gpu = world.rng.randrange(8)
-    world.step(world.kmsg_xid(gpu, 79))
-    world.step(world.settle(40.0))
-    world.step(world.operator_release())
-    world.step(world.settle(40.0))
+    xid79_then_release(world)
     _damage_journal(world)
     world.step(world.settle(40.0))
     return set()
