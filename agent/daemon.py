@@ -40,6 +40,8 @@ log = structlog.get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
 #: SIGTERM to exit: the DaemonSet grants 30 s; everything not yet applied is in the journal for the next agent.
 SHUTDOWN_SECONDS = 5.0
+#: How long a start without a journal record waits for the Node's copy before detection starts anyway.
+START_WAIT_SECONDS = 10.0
 
 
 def rules_dir_of(config: Config) -> Path:
@@ -234,8 +236,11 @@ class Daemon:
                 cluster.pods.mig_parents = nvml.mig_parents
             if self.pipeline.fresh:
                 # No record in the journal (first start, or it was lost): the Node's copy, before any source
-                # runs, so the kernel log resumes where the last agent acknowledged it.
-                self.pipeline.start()
+                # runs, so the kernel log resumes where the last agent acknowledged it. Bounded: a hung API
+                # server must not keep detection from starting (the reconciler adopts it later).
+                reader = threading.Thread(target=self.pipeline.start, name="record-from-node", daemon=True)
+                reader.start()
+                reader.join(timeout=START_WAIT_SECONDS)
         self.metrics.rules_loaded.set(len(rules.rules))
         self.heartbeat = clock()
         self._threads: list[threading.Thread] = []
