@@ -101,14 +101,27 @@ def _config(path: str | None) -> Config:
 
 
 def _open_journal(path: str | Path) -> Journal:
-    """The journal, or one line saying why it cannot be opened (unwritable place, not a SQLite file)."""
+    """The journal a command was given, or one line saying why it cannot be opened (unwritable place, not a
+    SQLite file); unlike the agent's own start, a command never moves a damaged file aside."""
     try:
-        return Journal(path)
+        return Journal(path, recover=False)
     except sqlite3.DatabaseError as exc:
         problem = "not a journal (not a SQLite database)" if "not a database" in str(exc) else f"cannot open: {exc}"
         raise InputError(problem, file=str(path)) from None
     except OSError as exc:
         raise InputError(f"cannot create the journal: {exc.strerror or exc}", file=str(path)) from None
+
+
+def _check_journal_place(path: str | Path) -> None:
+    """run: a journal the agent cannot create is one line before anything starts (a damaged one is the
+    daemon's to move aside and recreate, with an Event)."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the journal: {exc.strerror or exc}", file=str(path)) from None
+    place = Path(path) if Path(path).exists() else Path(path).parent
+    if not os.access(place, os.W_OK):
+        raise InputError("cannot create the journal: Permission denied", file=str(path))
 
 
 class _OneLineGroup(click.Group):
@@ -181,7 +194,7 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         overrides["http"] = config.http.model_copy(update={"port": port})
     config = config.model_copy(update=overrides)
     configure_logging(config.log.level, config.log.format)
-    _open_journal(config.journal_path).close()
+    _check_journal_place(config.journal_path)
     rules = load_rules(rules_dir_of(config))
     node = None
     extra = []

@@ -1,4 +1,5 @@
-"""The long-running agent: sources on their own threads feed one pipeline loop; HTTP, reload, shutdown."""
+"""The long-running agent: sources on their own threads feed one classification loop; the reconciler
+converges the cluster on a thread of its own; HTTP, reload, shutdown."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
 from agent.journal import Journal
 from agent.metrics import Metrics
-from agent.model import NodeInventory, Observation, Verdict
+from agent.model import NodeInventory, Observation, Step, StepKind, frozen_attrs
 from agent.pipeline import Pipeline
-from agent.remediation import GuardPolicy, NodeState
+from agent.remediation import GuardPolicy
+from agent.remediation.record import OwedEvent
 from agent.sources.base import Source
 from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_bindings import BindingsReader, import_bindings
@@ -36,6 +38,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
+#: SIGTERM to exit: the DaemonSet grants 30 s; everything not yet applied is in the journal for the next agent.
+SHUTDOWN_SECONDS = 5.0
+#: How long a start without a journal record waits for the Node's copy before detection starts anyway.
+START_WAIT_SECONDS = 10.0
 
 
 def rules_dir_of(config: Config) -> Path:
@@ -200,15 +206,6 @@ class Daemon:
         self.watcher = RulesWatcher(self.rules_dir)
         self.reload_seconds = reload_seconds
         self.cluster = cluster
-        node_state: NodeState | None = None
-        node_faults: list[Verdict] = []
-        self._node_restored = cluster is None
-        if cluster is not None:
-            try:
-                node_state, node_faults = cluster.restored(config.remediation.taint_key)
-                self._node_restored = True
-            except Exception as exc:  # noqa: BLE001 - the API may be down at start; the node sync retries
-                log.warning("node_state_unreadable", error=f"{type(exc).__name__}: {exc}")
         self.pipeline = Pipeline(
             rules=rules,
             inventory=inventory or NodeInventory(name=config.node_name),
@@ -218,20 +215,32 @@ class Daemon:
             clock=clock,
             actuator=cluster.actuator if cluster else None,
             gate=cluster.gate if cluster else None,
-            node_state=node_state,
             own_pod=cluster.own_pod if cluster else "",
             pods=cluster.pods.pods if cluster else None,
             max_faulty_gpus=config.remediation.max_faulty_gpus,
             replace_after_recoveries=config.remediation.replace_after_recoveries,
             reset_settle_seconds=config.remediation.reset_settle_seconds,
+            sync_seconds=config.remediation.node_sync_seconds,
+            inline=False,
         )
+        if self.journal.recreated:
+            log.error("journal_recreated", reason=self.journal.recreated)
+            self.metrics.journal_recreated.inc()
+            note = Step(StepKind.EVENT, config.node_name, self.journal.recreated,
+                        details=frozen_attrs({"reason": "JournalRecreated", "type": "Warning"}))
+            self.pipeline.record.owe(OwedEvent.of(note, salt=str(clock())))
         if cluster is not None:
             nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
             if nvml is not None and cluster.pods.gpus_by_pod_uid is None:
                 cluster.pods.gpus_by_pod_uid = nvml.gpus_by_pod_uid
                 cluster.pods.mig_parents = nvml.mig_parents
-            self.pipeline.restore_from_node(node_faults)
-            self.pipeline.refresh_pods()
+            if self.pipeline.fresh:
+                # No record in the journal (first start, or it was lost): the Node's copy, before any source
+                # runs, so the kernel log resumes where the last agent acknowledged it. Bounded: a hung API
+                # server must not keep detection from starting (the reconciler adopts it later).
+                reader = threading.Thread(target=self.pipeline.start, name="record-from-node", daemon=True)
+                reader.start()
+                reader.join(timeout=START_WAIT_SECONDS)
         self.metrics.rules_loaded.set(len(rules.rules))
         self.heartbeat = clock()
         self._threads: list[threading.Thread] = []
@@ -268,8 +277,9 @@ class Daemon:
                                       daemon=True)
             self._threads.append(thread)
             thread.start()
+        reconciler = threading.Thread(target=self._reconcile_loop, args=(stop,), name="reconciler", daemon=True)
+        reconciler.start()
         next_reload = self.clock() + self.reload_seconds
-        next_sync = self.clock()
         next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
         while not stop.is_set():
             self._drain(timeout=self.config.tick_seconds, stop=stop)
@@ -281,28 +291,23 @@ class Daemon:
             if self.clock() >= next_prune:
                 self._safe_step("journal_prune_failed", self.journal.prune)
                 next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
-            if self.cluster is not None and self.clock() >= next_sync:
-                self._safe_step("node_sync_failed", self._sync_node)
-                next_sync = self.clock() + self.config.remediation.node_sync_seconds
-        for thread in self._threads:
-            thread.join(timeout=5)
+        self.pipeline.wake.set()
+        deadline = time.monotonic() + SHUTDOWN_SECONDS
+        for thread in [*self._threads, reconciler]:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._drain(timeout=0, stop=None)
+        if reconciler.is_alive():
+            # An API call still hangs: what it did not apply is in the journal for the next agent.
+            log.warning("reconciler_abandoned", reason="an API call did not return before shutdown")
         self.journal.close()
         log.info("agent_stopped", node=self.config.node_name)
 
-    def _sync_node(self) -> None:
-        """Operator releases arrive as a Node annotation; the pods of the node are re-read."""
-        if self.cluster is None:
-            return
-        if not self._node_restored:
-            node_state, node_faults = self.cluster.restored(self.config.remediation.taint_key)
-            self.pipeline.node = node_state
-            self.pipeline.restore_from_node(node_faults)
-            self._node_restored = True
-            log.info("node_state_restored", faults=len(node_faults))
-        for observation in self.cluster.sync(self.clock()):
-            self.pipeline.handle(observation)
-        self.pipeline.refresh_pods()
+    def _reconcile_loop(self, stop: threading.Event) -> None:
+        """Converge the node to the durable record on every change and whenever a pass is due."""
+        while not stop.is_set():
+            self._safe_step("reconcile_failed", self.pipeline.reconcile)
+            self.pipeline.wake.wait(timeout=max(0.05, self.pipeline.due_at - self.clock()))
+            self.pipeline.wake.clear()
 
     def _drain(self, *, timeout: float, stop: threading.Event | None) -> None:
         deadline = self.clock() + timeout

@@ -1,10 +1,17 @@
-"""The local journal: every verdict and action in SQLite (WAL), read back after a restart."""
+"""The local journal: the node's durable record, input cursors, and every verdict and action (SQLite, WAL).
+
+A journal that cannot be opened or fails its integrity check is moved aside and recreated (`recreated`
+says why), so a damaged file never stops the agent; the record is then rebuilt from the Node.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +36,62 @@ CREATE INDEX IF NOT EXISTS actions_at ON actions(at);
 class Journal:
     """A durable, thread-safe record of verdicts and actions, with the active faults kept apart."""
 
-    def __init__(self, path: str | Path, *, keep_rows: int = 100_000) -> None:
+    def __init__(self, path: str | Path, *, keep_rows: int = 100_000, recover: bool = True) -> None:
+        """recover=False (a command reading a file it was given) raises on damage and leaves the file as it is."""
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self._keep_rows = keep_rows
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+        #: Why the journal was recreated at start ("" when it opened cleanly).
+        self.recreated = ""
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:
+            if not recover:
+                raise
+            moved = self._move_aside()
+            self.recreated = f"journal {self.path} was damaged ({exc}); moved to {moved} and recreated"
+            self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            verdict = db.execute("PRAGMA quick_check").fetchone()
+            if verdict is None or verdict[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {verdict[0] if verdict else 'no answer'}")
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self) -> str:
+        target = f"{self.path}.damaged-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(self.path + suffix):
+                os.replace(self.path + suffix, target + suffix)
+        return target
+
+    def record(self, node: str) -> dict[str, Any] | None:
+        """The node's durable record as last saved (None when there is none, or it is unreadable)."""
+        saved = self.cursor(f"record:{node}")
+        try:
+            document = json.loads(saved) if saved else None
+        except ValueError:
+            return None
+        return document if isinstance(document, dict) else None
+
+    def save_record(self, node: str, document: Mapping[str, Any], *, cursors: Mapping[str, str] = {}) -> None:
+        """The record and the input cursors it covers, in one transaction: an input is acknowledged only
+        together with what it changed."""
+        body = json.dumps(document, sort_keys=True, separators=(",", ":"))
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO cursors (name, value) VALUES (?, ?)", (f"record:{node}", body))
+            for name, value in cursors.items():
+                self._db.execute("INSERT OR REPLACE INTO cursors (name, value) VALUES (?, ?)", (name, value))
 
     def record_verdict(self, node: str, verdict: Verdict) -> None:
         body = json.dumps(verdict_to_dict(verdict), sort_keys=True, default=str)

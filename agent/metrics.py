@@ -29,6 +29,10 @@ class Metrics:
         self.step_errors = Counter(
             "gpu_health_step_errors_total", "Remediation steps that failed with an error.",
             ["kind"], registry=registry)
+        self.journal_recreated = Counter(
+            "gpu_health_journal_recreated_total",
+            "Journals found damaged at start, moved aside and recreated (the record is rebuilt from the Node).",
+            registry=registry)
         self.rules_reload_failures = Counter(
             "gpu_health_rules_reload_failures_total", "Rule reloads rejected as invalid; the last good rules stay.",
             registry=registry)

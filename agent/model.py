@@ -278,6 +278,8 @@ class PodRef:
     gpu_uuids: tuple[str, ...] = ()
     daemonset: bool = False
     owner: str = ""  # the workload: attribution.owner_key() of its top controller, else its image
+    #: Deleted (an eviction was accepted) but not gone yet: it still holds its GPUs.
+    terminating: bool = False
 
     @property
     def key(self) -> str:

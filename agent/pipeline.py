@@ -1,15 +1,21 @@
-"""One pass of the data flow: observation -> engine -> planner -> guard -> actuator -> records.
+"""One node's data flow: observation -> engine -> durable record; record -> planner -> guard -> actuator.
 
-Shared by the daemon (real time, real sources) and `simulate` (virtual clock, scenario source), so
-what a scenario shows is what the agent does.
+Two halves that share one `NodeRecord` under a lock. `handle` and `tick` classify and write the record
+(local, fast, never an API call) and acknowledge the input with it. `reconcile` is level-triggered: it
+reads the real Node, computes what the record calls for (conditions, taint, evictions, reset, reboot
+request, replacement mark, budget slot, owed Events, the mirrored record) and converges. The daemon runs
+`reconcile` on its own thread, so a slow or hung API server never stops detection; `simulate` and the
+tests run it inline after each change, so what a scenario shows is what the agent does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +25,7 @@ from agent.engine import EngineState, RuleSet, evaluate, restore, tick
 from agent.journal import Journal
 from agent.metrics import Metrics
 from agent.model import (
+    LIFECYCLE_SIGNALS,
     NODE_KEY,
     Action,
     ActionRecord,
@@ -40,31 +47,51 @@ from agent.remediation import (
     AttemptHistory,
     ClusterView,
     GuardPolicy,
+    Mode,
     NodeState,
     PlanOptions,
     decide,
     plan,
 )
-from agent.remediation.planner import next_settled
+from agent.remediation.planner import next_settled, verdict_events
+from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
+from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
+from agent.sources.kmsg import cursor_value, newer_cursor
 
 BOOT_CURSOR = "boot_id"
 NODE_STATE_CURSOR = "node_state"
-_FOLLOW_UP_PASSES = 2
+_ROUNDS = 3
 _TOOK_EFFECT = frozenset({StepResult.APPLIED, StepResult.PLANNED, StepResult.DRY_RUN})
 
 
 class Actuator(Protocol):
-    """Carries out one step; returns the result and a message. Raises nothing it can report."""
+    """Carries out steps on the node and reads it back. Raises nothing it can report."""
 
     def apply(self, step: Step) -> tuple[StepResult, str]: ...
 
-    def persist(self, node: NodeState, active: dict[tuple[str, str], ActiveFault]) -> None: ...
+    def observe(self) -> NodeObservation | None:
+        """The real Node now; None where there is no cluster (local mode)."""
+        ...
+
+    def mirror(self, document: Mapping[str, object]) -> None:
+        """Write the record to the Node (read-compare-patch)."""
+        ...
+
+    def consume_release(self, value: str) -> None:
+        """Remove an operator's release request once it is in the durable record."""
+        ...
 
 
 class ClusterGate(Protocol):
-    """What the cluster says right now about a step: budget, pause, opt-out."""
+    """The cluster-wide disruption budget and pause: asked only once the guard let a disruptive step past."""
 
-    def view(self, step: Step) -> ClusterView: ...
+    def paused(self) -> bool: ...
+
+    def acquire(self) -> bool:
+        """Take or renew this node's slot; False when the budget is spent."""
+        ...
+
+    def release(self) -> None: ...
 
 
 class LocalActuator:
@@ -73,15 +100,27 @@ class LocalActuator:
     def apply(self, step: Step) -> tuple[StepResult, str]:
         return StepResult.PLANNED, "local mode: no cluster to act on"
 
-    def persist(self, node: NodeState, active: dict[tuple[str, str], ActiveFault]) -> None:
+    def observe(self) -> NodeObservation | None:
+        return None
+
+    def mirror(self, document: Mapping[str, object]) -> None:
+        return None
+
+    def consume_release(self, value: str) -> None:
         return None
 
 
 class LocalGate:
     """Local mode: a single node is its own cluster, so the budget is always there."""
 
-    def view(self, step: Step) -> ClusterView:
-        return ClusterView()
+    def paused(self) -> bool:
+        return False
+
+    def acquire(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
 
 
 @dataclass(slots=True)
@@ -95,7 +134,7 @@ class Outcome:
 
 
 class Pipeline:
-    """Holds the engine state, the node state and the attempt history of one node."""
+    """Holds the engine state and the durable record of one node, and reconciles the node to the record."""
 
     def __init__(
         self,
@@ -107,14 +146,17 @@ class Pipeline:
         gate: ClusterGate | None = None,
         journal: Journal | None = None,
         metrics: Metrics | None = None,
-        node_state: NodeState | None = None,
         clock: Callable[[], float] = time.time,
         retry_seconds: float = 30.0,
+        sync_seconds: float = 30.0,
+        slot_renew_seconds: float = 600.0,
         own_pod: str = "",
         pods: Callable[[], tuple[PodRef, ...]] | None = None,
         max_faulty_gpus: int = 2,
         replace_after_recoveries: int = 2,
         reset_settle_seconds: float = 10.0,
+        inline: bool = True,
+        rng: random.Random | None = None,
     ) -> None:
         self.rules = rules
         self.inventory = inventory
@@ -123,74 +165,197 @@ class Pipeline:
         self.gate: ClusterGate = gate or LocalGate()
         self.journal = journal
         self.metrics = metrics
-        self.node = node_state or NodeState()
         self.clock = clock
         self.retry_seconds = retry_seconds
+        self.sync_seconds = sync_seconds
+        self.slot_renew_seconds = slot_renew_seconds
         self.engine = EngineState()
         self.history = AttemptHistory()
-        self.active: dict[tuple[str, str], ActiveFault] = {}
         self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
-                                    reset_settle_seconds=reset_settle_seconds)
+                                    reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None)
         self.pods = pods
         self.replace_after_recoveries = replace_after_recoveries
-        self._pending_events: list[Step] = []
-        self._replan_at: float | None = None
+        self.inline = inline
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
+        #: Set whenever the record changed: the reconciler thread wakes on it.
+        self.wake = threading.Event()
+        self._lock = threading.RLock()
+        self._pass = threading.Lock()
+        self._due_at = 0.0
+        self._backoff_until = 0.0
+        self._renewed_at: float | None = None
+        self._passes = 0
+        self._pass_verdicts: list[Verdict] = []
         self._metrics_primed = False
         self._log = structlog.get_logger("agent.pipeline").bind(node=inventory.name)
-        if journal is not None:
-            if node_state is None:
-                self.node = _saved_node_state(journal)
-            self._restore(journal.active_faults(inventory.name))
+        self.record, self.fresh = self._load(journal)
+        self._restore_engine(list(self.record.faults.values()))
+        self._merge_gpus(self.record.gpus)
 
-    def restore_from_node(self, verdicts: list[Verdict]) -> None:
-        """Faults the Node's state annotation holds (the truth across restarts) that the journal lacks."""
-        self._restore([v for v in verdicts if (v.gpu_key, v.rule_id) not in self.active])
+    # ---- the record ----
+    @property
+    def active(self) -> dict[tuple[str, str], ActiveFault]:
+        return self.record.faults
 
-    def _restore(self, verdicts: list[Verdict]) -> None:
-        known = [v for v in verdicts if self.rules.get(v.rule_id) is not None]
-        restore(self.engine, known)
-        if self.journal is not None and not self.engine.boot_id:
-            self.engine.boot_id = self.journal.cursor(BOOT_CURSOR) or ""
-        for verdict in known:
-            self.active[(verdict.gpu_key, verdict.rule_id)] = ActiveFault.from_verdict(verdict)
-        if known:
-            self._replan_at = 0.0
-            self._log.info("faults_restored", count=len(known))
+    @property
+    def node(self) -> NodeState:
+        return self.record.node
 
+    def _load(self, journal: Journal | None) -> tuple[NodeRecord, bool]:
+        """The journal's record; an older journal's active faults and node state; else a fresh record."""
+        if journal is None:
+            return NodeRecord(), True
+        document = self._safely("journal_read_failed", journal.record, self.inventory.name)
+        if isinstance(document, dict):
+            return NodeRecord.from_json(document), False
+        record = NodeRecord()
+        legacy = self._safely("journal_read_failed", journal.active_faults, self.inventory.name) or []
+        for verdict in legacy:
+            record.faults[(verdict.gpu_key, verdict.rule_id)] = self._fault_of(verdict)
+        saved = self._safely("journal_read_failed", journal.cursor, NODE_STATE_CURSOR)
+        try:
+            state = json.loads(saved) if saved else {}
+        except ValueError:
+            state = {}
+        record.node = NodeState.from_json(state if isinstance(state, dict) else {})
+        for name in (BOOT_CURSOR, KMSG_CURSOR):
+            value = self._safely("journal_read_failed", journal.cursor, name)
+            if value:
+                record.cursors[name] = str(value)
+        return record, not (legacy or saved)
+
+    def _restore_engine(self, faults: list[ActiveFault]) -> None:
+        restore(self.engine, [f.to_verdict() for f in faults])
+        self.engine.boot_id = self.record.cursors.get(BOOT_CURSOR, self.engine.boot_id)
+        if faults:
+            self._log.info("faults_restored", count=len(faults))
+
+    def _merge_gpus(self, gpus: tuple[GpuRef, ...]) -> None:
+        known = {g.uuid for g in self.inventory.gpus}
+        extra = tuple(g for g in gpus if g.uuid and g.uuid not in known)
+        if extra:
+            merged = sorted((*self.inventory.gpus, *extra), key=lambda g: (g.index is None, g.index or 0))
+            self.inventory = dataclasses.replace(self.inventory, gpus=tuple(merged))
+
+    def _save(self) -> None:
+        """The record (and with it the input cursors) to the journal: before acknowledging, before acting."""
+        self.record.generation += 1
+        self.record.gpus = self.inventory.gpus
+        if self.journal is not None:
+            self._safely("journal_record_failed", self.journal.save_record, self.inventory.name,
+                         self.record.to_json(), cursors=self.record.cursors)
+
+    # ---- classification (never touches the API) ----
     def handle(self, observation: Observation, now: float | None = None) -> Outcome:
-        """Classify one observation and act on what it changes."""
+        """Classify one observation, record what it changes, acknowledge it; reconcile inline if configured."""
         now = self.clock() if now is None else now
+        with self._lock:
+            gpus_before = self.inventory.gpus
+            verdicts = self._classify(observation, now)
+            acknowledged = self._acknowledge(observation)
+            if verdicts or acknowledged or self.inventory.gpus != gpus_before or \
+                    self.inventory.gpus != self.record.gpus:
+                self._save()
+        return self._after(verdicts, now)
+
+    def tick(self, now: float | None = None) -> Outcome:
+        """Let time pass: quiet windows may clear faults; a reconciliation pass runs when one is due."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            verdicts = [self._escalate(v) for v in [*tick(self.engine, now, rules=self.rules),
+                                                   *self._orphans_quiet(now)]]
+            for verdict in verdicts:
+                self._record_verdict(verdict, now, None)
+            if verdicts:
+                self._save()
+        return self._after(verdicts, now)
+
+    def _after(self, verdicts: list[Verdict], now: float) -> Outcome:
+        if verdicts:
+            self.wake.set()
+        self._update_metrics(bool(verdicts))
+        outcome = Outcome(verdicts, [])
+        if self.inline and (verdicts or now >= self._due_at):
+            outcome.extend(self.reconcile(now))
+        return outcome
+
+    def _classify(self, observation: Observation, now: float) -> list[Verdict]:
         if observation.gpu is not None:
             self._learn(observation.gpu)
             observation = dataclasses.replace(observation, gpu=self.inventory.resolve(observation.gpu))
         if self.metrics:
             self.metrics.observed(observation)
+        previous_boot = self.engine.boot_id
         verdicts = evaluate(observation, self.engine, now, rules=self.rules)
-        if observation.signal is Signal.BOOT and self.journal is not None and self.engine.boot_id:
-            self._safely("journal_boot_failed", self.journal.set_cursor, BOOT_CURSOR, self.engine.boot_id)
-        return self._after(verdicts, now, latency_from=observation.at)
+        verdicts += self._orphan_clears(observation, previous_boot, now)
+        if observation.signal is Signal.BOOT and self.engine.boot_id:
+            self.record.cursors[BOOT_CURSOR] = self.engine.boot_id
+        verdicts = [self._escalate(v) for v in verdicts]
+        for verdict in verdicts:
+            self._record_verdict(verdict, now, observation.at)
+        return verdicts
 
-    def tick(self, now: float | None = None) -> Outcome:
-        """Let time pass: quiet windows may clear faults; blocked steps are retried."""
-        now = self.clock() if now is None else now
-        verdicts = tick(self.engine, now, rules=self.rules)
-        if verdicts or (self._replan_at is not None and now >= self._replan_at):
-            return self._after(verdicts, now, latency_from=None)
-        return Outcome()
+    def _acknowledge(self, observation: Observation) -> bool:
+        """A kernel-log record is acknowledged (its cursor moves) in the same write as what it changed."""
+        seq = observation.attrs.get("kmsg_seq")
+        if observation.source != KMSG_CURSOR or not isinstance(seq, int) or not self.engine.boot_id:
+            return False
+        value = cursor_value(self.engine.boot_id, seq)
+        if not newer_cursor(value, self.record.cursors.get(KMSG_CURSOR)):
+            return False
+        self.record.cursors[KMSG_CURSOR] = value
+        return True
+
+    def _orphan_clears(self, observation: Observation, previous_boot: str, now: float) -> list[Verdict]:
+        """Faults whose rule a reload renamed or removed clear by the recovery they were raised with."""
+        if observation.signal not in LIFECYCLE_SIGNALS:
+            return []
+        cleared = []
+        for (key, rule_id), fault in list(self.record.faults.items()):
+            if self.rules.get(rule_id) is not None:
+                continue
+            if observation.signal is Signal.BOOT:
+                boot_id = str(observation.attrs.get("boot_id", ""))
+                why = "new boot" if previous_boot and boot_id != previous_boot and \
+                    fault.recovery in {"boot", "reset"} else ""
+            elif observation.signal is Signal.GPU_RESET:
+                why = "verified GPU reset" if observation.value and observation.gpu_key == key and \
+                    fault.recovery == "reset" else ""
+            else:
+                why = f"released by {observation.attrs.get('by', 'operator')}" \
+                    if observation.gpu_key in {NODE_KEY, key} else ""
+            if why:
+                cleared.append(self._orphan_cleared(fault, now, why))
+        return cleared
+
+    def _orphans_quiet(self, now: float) -> list[Verdict]:
+        return [self._orphan_cleared(f, now, f"quiet for {f.quiet_seconds:g}s")
+                for (_, rule_id), f in list(self.record.faults.items())
+                if self.rules.get(rule_id) is None and f.recovery == "quiet" and f.quiet_seconds > 0
+                and now - f.since >= f.quiet_seconds]
+
+    def _orphan_cleared(self, fault: ActiveFault, now: float, why: str) -> Verdict:
+        self.engine.rules.pop((fault.gpu_key, fault.rule_id), None)
+        return Verdict(VerdictKind.CLEARED, fault.rule_id, fault.gpu_key, Severity.OK, fault.action,
+                       fault.fault_class, now, f"cleared: {why}", fault.gpu,
+                       frozen_attrs({"occurrences": fault.occurrences, "active_since": fault.since, "why": why}))
 
     def replace_rules(self, rules: RuleSet) -> None:
-        self.rules = rules
+        with self._lock:
+            self.rules = rules
         if self.metrics:
             self.metrics.rules_loaded.set(len(rules.rules))
 
     def _learn(self, gpu: GpuRef) -> None:
         """A source that knows a GPU's whole identity (NVML, DCGM) teaches it to the inventory, so a
-        kernel-log record that names only the PCI bus id is resolved to the same GPU."""
+        kernel-log record that names only the PCI bus id, or a lost GPU NVML knows only by index, is
+        resolved to the same GPU. The inventory is part of the durable record."""
         if not gpu.uuid or not gpu.pci_bus_id or gpu.mig_parent_uuid or gpu.index is None:
             return
         if any(known.uuid == gpu.uuid for known in self.inventory.gpus):
             return
-        gpus = tuple(sorted((*self.inventory.gpus, gpu), key=lambda g: (g.index is None, g.index or 0)))
+        others = tuple(g for g in self.inventory.gpus if g.index != gpu.index)
+        gpus = tuple(sorted((*others, gpu), key=lambda g: (g.index is None, g.index or 0)))
         self.inventory = dataclasses.replace(self.inventory, gpus=gpus)
         self._metrics_primed = False
 
@@ -201,7 +366,7 @@ class Pipeline:
     def gpu_statuses(self) -> dict[str, str]:
         """healthy | degraded | fatal | unknown for every GPU of the inventory and every faulty key."""
         statuses = {gpu.key: "healthy" for gpu in self.inventory.gpus}
-        for fault in self.active.values():
+        for fault in list(self.record.faults.values()):
             status = _status_of(fault.severity)
             keys = list(statuses) if fault.gpu_key == NODE_KEY else [fault.gpu_key]
             for key in keys:
@@ -209,65 +374,15 @@ class Pipeline:
                     statuses[key] = status
         return statuses
 
-    def _after(self, verdicts: list[Verdict], now: float, latency_from: float | None) -> Outcome:
-        verdicts = [self._escalate(v) for v in verdicts]
-        for verdict in verdicts:
-            self._record_verdict(verdict, now, latency_from)
-        evicting = [v for v in verdicts if v.kind is VerdictKind.FAULT and v.action.rank >= Action.RESET_WHEN_IDLE.rank]
-        if self.pods is not None and evicting:
-            self.refresh_pods()
-        self.node.forget_cleared({key for key, _ in self.active})
-        steps = [*self._pending_events, *plan(verdicts, self.active, self.node, self.inventory,
-                                              options=self._options, now=now)]
-        self._pending_events = []
-        actions = [self._carry_out(step, now) for step in steps]
-        for _ in range(_FOLLOW_UP_PASSES):
-            # Steps that wait on others (a reset waits for the GPU's pods to be gone) come in a further pass.
-            if not any(a.result in _TOOK_EFFECT and a.step.kind is StepKind.EVICT for a in actions[-len(steps):]):
-                break
-            steps = plan([], self.active, self.node, self.inventory, options=self._options, now=now)
-            if not steps:
-                break
-            actions += [self._carry_out(step, now) for step in steps]
-        # An Event the API refused is sent again on the next pass (bounded), not lost.
-        self._pending_events = [a.step for a in actions
-                                if a.step.kind is StepKind.EVENT and a.result is StepResult.FAILED][-100:]
-        if actions:
-            self._safely("persist_failed", self.actuator.persist, self.node, self.active)
-            if self.journal is not None:
-                self._safely("journal_state_failed", self.journal.set_cursor, NODE_STATE_CURSOR,
-                             json.dumps(self.node.to_json(), sort_keys=True))
-        tainted = any(a.step.kind is StepKind.TAINT and a.result is StepResult.APPLIED for a in actions)
-        if tainted and latency_from is not None and self.metrics:
-            self.metrics.detection_to_quarantine.observe(max(0.0, self.clock() - latency_from))
-        for action in actions:
-            if action.step.kind is StepKind.RESET_GPU and action.result is StepResult.APPLIED:
-                # The reset command succeeded: that is the verified reset the reset-recovery rules wait for.
-                gpu = self.inventory.gpu_by_key(action.step.gpu_key)
-                reset = Observation(Signal.GPU_RESET, 1, now, "remediation", gpu, frozen_attrs({"by": "agent"}))
-                more = evaluate(reset, self.engine, now, rules=self.rules)
-                if more:
-                    follow = self._after(more, now, latency_from=None)
-                    verdicts, actions = [*verdicts, *follow.verdicts], [*actions, *follow.actions]
-        retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions) or bool(self._pending_events)
-        self._replan_at = now + self.retry_seconds if retry else None
-        settled = next_settled(self.active.values(), self.node, self._options, now)
-        if settled is not None:
-            self._replan_at = min(settled, self._replan_at) if self._replan_at is not None else settled
-        if self.metrics and (verdicts or actions or not self._metrics_primed):
-            self._metrics_primed = True
-            self.metrics.set_gpu_status(self.gpu_statuses())
-            self.metrics.set_active([f.severity for f in self.active.values()])
-        return Outcome(verdicts, actions)
-
     def _escalate(self, verdict: Verdict) -> Verdict:
         """A fault that comes back after N verified recoveries of the same GPU needs replacing."""
+        node = self.record.node
         if verdict.kind is VerdictKind.CLEARED:
             why = str(verdict.evidence.get("why", ""))
             if why in {"verified GPU reset", "new boot"} and verdict.action.quarantines:
-                self.node.recoveries[verdict.gpu_key] = self.node.recoveries.get(verdict.gpu_key, 0) + 1
+                node.recoveries[verdict.gpu_key] = node.recoveries.get(verdict.gpu_key, 0) + 1
             return verdict
-        count = self.node.recoveries.get(verdict.gpu_key, 0)
+        count = node.recoveries.get(verdict.gpu_key, 0)
         if not verdict.action.quarantines or count < self.replace_after_recoveries or \
                 verdict.action is Action.REPLACE_GPU:
             return verdict
@@ -276,24 +391,23 @@ class Pipeline:
                                    summary=f"{verdict.summary} (returned after {count} verified recoveries: "
                                            "needs replacement)")
 
-    def refresh_pods(self) -> None:
-        if self.pods is None:
-            return
-        try:
-            pods = self.pods()
-        except Exception as exc:  # noqa: BLE001 - an unreadable pod list keeps the last one
-            self._log.warning("pods_refresh_failed", error=str(exc))
-            return
-        self.inventory = dataclasses.replace(self.inventory, pods=pods)
+    def _fault_of(self, verdict: Verdict) -> ActiveFault:
+        rule = self.rules.get(verdict.rule_id)
+        recovery = rule.recovery.kind if rule is not None else ""
+        quiet = float(rule.recovery.quiet_seconds or 0.0) if rule is not None else 0.0
+        return ActiveFault.from_verdict(verdict, recovery=recovery, quiet_seconds=quiet)
 
     def _record_verdict(self, verdict: Verdict, now: float, latency_from: float | None) -> None:
         key = (verdict.gpu_key, verdict.rule_id)
         if verdict.kind is VerdictKind.FAULT:
-            self.active[key] = ActiveFault.from_verdict(verdict)
+            self.record.faults[key] = self._fault_of(verdict)
         else:
-            ended = self.active.pop(key, None)
+            ended = self.record.faults.pop(key, None)
             if ended is not None and ended.action.quarantines and self.metrics:
                 self.metrics.time_to_recovery.observe(max(0.0, now - ended.since))
+        self.record.node.forget_cleared({k for k, _ in self.record.faults})
+        for step in verdict_events([verdict], self.inventory, self.inventory.name):
+            self.record.owe(OwedEvent.of(step, salt=f"{verdict.kind}@{verdict.at}"))
         log = self._log.bind(gpu=verdict.gpu_key, rule_id=verdict.rule_id)
         level = "warning" if verdict.kind is VerdictKind.FAULT and verdict.severity.rank >= Severity.WARNING.rank \
             else "info"
@@ -306,29 +420,251 @@ class Pipeline:
             latency = now - latency_from if latency_from is not None else None
             self.metrics.judged(verdict, latency)
 
-    def _carry_out(self, step: Step, now: float) -> ActionRecord:
+    # ---- reconciliation (the only half that talks to the API) ----
+    @property
+    def due_at(self) -> float:
+        """When the next reconciliation pass is due (the reconciler also wakes on every change)."""
+        return self._due_at
+
+    def start(self) -> bool:
+        """Read the Node once and adopt its record where it is newer (or the journal had none)."""
+        return self._observe_and_adopt(self.clock()) is not None
+
+    def reconcile(self, now: float | None = None) -> Outcome:
+        """One level-triggered pass: read the Node, converge it to the record, deliver owed Events. Returns
+        the steps taken and the verdicts they led to (a release read from the Node, a verified reset)."""
+        with self._pass:
+            now = self.clock() if now is None else now
+            self._pass_verdicts = []
+            observed = self._observe_and_adopt(now)
+            if self.pods is not None and self._wants_pods():
+                self.refresh_pods()
+            opted_out = observed.opted_out if observed is not None else False
+            actions = self._deliver_owed(now, opted_out)
+            for _ in range(_ROUNDS):
+                with self._lock:
+                    steps = plan([], self._resolved_faults(), self.record.node, self.inventory,
+                                 options=self._options, now=now)
+                done = [record for step in steps if (record := self._carry_out(step, now, opted_out)) is not None]
+                actions += done
+                if not self._progressed(done, now):
+                    break
+                if self.pods is not None:
+                    self.refresh_pods()
+            actions += self._deliver_owed(now, opted_out)
+            self._hold_slot(observed, now, opted_out)
+            with self._lock:
+                if actions:
+                    self._save()
+                document = self.record.to_json()
+                worth_mirroring = bool(self.record.faults or self.record.owed or self.record.node.to_json()
+                                       != NodeState().to_json())
+            if observed is not None and (observed.record is not None or worth_mirroring) and \
+                    not _same_record(observed.record, document):
+                self._safely("mirror_failed", self.actuator.mirror, document)
+            self._schedule(actions, now)
+            self._passes += 1
+            self._update_metrics(bool(actions))
+            return Outcome(self._pass_verdicts, actions)
+
+    def _observe_and_adopt(self, now: float) -> NodeObservation | None:
+        observed = self._safely("node_unreadable", self.actuator.observe)
+        if not isinstance(observed, NodeObservation):
+            return None
+        with self._lock:
+            self._adopt(observed)
+            self.record.node = observed.actual(self.record.node)
+        if observed.release:
+            target = observed.release.split("@", 1)[0].strip() or "all"
+            gpu = None if target in {"all", NODE_KEY} else GpuRef(uuid=target)
+            release = Observation(Signal.OPERATOR_RELEASE, 1, now, "operator", gpu,
+                                  frozen_attrs({"by": "annotation gpu-health-agent.io/release"}))
+            with self._lock:
+                verdicts = self._classify(release, now)
+                self._save()
+                document = self.record.to_json()
+            self._pass_verdicts.extend(verdicts)
+            # The Node's copy says "released" before the request goes: a journal lost now cannot bring the
+            # fault back. Not mirrored: the request stays and the next pass handles it again (idempotent).
+            if self._safely("mirror_failed", self.actuator.mirror, document) is not False:
+                self._safely("release_not_consumed", self.actuator.consume_release, observed.release)
+            if verdicts:
+                self.wake.set()
+        return observed
+
+    def _adopt(self, observed: NodeObservation) -> None:
+        """The Node's copy of the record wins when it is newer, or when this process started without one."""
+        if observed.record is None:
+            self.fresh = False
+            return
+        theirs = NodeRecord.from_json(observed.record)
+        if not (theirs.generation > self.record.generation or (self.fresh and (theirs.faults or theirs.generation))):
+            self.fresh = False
+            return
+        mine = self.record
+        merged = NodeRecord(generation=max(theirs.generation, mine.generation), faults=dict(theirs.faults),
+                            node=theirs.node, owed=list(theirs.owed), gpus=theirs.gpus, cursors=dict(theirs.cursors))
+        if self.fresh:
+            for key, fault in mine.faults.items():
+                merged.faults.setdefault(key, fault)
+            for event in mine.owed:
+                merged.owe(event)
+        self.record = merged
+        self.fresh = False
+        self._restore_engine([f for k, f in merged.faults.items() if k not in mine.faults])
+        for key in set(mine.faults) - set(merged.faults):
+            self.engine.rules.pop(key, None)
+        self._merge_gpus(merged.gpus)
+        self._save()
+        self._log.info("record_adopted_from_node", generation=theirs.generation, faults=len(merged.faults))
+
+    def _resolved_faults(self) -> dict[tuple[str, str], ActiveFault]:
+        """Faults raised before the GPU's UUID was known get it from the inventory now, if it knows it."""
+        resolved = {}
+        for key, fault in self.record.faults.items():
+            unresolved = fault.gpu is not None and not fault.gpu.uuid
+            resolved[key] = dataclasses.replace(fault, gpu=self.inventory.resolve(fault.gpu)) \
+                if unresolved and fault.gpu is not None else fault
+        return resolved
+
+    def _wants_pods(self) -> bool:
+        return any(f.action.rank >= Action.RESET_WHEN_IDLE.rank for f in self.record.faults.values()) or \
+            any(e.pending_pod for e in self.record.owed)
+
+    def _progressed(self, done: list[ActionRecord], now: float) -> bool:
+        """Evictions that took effect or a reset that cleared faults may let further steps proceed."""
+        progressed = False
+        for action in done:
+            if action.result not in _TOOK_EFFECT:
+                continue
+            if action.step.kind is StepKind.EVICT:
+                progressed = True
+            elif action.step.kind is StepKind.RESET_GPU and action.result is StepResult.APPLIED:
+                # The reset command succeeded: that is the verified reset the reset-recovery rules wait for.
+                gpu = self.inventory.gpu_by_key(action.step.gpu_key)
+                reset = Observation(Signal.GPU_RESET, 1, now, "remediation", gpu, frozen_attrs({"by": "agent"}))
+                with self._lock:
+                    verdicts = self._classify(reset, now)
+                    if verdicts:
+                        self._save()
+                        self._pass_verdicts.extend(verdicts)
+                        progressed = True
+        return progressed
+
+    def _carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
+        """Guard first (it reads nothing from the cluster); the budget only for a step that will proceed."""
+        decision = decide(step, policy=self.policy, cluster=ClusterView(opted_out=opted_out), history=self.history,
+                          now=now)
+        result: StepResult | None = decision.result
+        message = decision.reason
+        if decision.proceed and step.kind.disruptive:
+            if now < self._backoff_until:
+                return None  # backing off: not attempted, not recorded again
+            result, message = self._take_slot()
+            if result is StepResult.BLOCKED:
+                self._backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        if result is None:
+            result, message = self._apply(step, now)
+        with self._lock:
+            if result in _TOOK_EFFECT:
+                self.record.node.apply(step)
+            if step.kind is StepKind.EVICT:
+                self._settle_eviction_event(step, result)
+            if step.kind.disruptive and result in _TOOK_EFFECT:
+                self._save()  # at once, so a restart right after this step does not repeat it
+        if result is StepResult.BLOCKED and step.kind is StepKind.EVICT and now >= self._backoff_until:
+            self._backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        return self._recorded(step, result, message, now)
+
+    def _take_slot(self) -> tuple[StepResult | None, str]:
         try:
-            cluster = self.gate.view(step) if step.kind.disruptive else ClusterView()
+            if self.gate.paused():
+                return StepResult.BLOCKED, "remediation paused cluster-wide"
+            if not self.gate.acquire():
+                return StepResult.BLOCKED, "cluster-wide disruption budget exhausted"
+        except Exception as exc:  # noqa: BLE001 - isolation: an unreadable budget blocks, never crashes
+            return StepResult.BLOCKED, f"disruption budget unreadable: {type(exc).__name__}: {exc}"
+        self._renewed_at = self.clock()
+        return None, ""
+
+    def _apply(self, step: Step, now: float) -> tuple[StepResult, str]:
+        if step.kind.disruptive:
+            self.history.record(step, now)
+        if step.kind is StepKind.EVICT:
+            with self._lock:  # the intent first: the Event is owed whatever happens next
+                self.record.owe(self._eviction_event(step, pending=True))
+                self._save()
+        try:
+            return self.actuator.apply(step)
         except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
-            cluster = ClusterView(budget_available=False)
-            self._log.warning("cluster_view_failed", step=str(step.kind), error=str(exc))
-        decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
-        if decision.proceed:
-            if step.kind.disruptive:
-                self.history.record(step, now)
-            try:
-                result, message = self.actuator.apply(step)
-            except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
-                result, message = StepResult.FAILED, f"{type(exc).__name__}: {exc}"
-                if self.metrics:
-                    self.metrics.step_errors.labels(str(step.kind)).inc()
-        else:
-            result, message = decision.result or StepResult.SKIPPED, decision.reason
-        if result in _TOOK_EFFECT:
-            self.node.apply(step)
-            if step.kind.disruptive:
-                # Written at once, so a restart right after this step does not repeat it.
-                self._safely("persist_failed", self.actuator.persist, self.node, self.active)
+            if self.metrics:
+                self.metrics.step_errors.labels(str(step.kind)).inc()
+            return StepResult.FAILED, f"{type(exc).__name__}: {exc}"
+
+    def _eviction_event(self, step: Step, *, pending: bool) -> OwedEvent:
+        event = Step(StepKind.EVENT, f"pod/{step.target}", step.reason, rule_id=step.rule_id, gpu_key=step.gpu_key,
+                     details=frozen_attrs({"reason": "EvictedForGpuFault", "type": "Warning"}))
+        return OwedEvent.of(event, salt="evicted", pending_pod=step.target if pending else "")
+
+    def _settle_eviction_event(self, step: Step, result: StepResult) -> None:
+        pending = self._eviction_event(step, pending=True)
+        self.record.acknowledge(pending.id)
+        if result is StepResult.APPLIED:
+            self.record.owe(self._eviction_event(step, pending=False))
+
+    def _deliver_owed(self, now: float, opted_out: bool) -> list[ActionRecord]:
+        """Owed Events, oldest first; one the API refuses stops the rest until the next pass."""
+        with self._lock:
+            owed = list(self.record.owed)
+        present = {p.key for p in self.inventory.pods if not p.terminating}
+        actions = []
+        for event in owed:
+            if event.pending_pod and event.pending_pod in present:
+                if event.gpu_key not in {k for k, _ in self.record.faults}:
+                    with self._lock:
+                        self.record.acknowledge(event.id)  # the fault ended before its eviction
+                continue
+            step = event.step()  # a pending eviction's pod is gone: its Event is due
+            decision = decide(step, policy=self.policy, cluster=ClusterView(opted_out=opted_out),
+                              history=self.history, now=now)
+            result, message = (decision.result, decision.reason) if decision.result else self._apply(step, now)
+            if result is StepResult.FAILED:
+                actions.append(self._recorded(step, result, message, now))
+                break
+            with self._lock:
+                self.record.acknowledge(event.id)
+            actions.append(self._recorded(step, result, message, now))
+        return actions
+
+    def _hold_slot(self, observed: NodeObservation | None, now: float, opted_out: bool) -> None:
+        """A node holds its budget slot while it is disrupted (pods moved off a faulty GPU, a reboot
+        requested) and renews it; a node that is not disrupted gives it back, whatever took it."""
+        node = self.record.node
+        active = {k for k, _ in self.record.faults}
+        acting = self.policy.mode is Mode.REMEDIATE and not self.policy.dry_run and not opted_out
+        disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active))
+        try:
+            if disrupted:
+                if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:
+                    self._renewed_at = now
+                    if not self.gate.acquire():
+                        self._log.warning("slot_not_renewed", reason="budget spent while the node is disrupted")
+            elif self._renewed_at is not None or (observed is not None and (observed.holds_slot or
+                                                                              self._passes == 0)):
+                self.gate.release()
+                self._renewed_at = None
+        except Exception as exc:  # noqa: BLE001 - the next pass tries again
+            self._log.warning("budget_slot_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _schedule(self, actions: list[ActionRecord], now: float) -> None:
+        retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions) or bool(self.record.owed)
+        due = now + self.sync_seconds
+        if retry:
+            due = min(due, max(self._backoff_until, now + self.retry_seconds * self.rng.uniform(1.0, 1.25)))
+        settled = next_settled(self.record.faults.values(), self.record.node, self._options, now)
+        self._due_at = min(due, settled) if settled is not None else due
+
+    def _recorded(self, step: Step, result: StepResult, message: str, now: float) -> ActionRecord:
         record = ActionRecord(step=step, result=result, at=now, message=message)
         self._log.bind(gpu=step.gpu_key, rule_id=step.rule_id).info(
             "step", kind=str(step.kind), target=step.target, result=str(result), message=message)
@@ -336,22 +672,45 @@ class Pipeline:
             self._safely("journal_action_failed", self.journal.record_action, self.inventory.name, record)
         if self.metrics:
             self.metrics.acted(record)
+            if step.kind is StepKind.TAINT and result is StepResult.APPLIED:
+                since = min((f.since if f.observed_at is None else f.observed_at
+                             for f in self.record.faults.values() if f.action.quarantines), default=None)
+                if since is not None:
+                    self.metrics.detection_to_quarantine.observe(max(0.0, self.clock() - since))
         return record
 
-    def _safely(self, event: str, func: Callable[..., Any], *args: Any) -> None:
+    def refresh_pods(self) -> None:
+        if self.pods is None:
+            return
         try:
-            func(*args)
+            pods = self.pods()
+        except Exception as exc:  # noqa: BLE001 - an unreadable pod list keeps the last one
+            self._log.warning("pods_refresh_failed", error=str(exc))
+            return
+        with self._lock:
+            self.inventory = dataclasses.replace(self.inventory, pods=pods)
+
+    def _update_metrics(self, changed: bool) -> None:
+        if self.metrics and (changed or not self._metrics_primed):
+            self._metrics_primed = True
+            self.metrics.set_gpu_status(self.gpu_statuses())
+            self.metrics.set_active([f.severity for f in list(self.record.faults.values())])
+
+    def _safely(self, event: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """func(...), or False (logged) when it raised."""
+        try:
+            return func(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
-            self._log.error(event, error=str(exc))
+            self._log.error(event, error=f"{type(exc).__name__}: {exc}")
+            return False
 
 
-def _saved_node_state(journal: Journal) -> NodeState:
-    """What local mode last recorded of its remediation state (a cluster reads it from the Node instead)."""
-    try:
-        saved = json.loads(journal.cursor(NODE_STATE_CURSOR) or "{}")
-    except ValueError:
-        saved = {}
-    return NodeState.from_json(saved if isinstance(saved, dict) else {})
+def _same_record(mirrored: Mapping[str, object] | None, document: Mapping[str, object]) -> bool:
+    """Equal but for the generation counter (a pass that changed nothing on the Node writes nothing)."""
+    if mirrored is None:
+        return False
+    return {k: v for k, v in mirrored.items() if k != "generation"} == \
+        {k: v for k, v in document.items() if k != "generation"}
 
 
 _STATUS_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}

@@ -99,7 +99,7 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
         writer = NodeWriter(apis.core, name, taint_key="gpu-health-agent.io/unhealthy")
         budget = LeaseBudget(apis, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
         actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{name}/simulate"),
-                               evictor=Evictor(apis.core), budget=budget,
+                               evictor=Evictor(apis.core),
                                reset=lambda uuid: (True, f"simulated reset of {uuid} (no GPU here)"))
         report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal,
                           clock=clock)

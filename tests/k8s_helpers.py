@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agent.engine import builtin_rules_dir, load_rules
+from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import Apis, client_for
@@ -42,9 +44,21 @@ class Agent:
     actuator: K8sActuator
     side: ClusterSide
     evictor: Evictor
+    journal: Journal | None = None
+    cluster: FakeCluster | None = None
+    server: FakeApiServer | None = None
+    options: dict[str, Any] | None = None
 
     def fault(self, gpu: int, xid: int = 79, at: float = 1.0):
         return self.pipeline.handle(Observation(Signal.XID, xid, at, "kmsg", self.inventory.gpus[gpu]), at)
+
+    def settle(self, now: float):
+        """Time passes to `now`: a reconciliation pass runs if one is due, as the agent's reconciler makes it."""
+        return self.pipeline.tick(now)
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
 
 
 class ClusterClock:
@@ -93,26 +107,52 @@ def operator_client(server: Any) -> Any:
 def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                mode: Mode = Mode.REMEDIATE, populate_node: bool = True, max_nodes: int = 1,
                max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
-               restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2) -> Agent:
+               restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2,
+               journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
+               api_client: Any = None) -> Agent:
+    options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
+                                                               "restore", "api_client"}}
     if populate_node:
         populate_any(cluster, inventory)
-    apis = Apis.of(agent_client(server, inventory.name))
+    apis = Apis.of(api_client if api_client is not None else agent_client(server, inventory.name))
     writer = NodeWriter(apis.core, inventory.name, taint_key=TAINT)
     evictor = Evictor(apis.core, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
-                         max_percent=max_percent, opt_out_label="gpu-health-agent.io/opt-out")
+                         max_percent=max_percent, **({"clock": budget_clock} if budget_clock else {}))
     stuck: list[str] = []
     actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{inventory.name}/test"),
-                           evictor=evictor, budget=budget, reset=reset or (lambda uuid: (True, "fake reset")),
-                           on_stuck=stuck.append)
-    side = ClusterSide(actuator, budget, PodFinder(apis.core, inventory.name), writer,
+                           evictor=evictor, reset=reset or (lambda uuid: (True, "fake reset")),
+                           on_stuck=stuck.append, opt_out_label="gpu-health-agent.io/opt-out")
+    # The GPUs each pod's processes run on, as NVML's process accounting tells the daemon's pod finder,
+    # keyed by the UID the API server gave each pod (the real server assigns its own).
+    by_key = {p.key: list(p.gpu_uuids) for p in inventory.pods}
+
+    def held() -> dict[str, list[str]]:
+        listed = [p["metadata"] for p in cluster.pods_on(inventory.name)]
+        pods = {f"{m['namespace']}/{m['name']}": m["uid"] for m in listed}
+        return {uid: by_key[key] for key, uid in pods.items() if key in by_key}
+
+    side = ClusterSide(actuator, budget, PodFinder(apis.core, inventory.name, gpus_by_pod_uid=held), writer,
                        f"gpu-health/gpu-health-agent-{inventory.name}")
-    node_state, saved = side.restored(TAINT) if restore else (None, [])
-    pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode), actuator=actuator,
-                        gate=budget, node_state=node_state, own_pod=side.own_pod, clock=lambda: 0.0,
+    opened = Journal(journal) if journal is not None else None
+    pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode, dry_run=dry_run),
+                        actuator=actuator, journal=opened, pods=side.pods.pods,
+                        gate=budget, own_pod=side.own_pod, clock=lambda: 0.0,
                         retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus)
     if restore:
-        pipeline.restore_from_node(saved)
-    agent = Agent(inventory, pipeline, actuator, side, evictor)
+        pipeline.start()
+    agent = Agent(inventory, pipeline, actuator, side, evictor, opened, cluster, server, options)
     agent.stuck = stuck  # type: ignore[attr-defined]
     return agent
+
+
+def restart(agent: Agent | None, *, cluster: FakeCluster | None = None, server: FakeApiServer | None = None,
+            inventory: NodeInventory | None = None) -> Agent:
+    """A new agent process on the same node: same journal file (if any), same Node, a fresh memory."""
+    options = dict(agent.options or {}) if agent is not None else {}
+    if agent is not None:
+        agent.close()
+        cluster, server = cluster or agent.cluster, server or agent.server
+        inventory = inventory or agent.inventory
+    assert cluster is not None and server is not None and inventory is not None
+    return make_agent(cluster, server, inventory, populate_node=False, restore=True, **options)

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from agent.k8s.budget import LeaseBudget
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import EvictionOutcome, Evictor
 from agent.k8s.node import (
     CONDITION_REBOOT,
     REBOOT_ANNOTATION,
+    RELEASE_ANNOTATION,
     REPLACE_ANNOTATION,
     REPLACEMENT_LABEL,
     NodeWriter,
     rfc3339,
 )
-from agent.model import Step, StepKind, StepResult, Verdict, gpu_to_dict, verdict_from_dict
-from agent.remediation.planner import ActiveFault, NodeState
+from agent.model import Step, StepKind, StepResult
+from agent.remediation.record import NodeObservation
 
 ResetRunner = Callable[[str], tuple[bool, str]]
 
@@ -56,11 +55,22 @@ class K8sActuator:
     writer: NodeWriter
     events: EventRecorder
     evictor: Evictor
-    budget: LeaseBudget
     reset: ResetRunner
     reboot_sentinel: str = ""
     on_stuck: Callable[[str], None] = lambda pod: None
-    _saved: str = field(default="", repr=False)
+    opt_out_label: str = ""
+
+    def observe(self) -> NodeObservation:
+        """One GET of the Node: the agent's marks, the mirrored record, a release request, the opt-out."""
+        return self.writer.read().observation(opt_out_label=self.opt_out_label)
+
+    def mirror(self, document: Mapping[str, object]) -> None:
+        self.writer.save_record(document)
+
+    def consume_release(self, value: str) -> None:
+        """Remove the release request, unless the operator wrote a new one meanwhile."""
+        if self.writer.read().annotations.get(RELEASE_ANNOTATION) == value:
+            self.writer.set_metadata(annotations={RELEASE_ANNOTATION: None})
 
     def apply(self, step: Step) -> tuple[StepResult, str]:
         try:
@@ -73,7 +83,8 @@ class K8sActuator:
         if kind is StepKind.EVENT:
             regarding = self._regarding(step.target)
             self.events.record(regarding=regarding, reason=str(details.get("reason", "GpuHealth")),
-                               action=_ACTIONS[kind], note=step.reason, type_=str(details.get("type", "Warning")))
+                               action=_ACTIONS[kind], note=step.reason, type_=str(details.get("type", "Warning")),
+                               event_id=str(details.get("event_id", "")))
             return StepResult.APPLIED, "event recorded"
         if kind in {StepKind.SET_CONDITION, StepKind.CLEAR_CONDITION}:
             changed = self.writer.set_condition(step.target, status=kind is StepKind.SET_CONDITION,
@@ -85,7 +96,6 @@ class K8sActuator:
             return StepResult.APPLIED, "taint added" if changed else "taint already present"
         if kind is StepKind.UNTAINT:
             changed = self.writer.set_taint(False)
-            self.budget.release()
             return StepResult.APPLIED, "taint removed" if changed else "no taint of ours"
         if kind is StepKind.EVICT:
             return self._evict(step)
@@ -112,9 +122,7 @@ class K8sActuator:
             return StepResult.SKIPPED, "eviction stuck on its disruption budget; waiting for a human"
         result = self.evictor.evict(namespace, name)
         if result.outcome in {EvictionOutcome.EVICTED, EvictionOutcome.GONE}:
-            self.events.record(regarding=self._regarding(f"pod/{step.target}"), reason="EvictedForGpuFault",
-                               action="Evict", note=step.reason)
-            return StepResult.APPLIED, result.message
+            return StepResult.APPLIED, result.message  # its Event is owed in the durable record
         if result.outcome is EvictionOutcome.WAITING:
             return StepResult.BLOCKED, result.message
         self.on_stuck(step.target)
@@ -145,29 +153,3 @@ class K8sActuator:
         self.writer.set_metadata(labels={REPLACEMENT_LABEL: "true" if listed else None},
                                  annotations={REPLACE_ANNOTATION: ",".join(sorted(listed)) or None})
         return StepResult.APPLIED, "marked for replacement" if wanted else "replacement mark removed"
-
-    def persist(self, node: NodeState, active: dict[tuple[str, str], ActiveFault]) -> None:
-        """Write the state annotation when it changed (never on a healthy, unchanged node)."""
-        faults = [{"rule_id": f.rule_id, "gpu_key": f.gpu_key, "severity": str(f.severity),
-                   "action": str(f.action), "summary": f.summary, "since": f.since, "gpu": gpu_to_dict(f.gpu)}
-                  for f in sorted(active.values(), key=lambda f: (f.gpu_key, f.rule_id))]
-        fingerprint = repr((faults, node.to_json()))
-        if fingerprint == self._saved:
-            return
-        if not faults and not self._saved and not node.tainted and not node.evicted:
-            self._saved = fingerprint
-            return
-        self.writer.save_state(node, faults)
-        self._saved = fingerprint
-
-
-def saved_verdicts(faults: list[dict[str, Any]]) -> list[Verdict]:
-    """The state annotation's faults as verdicts the engine can restore."""
-    verdicts = []
-    for fault in faults:
-        try:
-            verdicts.append(verdict_from_dict({"kind": "fault", "fault_class": "hardware", "at": fault["since"],
-                                               **fault}))
-        except (KeyError, ValueError):
-            continue
-    return verdicts

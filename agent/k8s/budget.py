@@ -1,9 +1,10 @@
 """The cluster-wide disruption budget: one Lease in the agent's namespace is a semaphore over nodes.
 
-A node must hold a slot before a disruptive step (eviction, GPU reset, reboot request). The slots
-live in the Lease's annotation and every change is an optimistic update (resourceVersion), so two
-agents racing for the last slot cannot both win. A slot not renewed for `ttl_seconds` lapses (its
-agent died). A second Lease, when present, pauses all disruption cluster-wide.
+A node must hold a slot before a disruptive step (eviction, GPU reset, reboot request), and renews it
+while it stays disrupted. The slots live in the Lease's annotation and every change is an optimistic
+update (resourceVersion), so two agents racing for the last slot cannot both win. A slot not renewed
+for `ttl_seconds` lapses (its agent died). A second Lease, when present, pauses all disruption
+cluster-wide. Asked only after the guard let a step past: quarantine mode and dry-run write no Lease.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from typing import Any
 from agent.k8s.errors import Conflict, NotFound, api_call
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.retry import on_conflict, with_retries
-from agent.model import Step
-from agent.remediation.guard import ClusterView
 
 BUDGET_LEASE = "gpu-health-disruption-budget"
 PAUSE_LEASE = "gpu-health-pause"
@@ -37,11 +36,11 @@ def budget_limit(*, gpu_nodes: int, max_nodes: int, max_percent: float) -> int:
 
 
 class LeaseBudget:
-    """ClusterGate for the pipeline: budget, pause and opt-out, read from the API before each disruptive step."""
+    """ClusterGate for the pipeline: the pause Lease and the budget Lease."""
 
     def __init__(self, apis: Any, *, node_name: str, namespace: str, max_nodes: int, max_percent: float,
-                 gpu_node_selector: str = "nvidia.com/gpu.present=true", opt_out_label: str = "",
-                 ttl_seconds: float = 7200.0, clock: Callable[[], float] = time.time,
+                 gpu_node_selector: str = "nvidia.com/gpu.present=true", ttl_seconds: float = 7200.0,
+                 count_seconds: float = 300.0, clock: Callable[[], float] = time.time,
                  on_usage: Callable[[int, int], None] = lambda in_use, limit: None) -> None:
         self.apis = apis
         self.node = node_name
@@ -49,18 +48,12 @@ class LeaseBudget:
         self.max_nodes = max_nodes
         self.max_percent = max_percent
         self.selector = gpu_node_selector
-        self.opt_out_label = opt_out_label
         self.ttl = ttl_seconds
+        self.count_seconds = count_seconds
         self.clock = clock
         self.on_usage = on_usage
         self._limit = 0
-
-    def view(self, step: Step) -> ClusterView:
-        """Paused or opted out: no slot is taken, so a node that will not act holds none from the others."""
-        paused, opted_out = self.paused(), self.opted_out()
-        if paused or opted_out:
-            return ClusterView(budget_available=False, paused=paused, opted_out=opted_out)
-        return ClusterView(budget_available=self.acquire())
+        self._counted_at: float | None = None
 
     def paused(self) -> bool:
         try:
@@ -68,12 +61,6 @@ class LeaseBudget:
         except NotFound:
             return False
         return True
-
-    def opted_out(self) -> bool:
-        if not self.opt_out_label:
-            return False
-        node = api_call(self.apis.core.read_node, self.node)
-        return (node.metadata.labels or {}).get(self.opt_out_label) == "true"
 
     def holders(self) -> dict[str, float]:
         lease = self._read_or_create()
@@ -86,10 +73,7 @@ class LeaseBudget:
             lease = self._read_or_create()
             holders = self._live(lease)
             if self.node not in holders:
-                # Counting the GPU nodes is a list call: made only when a slot is to be taken, not on renewals.
-                nodes = with_retries(lambda: api_call(self.apis.core.list_node, label_selector=self.selector))
-                self._limit = budget_limit(gpu_nodes=len(nodes.items), max_nodes=self.max_nodes,
-                                           max_percent=self.max_percent)
+                self._count_gpu_nodes()
                 if len(holders) >= self._limit:
                     self.on_usage(len(holders), self._limit)
                     return False
@@ -103,15 +87,30 @@ class LeaseBudget:
             self._label(True)
         return granted
 
+    def _count_gpu_nodes(self) -> None:
+        """A list call: made only when a slot is to be taken (not on renewals), at most every few minutes,
+        so a blocked node stays cheap for the API server."""
+        now = self.clock()
+        if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
+            return
+        nodes = with_retries(lambda: api_call(self.apis.core.list_node, label_selector=self.selector))
+        self._limit = budget_limit(gpu_nodes=len(nodes.items), max_nodes=self.max_nodes, max_percent=self.max_percent)
+        self._counted_at = now
+
     def release(self) -> None:
         """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
 
         def attempt() -> None:
-            lease = self._read_or_create()
+            try:
+                lease = api_call(self.apis.coordination.read_namespaced_lease, BUDGET_LEASE, self.namespace)
+            except NotFound:
+                return
             holders = self._live(lease)
             if self.node in holders:
                 del holders[self.node]
                 self._write(lease, holders)
+                if self._limit:
+                    self.on_usage(len(holders), self._limit)
 
         on_conflict(attempt)
         self._label(False)

@@ -1,4 +1,4 @@
-"""Assembles the cluster side of the agent from its configuration: actuator, budget gate, pods, node sync."""
+"""Assembles the cluster side of the agent from its configuration: actuator, budget gate, pods."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config import Config
-from agent.k8s.actuator import K8sActuator, command_reset_runner, saved_verdicts
+from agent.k8s.actuator import K8sActuator, command_reset_runner
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import Apis
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
-from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter, saved_faults
+from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter
 from agent.k8s.pods import PodFinder
-from agent.model import NODE_KEY, GpuRef, Observation, Signal, Verdict, frozen_attrs
-from agent.remediation.planner import NodeState
 
 
 @dataclass(slots=True)
@@ -29,23 +27,6 @@ class ClusterSide:
     pods: PodFinder
     writer: NodeWriter
     own_pod: str
-
-    def restored(self, taint_key: str) -> tuple[NodeState, list[Verdict]]:
-        """The node's own record of the agent's marks and active faults (the truth across restarts)."""
-        view = self.writer.read()
-        return view.node_state(taint_key), saved_verdicts(saved_faults(view))
-
-    def sync(self, now: float) -> list[Observation]:
-        """Reads the node: an operator's release annotation becomes an observation, and is consumed."""
-        view = self.writer.read()
-        release = view.annotations.get(RELEASE_ANNOTATION)
-        if not release:
-            return []
-        target = release.split("@", 1)[0].strip() or "all"
-        self.writer.set_metadata(annotations={RELEASE_ANNOTATION: None})
-        gpu = None if target in {"all", NODE_KEY} else GpuRef(uuid=target)
-        return [Observation(Signal.OPERATOR_RELEASE, 1, now, "operator", gpu,
-                            frozen_attrs({"by": f"annotation {RELEASE_ANNOTATION}"}))]
 
 
 def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[str], None],
@@ -60,16 +41,16 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
         writer=writer,
         events=EventRecorder(apis.events, instance=f"{config.node_name}/{os.environ.get('POD_NAME', 'agent')}"),
         evictor=Evictor(apis.core, deadline_seconds=settings.eviction_deadline_seconds),
-        budget=LeaseBudget(apis, node_name=config.node_name, namespace=settings.namespace,
-                           max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
-                           gpu_node_selector=settings.gpu_node_selector, opt_out_label=settings.opt_out_label,
-                           clock=clock, on_usage=on_budget),
         reset=command_reset_runner(settings.reset_command, timeout_seconds=settings.reset_timeout_seconds),
         reboot_sentinel=settings.reboot_sentinel_path,
         on_stuck=on_stuck,
+        opt_out_label=settings.opt_out_label,
     )
+    budget = LeaseBudget(apis, node_name=config.node_name, namespace=settings.namespace,
+                         max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
+                         gpu_node_selector=settings.gpu_node_selector, clock=clock, on_usage=on_budget)
     pods = PodFinder(apis.core, config.node_name, socket_path=settings.pod_resources_socket)
-    return ClusterSide(actuator, actuator.budget, pods, writer, own_pod)
+    return ClusterSide(actuator, budget, pods, writer, own_pod)
 
 
 def request_release(api_client: Any, node_name: str, gpu: str = "all") -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.k8s.errors import api_call
+from agent.k8s.errors import Conflict, api_call
 from agent.k8s.retry import with_retries
 
 CONTROLLER = "gpu-health-agent.io/agent"
@@ -28,7 +28,10 @@ class _Series:
 
 
 class EventRecorder:
-    """Creates Events; the same (object, reason, note) within `fold_seconds` patches the series count."""
+    """Creates Events; the same (object, reason, note) within `fold_seconds` patches the series count.
+
+    An Event owed in the durable record carries an id: it is created under a name made from it, so sending
+    it again after a crash finds the first one (409 AlreadyExists) and creates no second."""
 
     def __init__(self, events_api: Any, *, instance: str, namespace: str = "default",
                  fold_seconds: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -40,7 +43,7 @@ class EventRecorder:
         self._series: dict[tuple[str, str, str, str, str], _Series] = {}
 
     def record(self, *, regarding: dict[str, str], reason: str, action: str, note: str,
-               type_: str = "Warning") -> str:
+               type_: str = "Warning", event_id: str = "") -> str:
         """Post (or fold) one Event; returns its name."""
         note = note if len(note) <= NOTE_LIMIT else note[: NOTE_LIMIT - 4] + " ..."
         namespace = regarding.get("namespace") or self.namespace
@@ -52,14 +55,21 @@ class EventRecorder:
             body = {"series": {"count": series.count, "lastObservedTime": micro_time()}}
             with_retries(lambda: api_call(self.api.patch_namespaced_event, series.name, series.namespace, body))
             return series.name
+        metadata = {"name": f"{regarding.get('name', 'gpu')}.{event_id}"[:253]} if event_id else \
+            {"generateName": f"{regarding.get('name', 'gpu')}-"}  # a '.' at the end is refused (422)
         event = {
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
-            "metadata": {"generateName": f"{regarding.get('name', 'gpu')}-", "namespace": namespace},
+            "metadata": {**metadata, "namespace": namespace},
             "eventTime": micro_time(), "reportingController": CONTROLLER, "reportingInstance": self.instance,
             "action": action, "reason": reason, "type": type_, "note": note, "regarding": regarding,
         }
-        created = with_retries(lambda: api_call(self.api.create_namespaced_event, namespace, event))
-        name = str(created.metadata.name)
+        try:
+            created = with_retries(lambda: api_call(self.api.create_namespaced_event, namespace, event))
+            name = str(created.metadata.name)
+        except Conflict:
+            name = str(metadata["name"])  # sent before the crash that kept it owed: delivered once
+            if not event_id:
+                raise
         self._series[key] = _Series(namespace, name, 1, now)
         if len(self._series) > 2048:
             oldest = min(self._series, key=lambda k: self._series[k].first)

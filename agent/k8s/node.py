@@ -8,13 +8,15 @@ never touched.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from agent.k8s.errors import api_call
 from agent.k8s.retry import on_conflict, with_retries
-from agent.remediation.planner import ConditionState, NodeState
+from agent.remediation.planner import ConditionState
+from agent.remediation.record import NodeObservation
 
 PREFIX = "gpu-health-agent.io"
 STATE_ANNOTATION = f"{PREFIX}/state"
@@ -42,22 +44,19 @@ class NodeView:
     taint_keys: set[str]
     conditions: dict[str, dict[str, Any]]
 
-    def node_state(self, taint_key: str) -> NodeState:
-        """The agent's marks as a NodeState: the annotation first, the node's own fields as the truth."""
-        try:
-            saved = json.loads(self.annotations.get(STATE_ANNOTATION, "{}"))
-        except ValueError:
-            saved = {}
-        remediation = saved.get("remediation") if isinstance(saved, dict) else None
-        state = NodeState.from_json(remediation if isinstance(remediation, dict) else {})
-        state.tainted = taint_key in self.taint_keys
-        for name in AGENT_CONDITIONS:
-            condition = self.conditions.get(name)
-            if condition is not None:
-                state.conditions[name] = ConditionState(condition.get("status") == "True",
-                                                        str(condition.get("message", "")))
-        state.reboot_requested = REBOOT_ANNOTATION in self.annotations
-        return state
+    taint_key: str = ""
+
+    def observation(self, *, opt_out_label: str = "") -> NodeObservation:
+        """The agent's marks as the Node shows them, and the record mirrored in the state annotation."""
+        conditions = {name: ConditionState(c.get("status") == "True", str(c.get("message", "")))
+                      for name in AGENT_CONDITIONS if (c := self.conditions.get(name)) is not None}
+        replacement = frozenset(g for g in self.annotations.get(REPLACE_ANNOTATION, "").split(",") if g)
+        return NodeObservation(
+            conditions=conditions, tainted=self.taint_key in self.taint_keys,
+            reboot_requested=REBOOT_ANNOTATION in self.annotations, replacement=replacement,
+            record=saved_record(self), release=self.annotations.get(RELEASE_ANNOTATION, ""),
+            opted_out=bool(opt_out_label) and self.labels.get(opt_out_label) == "true",
+            holds_slot=DISRUPTION_LABEL in self.labels)
 
 
 class NodeWriter:
@@ -81,6 +80,7 @@ class NodeWriter:
             annotations=dict(meta.get("annotations") or {}),
             taint_keys={t.get("key", "") for t in spec.get("taints") or []},
             conditions={c["type"]: c for c in status.get("conditions") or [] if "type" in c},
+            taint_key=self.taint_key,
         )
 
     def _raw(self) -> dict[str, Any]:
@@ -166,21 +166,20 @@ class NodeWriter:
 
         return self._write(attempt)
 
-    def save_state(self, state: NodeState, faults: list[dict[str, Any]]) -> bool:
-        """The durable record the agent reads back after a restart: active faults and remediation state."""
-        document = json.dumps({"faults": faults, "remediation": state.to_json()}, sort_keys=True,
-                              separators=(",", ":"))
-        return self.set_metadata(annotations={STATE_ANNOTATION: document})
+    def save_record(self, document: Mapping[str, object]) -> bool:
+        """The Node's copy of the durable record (the journal's twin; the newer generation wins)."""
+        text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+        return self.set_metadata(annotations={STATE_ANNOTATION: text})
 
     def _write(self, attempt: Any) -> bool:
         return bool(with_retries(lambda: on_conflict(attempt), deadline_seconds=self.deadline))
 
 
-def saved_faults(view: NodeView) -> list[dict[str, Any]]:
-    """The active faults recorded in the state annotation (empty when absent or unreadable)."""
+def saved_record(view: NodeView) -> dict[str, object] | None:
+    """The record mirrored in the state annotation (None when absent or unreadable)."""
+    text = view.annotations.get(STATE_ANNOTATION)
     try:
-        saved = json.loads(view.annotations.get(STATE_ANNOTATION, "{}"))
+        saved = json.loads(text) if text else None
     except ValueError:
-        return []
-    faults = saved.get("faults") if isinstance(saved, dict) else None
-    return [f for f in faults if isinstance(f, dict)] if isinstance(faults, list) else []
+        return None
+    return saved if isinstance(saved, dict) else None

@@ -55,7 +55,8 @@ class PodFinder:
                 gpus = tuple(by_process.get(meta.get("uid", ""), ())) or (ANY_GPU,)
             owners = meta.get("ownerReferences") or []
             daemonset = any(o.get("kind") == "DaemonSet" and o.get("controller") for o in owners)
-            pods.append(PodRef(key[0], key[1], meta.get("uid", ""), gpus, daemonset))
+            pods.append(PodRef(key[0], key[1], meta.get("uid", ""), gpus, daemonset,
+                               terminating=bool(meta.get("deletionTimestamp"))))
         return tuple(pods)
 
     def _with_parents(self, ids: list[str]) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from agent.model import (
     NODE_KEY,
     Action,
+    FaultClass,
     GpuRef,
     NodeInventory,
     PodRef,
@@ -22,6 +23,8 @@ from agent.model import (
     Verdict,
     VerdictKind,
     frozen_attrs,
+    gpu_from_dict,
+    gpu_to_dict,
 )
 
 CONDITION_FATAL = "GpuFatalFault"
@@ -41,7 +44,11 @@ CONDITION_REASONS = {
 
 @dataclass(frozen=True, slots=True)
 class ActiveFault:
-    """A fault the engine holds active, as the planner needs it."""
+    """A fault the engine holds active, as the planner needs it and as the durable record keeps it.
+
+    `recovery` and `quiet_seconds` are copied from the rule when the fault is raised, so a fault whose
+    rule a reload renamed or removed can still clear (release, new boot, verified reset, quiet window).
+    """
 
     rule_id: str
     gpu_key: str
@@ -50,11 +57,46 @@ class ActiveFault:
     summary: str
     since: float
     gpu: GpuRef | None = None
+    recovery: str = ""
+    quiet_seconds: float = 0.0
+    fault_class: FaultClass = FaultClass.HARDWARE
+    occurrences: int = 1
+    #: When the source saw what raised it (detection-to-quarantine is measured from here).
+    observed_at: float | None = None
 
     @classmethod
-    def from_verdict(cls, verdict: Verdict) -> ActiveFault:
+    def from_verdict(cls, verdict: Verdict, *, recovery: str = "", quiet_seconds: float = 0.0) -> ActiveFault:
+        occurrences = verdict.evidence.get("occurrences", 1)
+        observed = verdict.evidence.get("observed_at")
         return cls(verdict.rule_id, verdict.gpu_key, verdict.severity, verdict.action, verdict.summary,
-                   verdict.at, verdict.gpu)
+                   verdict.at, verdict.gpu, recovery, quiet_seconds, verdict.fault_class,
+                   occurrences if isinstance(occurrences, int) else 1,
+                   float(observed) if isinstance(observed, int | float) else None)
+
+    def to_verdict(self) -> Verdict:
+        """The fault as the FAULT verdict that raised it (what the engine restores)."""
+        return Verdict(VerdictKind.FAULT, self.rule_id, self.gpu_key, self.severity, self.action, self.fault_class,
+                       self.since, self.summary, self.gpu, frozen_attrs({"occurrences": self.occurrences}))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"rule_id": self.rule_id, "gpu_key": self.gpu_key, "severity": str(self.severity),
+                "action": str(self.action), "summary": self.summary, "since": self.since, "gpu": gpu_to_dict(self.gpu),
+                "recovery": self.recovery, "quiet_seconds": self.quiet_seconds,
+                "fault_class": str(self.fault_class), "occurrences": self.occurrences,
+                "observed_at": self.observed_at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> ActiveFault:
+        """Raises KeyError or ValueError on a malformed entry."""
+        gpu = data.get("gpu")
+        occurrences = data.get("occurrences", 1)
+        observed = data.get("observed_at")
+        return cls(str(data["rule_id"]), str(data["gpu_key"]), Severity(str(data["severity"])),
+                   Action(str(data["action"])), str(data.get("summary", "")), float(str(data["since"])),
+                   gpu_from_dict(gpu if isinstance(gpu, Mapping) else None), str(data.get("recovery") or ""),
+                   float(str(data.get("quiet_seconds") or 0.0)), FaultClass(str(data.get("fault_class") or "hardware")),
+                   occurrences if isinstance(occurrences, int) else 1,
+                   float(observed) if isinstance(observed, int | float) else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +184,9 @@ class PlanOptions:
     #: A reset waits this long after its fault was raised, so that the other signals of the same incident
     #: (the Xid, the ECC counter, the recovery action) arrive first and one reset clears them all.
     reset_settle_seconds: float = 10.0
+    #: True when the pod list is read from the cluster: a pod stays "on the GPU" until it is really gone
+    #: (an accepted eviction leaves it Terminating). Local mode has no live list and trusts its evictions.
+    pods_live: bool = False
 
 
 def plan(
@@ -154,8 +199,7 @@ def plan(
     now: float = float("inf"),
 ) -> list[Step]:
     """The steps that report the new verdicts and move the node to what the active faults call for."""
-    steps = [_event(v, options.node_name) for v in verdicts]
-    steps.extend(_pod_events(verdicts, inventory))
+    steps = verdict_events(verdicts, inventory, options.node_name)
     steps.extend(_condition_steps(active.values(), node))
     wants_taint = any(f.action.quarantines for f in active.values())
     if wants_taint and not node.tainted:
@@ -184,6 +228,13 @@ def _whole_node_if_too_many(active: Iterable[ActiveFault], options: PlanOptions)
     summary = f"{len(faulty)} GPUs of the node are faulty (more than {options.max_faulty_gpus}): node taken out"
     return [*faults, ActiveFault("node-too-many-faulty-gpus", NODE_KEY, worst.severity, Action.DRAIN, summary,
                                  worst.since)]
+
+
+def verdict_events(verdicts: Iterable[Verdict], inventory: NodeInventory, node_name: str) -> list[Step]:
+    """The Events a batch of verdicts owes: one regarding the node per verdict, plus application faults
+    charged to their pod."""
+    verdicts = list(verdicts)
+    return [*(_event(v, node_name) for v in verdicts), *_pod_events(verdicts, inventory)]
 
 
 def _event(verdict: Verdict, node_name: str) -> Step:
@@ -263,15 +314,16 @@ def _remedy_steps(
     if fault.action.evicts:
         already = node.evicted.get(key, set()) | {s.target for s in planned if s.kind is StepKind.EVICT}
         for pod in pods_on_gpu(fault, inventory, options.own_pod):
-            if pod.key not in already:
+            if pod.key not in already and not pod.terminating:
                 steps.append(Step(StepKind.EVICT, pod.key, f"holds faulty {_gpu_text(fault)}: {fault.summary}",
                                   rule_id=fault.rule_id, gpu_key=key))
     # Never reset a GPU that still runs work: after the evictions took effect, the next pass resets it.
-    wants_reset = (fault.action in {Action.RESET_GPU, Action.RESET_WHEN_IDLE} and not _busy(fault, inventory, node)
+    uuid = fault.gpu.uuid if fault.gpu else ""
+    wants_reset = (fault.action in {Action.RESET_GPU, Action.RESET_WHEN_IDLE} and bool(uuid)
+                   and not _busy(fault, inventory, node, options)
                    and now - fault.since >= options.reset_settle_seconds)
     if wants_reset and key != NODE_KEY and key not in node.resets and not _planned(planned, StepKind.RESET_GPU, key):
-        steps.append(Step(StepKind.RESET_GPU, fault.gpu.uuid if fault.gpu and fault.gpu.uuid else key,
-                          f"{fault.summary}", rule_id=fault.rule_id, gpu_key=key))
+        steps.append(Step(StepKind.RESET_GPU, uuid, f"{fault.summary}", rule_id=fault.rule_id, gpu_key=key))
     if fault.action is Action.REBOOT_NODE and not node.reboot_requested and not _planned(
         planned, StepKind.REBOOT_REQUEST, ""
     ):
@@ -284,15 +336,21 @@ def _remedy_steps(
 
 
 def pods_on_gpu(fault: ActiveFault, inventory: NodeInventory, own_pod: str = "") -> list[PodRef]:
-    """The pods to move off a faulty GPU: those holding it, or every GPU pod when that cannot be told."""
+    """The pods to move off a faulty GPU: those holding it. A fault on the node as a whole (or the explicit
+    too-many-faulty-GPUs escalation) moves every GPU pod; a GPU whose UUID is unknown moves none."""
     candidates = [p for p in inventory.pods if not p.daemonset and p.key != own_pod and p.gpu_uuids]
-    uuid = fault.gpu.uuid if fault.gpu else ""
-    if fault.gpu_key == NODE_KEY or not uuid:
+    if fault.gpu_key == NODE_KEY:
         return candidates
+    uuid = fault.gpu.uuid if fault.gpu else ""
+    if not uuid:
+        return []
     return [p for p in candidates if p.holds(uuid)]
 
 
-def _busy(fault: ActiveFault, inventory: NodeInventory, node: NodeState) -> bool:
+def _busy(fault: ActiveFault, inventory: NodeInventory, node: NodeState, options: PlanOptions) -> bool:
+    """A pod still listed on the GPU keeps it busy, evicted or not, until it is gone (live pod list)."""
+    if options.pods_live:
+        return bool(pods_on_gpu(fault, inventory))
     evicted = node.evicted.get(fault.gpu_key, set())
     return any(p.key not in evicted for p in pods_on_gpu(fault, inventory))
 

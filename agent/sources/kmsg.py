@@ -2,7 +2,8 @@
 
 Event-driven: it waits in poll() on the device and wakes the moment the kernel writes a record.
 Records overwritten before they were read (EPIPE) are counted and skipped; after a restart it resumes
-after the last record it emitted in the same boot, so nothing is handled twice.
+after the last record the pipeline acknowledged in the same boot (acknowledged = classified and in the
+durable record), so nothing is handled twice and nothing read but not yet classified is lost.
 """
 
 from __future__ import annotations
@@ -31,11 +32,28 @@ _RECORD_SIGNALS = {"xid": Signal.XID, "sxid": Signal.SXID, "gpu_lost": Signal.GP
 
 
 class CursorStore(Protocol):
-    """Where the last handled kmsg position is kept across restarts (the journal)."""
+    """Where the last acknowledged kmsg position is kept across restarts (the journal). The source only
+    reads it: the pipeline moves it, in the same write as the durable record a record changed."""
 
     def cursor(self, name: str) -> str | None: ...
 
-    def set_cursor(self, name: str, value: str) -> None: ...
+
+def cursor_value(boot_id: str, seq: int) -> str:
+    """The saved position: the boot it belongs to and the last acknowledged sequence number."""
+    return f"{boot_id}:{seq}"
+
+
+def _parse_cursor(value: str | None) -> tuple[str, int] | None:
+    if not value or ":" not in value:
+        return None
+    boot, _, seq = value.rpartition(":")
+    return (boot, int(seq)) if seq.isdigit() else None
+
+
+def newer_cursor(value: str, than: str | None) -> bool:
+    """True when `value` moves the position on: another boot, or a later record of the same boot."""
+    new, old = _parse_cursor(value), _parse_cursor(than)
+    return new is not None and (old is None or new[0] != old[0] or new[1] > old[1])
 
 
 Count = Callable[[str, int], None]
@@ -220,17 +238,13 @@ class KmsgSource:
     def _resume_point(self, boot_id: str) -> int | None:
         if self.cursor is None or not boot_id:
             return None
-        saved = self.cursor.cursor(CURSOR_NAME)
-        if not saved or ":" not in saved:
-            return None
-        saved_boot, _, seq = saved.rpartition(":")
-        return int(seq) if saved_boot == boot_id and seq.isdigit() else None
+        saved = _parse_cursor(self.cursor.cursor(CURSOR_NAME))
+        return saved[1] if saved is not None and saved[0] == boot_id else None
 
     def _emit_all(self, emit: Emit, observations: list[Observation], boot_id: str, seq: int | None) -> None:
+        """Hand observations on; each carries its record's `kmsg_seq`, which the pipeline acknowledges."""
         for observation in observations:
             emit(observation)
-        if observations and self.cursor is not None and boot_id and seq is not None:
-            self.cursor.set_cursor(CURSOR_NAME, f"{boot_id}:{seq}")
 
     def _follow_text(self, emit: Emit, stop: threading.Event) -> None:
         line_no = 0

@@ -88,7 +88,11 @@ def test_gaps_in_the_sequence_are_counted_as_lost(tmp_path: Path, boot_id: Path)
         os.close(writer)
 
 
-def test_after_a_restart_nothing_is_handled_twice(tmp_path: Path, boot_id: Path):
+def test_after_a_restart_nothing_is_handled_twice(tmp_path: Path, boot_id: Path, shipped_rules):
+    from agent.model import NodeInventory
+    from agent.pipeline import Pipeline
+    from agent.remediation import GuardPolicy
+
     journal = Journal(tmp_path / "j.db")
     backlog = "".join(RECORD.format(seq=n, ts=n, code=13, msg=f"m{n}") for n in range(1, 6))
     path, writer = fifo(tmp_path)
@@ -97,6 +101,10 @@ def test_after_a_restart_nothing_is_handled_twice(tmp_path: Path, boot_id: Path)
     assert wait_for(lambda: len(collected.xids()) == 5)
     stop.set()
     thread.join(5)
+    assert journal.cursor("kmsg") is None  # read, not yet classified
+    pipeline = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1"), policy=GuardPolicy(), journal=journal)
+    for observation in collected.items:
+        pipeline.handle(observation)  # classified and durable: acknowledged
     assert journal.cursor("kmsg") == "boot-aaaa:5"
     # The ring buffer still holds 1..5 when the agent comes back; 6 arrived meanwhile.
     os.write(writer, (backlog + RECORD.format(seq=6, ts=6, code=13, msg="m6")).encode())

@@ -265,8 +265,7 @@ def test_a_replacement_is_released_only_by_an_operator(fake):
     assert node["metadata"]["labels"]["gpu-health-agent.io/needs-replacement"] == "true"
     assert agent.pipeline.tick(10**6).verdicts == []
     request_release(operator_client(server), "n1", "GPU-n1-0005")
-    for observation in agent.side.sync(20.0):
-        agent.pipeline.handle(observation, 20.0)
+    agent.pipeline.reconcile(20.0)
     node = cluster.node("n1")
     assert "gpu-health-agent.io/needs-replacement" not in node["metadata"]["labels"]
     assert "gpu-health-agent.io/release" not in node["metadata"].get("annotations", {})
@@ -279,6 +278,7 @@ def test_a_fault_back_after_verified_recoveries_needs_replacement(fake):
     for round_ in range(2):
         agent.fault(2, xid=48, at=1000.0 * round_ + 1)  # reset_gpu: drained, then reset once it settled
         assert agent.pipeline.gpu_statuses()["GPU-n1-0002"] == "fatal"
+        grace_period_passes(cluster)  # the evicted pod holds the GPU until it is gone
         agent.pipeline.tick(1000.0 * round_ + 11)  # the fake reset command runs and verifies
         assert agent.pipeline.gpu_statuses()["GPU-n1-0002"] == "healthy"
     third = agent.fault(2, xid=48, at=3000.0)
@@ -304,6 +304,7 @@ def test_a_reset_waits_for_the_incident_to_settle(fake):
     agent.pipeline.handle(Observation(Signal.ECC_DBE, 1, 1.0, "nvml", inventory.gpus[2]), 1.0)
     agent.fault(2, xid=48, at=1.5)
     assert resets == []
+    grace_period_passes(cluster)  # the evicted pod holds the GPU until it is gone
     settled = agent.pipeline.tick(11.0)
     assert resets == ["GPU-n1-0002"]
     assert sorted(v.rule_id for v in settled.verdicts) == ["ecc-dbe", "xid-48"]  # one reset clears both
@@ -323,6 +324,9 @@ def test_a_gpu_is_never_reset_while_its_pod_still_runs(fake):
     cluster.delete(resource("poddisruptionbudgets"), "ml", "trainers")
     retried = agent.pipeline.tick(40.0)
     assert results(retried)[(StepKind.EVICT, "ml/n1-trainer-2")] is StepResult.APPLIED
+    assert resets == []  # evicted, but still terminating: it holds the GPU
+    grace_period_passes(cluster)
+    agent.pipeline.tick(80.0)
     assert resets == ["GPU-n1-0002"]
 
 
@@ -332,6 +336,7 @@ def test_verified_recoveries_are_remembered_across_a_restart(fake):
     agent = make_agent(cluster, server, inventory)
     for round_ in range(2):
         agent.fault(2, xid=48, at=1000.0 * round_ + 1)
+        grace_period_passes(cluster)
         agent.pipeline.tick(1000.0 * round_ + 11)
     restarted = make_agent(cluster, server, inventory, populate_node=False, restore=True)
     assert restarted.pipeline.node.recoveries == {"GPU-n1-0002": 2}
@@ -357,7 +362,7 @@ def test_an_agent_started_while_the_api_is_down_reads_its_node_once_it_is_back(f
     daemon = Daemon(config, rules=RULES, sources=[object()], registry=CollectorRegistry(), cluster=side)  # type: ignore[list-item]
     assert not daemon.pipeline.node.tainted
     cluster.faults.down = False
-    daemon._sync_node()
+    daemon.pipeline.reconcile()
     assert daemon.pipeline.node.tainted
     assert daemon.pipeline.gpu_statuses()["GPU-n1-0003"] == "fatal"
 

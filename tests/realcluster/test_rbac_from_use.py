@@ -57,8 +57,7 @@ def remediate_once(plane: ControlPlane) -> None:
                                      reason="GpuWarning", action="Record", note="same")
     agent.pipeline.handle(Observation(Signal.ROW_REMAP_FAILURE, 1, 2.0, "nvml", inventory.gpus[5]), 2.0)
     request_release(server.operator_client(), name, inventory.gpus[5].uuid)
-    for observation in agent.side.sync(3.0):
-        agent.pipeline.handle(observation, 3.0)
+    agent.pipeline.reconcile(3.0)
     agent.pipeline.handle(Observation(Signal.TEMPERATURE, 70, 4.0, "nvml", inventory.gpus[2],
                                       {"shutdown_c": 92, "slowdown_c": 90}), 4.0)
     assert agent.pipeline.tick(700.0).verdicts

@@ -104,12 +104,21 @@ def test_bad_input_is_one_line_on_stderr_with_a_documented_exit_code(args: str, 
     assert "Traceback" not in result.output and "internal error" not in result.stderr
 
 
-def test_journal_that_is_not_sqlite_stops_run_with_one_line(files):
-    """run opens its journal before anything else: a damaged file is named, nothing starts."""
+def test_a_journal_that_is_not_sqlite_is_moved_aside_and_run_goes_on(files):
+    """A damaged journal never leaves the node unmonitored: run moves it aside, says so in one line, runs."""
     env = local_env(files, GPU_HEALTH_JOURNAL_PATH=files["NOTDB"])
-    result = CliRunner().invoke(main, ["run", "--duration", "5"], env=env)
+    result = CliRunner().invoke(main, ["run", "--duration", "1", "--scenario", "xid79"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "journal_recreated" in result.output and "Traceback" not in result.output
+    assert list(Path(files["NOTDB"]).parent.glob(Path(files["NOTDB"]).name + ".damaged-*"))
+
+
+def test_history_never_moves_a_damaged_journal(files):
+    """Reading a file an operator named changes nothing: history refuses it and leaves it where it is."""
+    before = Path(files["NOTDB"]).read_bytes()
+    result = CliRunner().invoke(main, ["history", "--journal", files["NOTDB"]])
     assert result.exit_code == USAGE
-    assert result.stderr.strip() == f"{files['NOTDB']}: not a journal (not a SQLite database)"
+    assert Path(files["NOTDB"]).read_bytes() == before
 
 
 def test_journal_in_an_unwritable_place_stops_run_with_one_line(files):

@@ -52,12 +52,11 @@ def test_metrics_count_observations_verdicts_and_steps(shipped_rules):
 
 
 def test_detection_to_quarantine_is_measured_when_the_taint_is_applied(shipped_rules):
-    class Applies:
+    from agent.pipeline import LocalActuator
+
+    class Applies(LocalActuator):
         def apply(self, step):
             return StepResult.APPLIED, "ok"
-
-        def persist(self, node, active):
-            return None
 
     registry = CollectorRegistry()
     p = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), actuator=Applies(),
@@ -67,13 +66,14 @@ def test_detection_to_quarantine_is_measured_when_the_taint_is_applied(shipped_r
 
 
 def test_a_blocked_step_is_retried_later(shipped_rules):
-    class EmptyBudget:
+    from agent.pipeline import LocalGate
+
+    class EmptyBudget(LocalGate):
         def __init__(self):
             self.available = False
 
-        def view(self, step):
-            from agent.remediation import ClusterView
-            return ClusterView(budget_available=self.available)
+        def acquire(self):
+            return self.available
 
     gate = EmptyBudget()
     p = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), gate=gate,
@@ -82,7 +82,7 @@ def test_a_blocked_step_is_retried_later(shipped_rules):
     assert {a.step.kind: str(a.result) for a in first.actions}[StepKind.EVICT] == "blocked"
     assert p.tick(10.0).actions == []
     gate.available = True
-    retried = p.tick(31.0)
+    retried = p.tick(40.0)  # the retry is jittered between 30 and 37.5 s
     assert [(a.step.kind, str(a.result)) for a in retried.actions if a.step.kind is StepKind.EVICT] == [
         (StepKind.EVICT, "planned")]
 

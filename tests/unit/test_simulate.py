@@ -87,14 +87,13 @@ def test_quarantine_mode_skips_evictions():
 
 
 def test_a_failing_actuator_fails_its_step_and_the_others_still_run():
-    class Flaky:
+    from agent.pipeline import LocalActuator
+
+    class Flaky(LocalActuator):
         def apply(self, step):
             if step.kind is StepKind.TAINT:
                 raise RuntimeError("api server down")
             return StepResult.APPLIED, "ok"
-
-        def persist(self, node, active):
-            return None
 
     report = run("xid79", actuator=Flaky())
     results = {a["kind"]: a["result"] for a in report["actions"]}

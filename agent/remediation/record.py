@@ -1,0 +1,149 @@
+"""The one durable record of a node: what is wrong, what was done, what is owed, how far inputs were read.
+
+Pure: the pipeline keeps one `NodeRecord`, writes it to the journal before it acknowledges an input or
+takes an action, and the reconciler mirrors it to the Node's state annotation. Either copy can rebuild
+the other: the copy with the higher `generation` wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from agent.model import GpuRef, Step, StepKind, frozen_attrs, gpu_from_dict, gpu_to_dict
+from agent.remediation.planner import ActiveFault, ConditionState, NodeState
+
+#: At most this many Events wait for delivery; the oldest are dropped (and counted) beyond it.
+MAX_OWED_EVENTS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class OwedEvent:
+    """An Event the agent owes: sent, folded into a series, until the API acknowledged it.
+
+    `id` is deterministic, and the Event is created under a name made from it, so a resend after a crash
+    finds the first one (409) instead of creating a second. `pending_pod` holds an EvictedForGpuFault
+    back until its eviction was applied or the pod is gone.
+    """
+
+    id: str
+    target: str
+    reason: str
+    type: str
+    note: str
+    rule_id: str = ""
+    gpu_key: str = ""
+    pending_pod: str = ""
+
+    @classmethod
+    def of(cls, step: Step, *, salt: str = "", pending_pod: str = "") -> OwedEvent:
+        reason = str(step.details.get("reason", "GpuHealth"))
+        digest = hashlib.sha256(f"{step.target}|{reason}|{step.rule_id}|{step.gpu_key}|{step.reason}|{salt}"
+                                .encode()).hexdigest()[:20]
+        return cls(digest, step.target, reason, str(step.details.get("type", "Warning")), step.reason,
+                   step.rule_id, step.gpu_key, pending_pod)
+
+    def step(self) -> Step:
+        return Step(StepKind.EVENT, self.target, self.note, rule_id=self.rule_id, gpu_key=self.gpu_key,
+                    details=frozen_attrs({"reason": self.reason, "type": self.type, "event_id": self.id}))
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.id, "target": self.target, "reason": self.reason, "type": self.type, "note": self.note,
+                "rule_id": self.rule_id, "gpu_key": self.gpu_key, "pending_pod": self.pending_pod}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> OwedEvent:
+        return cls(str(data["id"]), str(data["target"]), str(data["reason"]), str(data.get("type", "Warning")),
+                   str(data.get("note", "")), str(data.get("rule_id", "")), str(data.get("gpu_key", "")),
+                   str(data.get("pending_pod", "")))
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """Active faults by (GPU key, rule id), remediation facts, owed Events, the GPU inventory, input cursors."""
+
+    generation: int = 0
+    faults: dict[tuple[str, str], ActiveFault] = field(default_factory=dict)
+    node: NodeState = field(default_factory=NodeState)
+    owed: list[OwedEvent] = field(default_factory=list)
+    gpus: tuple[GpuRef, ...] = ()
+    cursors: dict[str, str] = field(default_factory=dict)
+
+    def owe(self, event: OwedEvent) -> None:
+        if any(e.id == event.id for e in self.owed):
+            return
+        self.owed.append(event)
+        del self.owed[:-MAX_OWED_EVENTS]
+
+    def acknowledge(self, event_id: str) -> None:
+        self.owed = [e for e in self.owed if e.id != event_id]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "generation": self.generation,
+            "faults": [f.to_dict() for f in sorted(self.faults.values(), key=lambda f: (f.gpu_key, f.rule_id))],
+            "remediation": self.node.to_json(),
+            "owed": [e.to_dict() for e in self.owed],
+            "gpus": [gpu_to_dict(g) for g in self.gpus],
+            "cursors": dict(sorted(self.cursors.items())),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> NodeRecord:
+        """Whatever of the document is readable; a malformed entry is skipped, never fatal."""
+        record = cls()
+        generation = data.get("generation")
+        record.generation = generation if isinstance(generation, int) else 0
+        for entry in _dicts(data.get("faults")):
+            try:
+                fault = ActiveFault.from_dict(entry)
+            except (KeyError, ValueError, TypeError):
+                continue
+            record.faults[(fault.gpu_key, fault.rule_id)] = fault
+        remediation = data.get("remediation")
+        record.node = NodeState.from_json(dict(remediation) if isinstance(remediation, Mapping) else {})
+        for entry in _dicts(data.get("owed")):
+            try:
+                record.owed.append(OwedEvent.from_dict(entry))
+            except KeyError:
+                continue
+        gpus = []
+        for entry in _dicts(data.get("gpus")):
+            try:
+                gpu = gpu_from_dict(entry)
+            except ValueError:
+                continue
+            if gpu is not None:
+                gpus.append(gpu)
+        record.gpus = tuple(gpus)
+        cursors = data.get("cursors")
+        if isinstance(cursors, Mapping):
+            record.cursors = {str(k): str(v) for k, v in cursors.items()}
+        return record
+
+
+def _dicts(value: object) -> list[Mapping[str, object]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+@dataclass(frozen=True, slots=True)
+class NodeObservation:
+    """What one read of the real Node says: the agent's marks on it, the mirrored record, an operator's
+    release request, the opt-out label, and whether the node is labelled as holding a budget slot."""
+
+    conditions: Mapping[str, ConditionState]
+    tainted: bool
+    reboot_requested: bool
+    replacement: frozenset[str]
+    record: Mapping[str, object] | None = None
+    release: str = ""
+    opted_out: bool = False
+    holds_slot: bool = False
+
+    def actual(self, facts: NodeState) -> NodeState:
+        """The record's remediation facts with what the Node itself shows in place of the marks."""
+        return NodeState(conditions=dict(self.conditions), tainted=self.tainted,
+                         evicted={k: set(v) for k, v in facts.evicted.items()}, resets=set(facts.resets),
+                         reboot_requested=self.reboot_requested, replacement=set(self.replacement),
+                         recoveries=dict(facts.recoveries))
