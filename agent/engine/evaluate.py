@@ -80,7 +80,7 @@ class EngineState:
     index: RuleIndex | None = None
     _states_per_gpu: dict[str, int] = field(default_factory=dict)
     _unknown: set[str] = field(default_factory=set)
-    _recent_xids: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    _recent_xids: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def active(self) -> list[tuple[str, str]]:
         """(gpu key, rule id) of every active fault."""
@@ -134,19 +134,24 @@ class EngineState:
         self._unknown.discard(gpu_key)
         self._recent_xids.pop(gpu_key, None)
 
-    def prior_xid(self, gpu_key: str, code: int, now: float, *, remember: bool) -> tuple[int, float] | None:
+    def prior_xid(self, gpu_key: str, code: int, now: float) -> tuple[int, float] | None:
         """The latest other Xid on this GPU within the correlation window (code, age); remembers this one."""
         recent = self._recent_xids.get(gpu_key)
+        if recent is None:
+            if len(self._recent_xids) > len(self._states_per_gpu):
+                return None  # only GPUs that hold state are remembered: bounded like them
+            recent = self._recent_xids[gpu_key] = {}
         prior = None
-        if recent:
-            for other, at in recent:
-                if other != code and 0 <= now - at <= self.xid_correlation_seconds:
-                    prior = (other, now - at)
-                    break
-        if remember and (recent is not None or len(self._recent_xids) <= len(self._states_per_gpu)):
-            recent = [(c, t) for c, t in (recent or ()) if c != code]
-            recent.insert(0, (code, now))
-            self._recent_xids[gpu_key] = recent[:_RECENT_XIDS]
+        for other in reversed(recent):
+            if other != code:
+                age = now - recent[other]
+                if 0 <= age <= self.xid_correlation_seconds:
+                    prior = (other, age)
+                break
+        recent.pop(code, None)
+        recent[code] = now
+        if len(recent) > _RECENT_XIDS:
+            del recent[next(iter(recent))]
         return prior
 
 
@@ -158,7 +163,7 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
     candidates = state.index_of(rules).candidates(signal, observation.value)
     gpu_key = state.key_for(observation)
     if signal is Signal.XID and math.isfinite(observation.value):
-        prior = state.prior_xid(gpu_key, int(observation.value), now, remember=True)
+        prior = state.prior_xid(gpu_key, int(observation.value), now)
         if candidates.needs_prior_xid:
             observation = _with_prior(observation, prior)
     if not candidates.rules:
