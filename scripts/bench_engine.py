@@ -52,11 +52,20 @@ def repeating_storm(count: int) -> list[str]:
     return [distinct[n % len(distinct)].replace(",0,-;", f",{n},-;", 1) for n in range(count)]
 
 
-def multiplied(rules: RuleSet, factor: int) -> RuleSet:
-    """The rule set with every Xid rule copied `factor - 1` more times under new ids."""
-    extra = [rule.model_copy(update={"id": f"{rule.id}-copy{n}"})
+def multiplied(rules: RuleSet, factor: int, *, new_codes: bool = False) -> RuleSet:
+    """The rule set with every Xid rule copied `factor - 1` more times under new ids: copies that match the
+    same codes (every observation then matches `factor` times the rules), or, with `new_codes`, a catalog
+    `factor` times larger (the copies take codes 1000, 2000, ... above the originals)."""
+    extra = [rule.model_copy(update={"id": f"{rule.id}-copy{n}", "code": _shifted(rule.code, n * 1000)})
+             if new_codes else rule.model_copy(update={"id": f"{rule.id}-copy{n}"})
              for n in range(1, factor) for rule in rules.for_signal(Signal.XID)]
     return RuleSet(rules=(*rules.rules, *extra))
+
+
+def _shifted(code: int | list[int] | None, by: int) -> int | list[int] | None:
+    if code is None:
+        return None
+    return code + by if isinstance(code, int) else [c + by for c in code]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +77,8 @@ class Figure:
 
     @property
     def lines_per_second(self) -> float:
-        return self.lines / max(self.seconds, 1e-9)
+        """Per core: lines over the CPU time they took (the machine may be shared)."""
+        return self.lines / max(self.cpu_seconds, 1e-9)
 
     @property
     def cpu_us_per_line(self) -> float:
@@ -90,9 +100,10 @@ def run_path(sample: list[str], rules: RuleSet | None, *, repeat: int = 3) -> Fi
                 if rules is not None:
                     evaluate(observation, state, now, rules=rules)
         figure = Figure(len(sample), time.perf_counter() - start, time.process_time() - start_cpu, observations)
-        if best is None or figure.seconds < best.seconds:
+        if best is None or figure.cpu_seconds < best.cpu_seconds:
             best = figure
-    assert best is not None
+    if best is None:
+        raise ValueError("repeat must be at least 1")
     return best
 
 
@@ -114,11 +125,11 @@ def main() -> None:
     show("distinct-line Xid storm, parser + engine", x1)
     show("repeating Xid storm, parser + engine", run_path(repeating_storm(200_000 // scale), rules))
     show("1 M-line log, 1 % NVRM, parser + engine", run_path(kernel_log(1_000_000 // scale, 0.01), rules, repeat=1))
-    x8_rules = multiplied(rules, 8)
-    x8 = run_path(distinct, x8_rules)
-    show(f"distinct storm, Xid rules x8 ({len(x8_rules.rules)} rules)", x8)
-    ratio = x8.lines_per_second / x1.lines_per_second
-    print(f"{'x8 rules / x1 rules throughput':46} {ratio:>9.3f}  (target >= 0.90)")
+    for new_codes, label in ((True, "x8 catalog (copies on new codes)"), (False, "x8 copies on the same codes")):
+        x8 = run_path(distinct, multiplied(rules, 8, new_codes=new_codes))
+        show(f"distinct storm, {label}", x8)
+        ratio = x1.cpu_us_per_line / x8.cpu_us_per_line
+        print(f"{'  throughput x8 / x1 (CPU time)':46} {ratio:>9.3f}  (target >= 0.90)")
 
 
 if __name__ == "__main__":
