@@ -24,11 +24,24 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from agent.engine import builtin_rules_dir, load_rules
+from agent.journal import Journal
+from agent.logs import configure_logging
+from agent.metrics import Metrics
+from agent.model import NodeInventory
+from agent.pipeline import Pipeline
+from agent.remediation import GuardPolicy
+from agent.sources.backlog import Backlog
+from agent.sources.kmsg import KmsgSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import kernel_log, repeating_storm
@@ -140,7 +153,7 @@ class Agent(Tool):
     def command(self, log: Path) -> list[str]:
         config = self.workdir / "agent.yaml"
         config.write_text(json.dumps({
-            "node_name": "benchnode", "journal_path": str(self.workdir / f"journal-{self.port}.db"),
+            "node_name": "benchnode", "journal_path": str(self.workdir / f"{self.name}-{log.stem}.db"),
             "sources": {"kmsg": {"enabled": "on", "path": str(log)}, "nvml": {"enabled": "off"},
                         "dcgm": {"enabled": "off"}},
             "http": {"host": "127.0.0.1", "port": self.port}, "log": {"level": "warning", "format": "json"},
@@ -150,6 +163,37 @@ class Agent(Tool):
     def seen(self, metrics: str, code: int, bus: str) -> bool:
         return bool(re.search(rf'gpu_health_verdicts_total{{[^}}]*kind="fault"[^}}]*rule_id="xid-{code}(?:-[^"]*)?"[^}}]*}} ',
                               metrics))
+
+
+class BacklogAgent(Agent):
+    """The agent's detection path with the backlog between source and engine, as the daemon is to wire it:
+    the real KmsgSource, Backlog, Pipeline (local mode, journal) and Metrics, in a process of its own."""
+
+    name = "agent+backlog"
+
+    def command(self, log: Path) -> list[str]:
+        journal = self.workdir / f"{self.name}-{log.stem}.db"
+        return [sys.executable, str(Path(__file__).resolve()), "serve", str(log), str(self.port), str(journal)]
+
+
+def serve(log: Path, port: int, journal: Path) -> None:
+    """Run BacklogAgent's process until terminated."""
+    configure_logging("warning", "json")
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    backlog = Backlog(capacity=10_000)
+    metrics.watch_backlog(backlog)
+    pipeline = Pipeline(rules=load_rules(builtin_rules_dir()), inventory=NodeInventory(name="benchnode"),
+                        policy=GuardPolicy(), metrics=metrics, journal=Journal(journal))
+    stop = threading.Event()
+    threading.Thread(target=KmsgSource(path=log).run, args=(backlog.put, stop), daemon=True).start()
+    start_http_server(port, addr="127.0.0.1", registry=registry)
+    while True:
+        observation = backlog.get(timeout=1.0)
+        if observation is None:
+            pipeline.tick()
+        else:
+            pipeline.handle(observation)
 
 
 class Npd(Tool):
@@ -306,11 +350,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--no-npd", action="store_true", help="measure the agent only")
+    parser.add_argument("--serve", nargs=3, metavar=("LOG", "PORT", "JOURNAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        serve(Path(args.serve[0]), int(args.serve[1]), Path(args.serve[2]))
+        return
     seconds = 10.0 if args.quick else args.seconds
     mixed_lines = 200_000 if args.quick else 1_000_000
     workdir = Path(tempfile.mkdtemp(prefix="bench-storm-"))
-    tools: list[Tool] = [Agent(workdir)]
+    tools: list[Tool] = [Agent(workdir), BacklogAgent(workdir)]
     if not args.no_npd:
         built = build_npd(workdir)
         if isinstance(built, str):
@@ -325,6 +373,7 @@ def main() -> None:
         def log(label: str, name: str = tool.name) -> Path:
             return workdir / f"{name}-{label}.log"
 
+        print(f"# measuring {tool.name}", file=sys.stderr, flush=True)
         rows.setdefault("idle RSS (MiB)", {})[tool.name] = f"{idle_rss(tool, log('idle')):.1f}"
         for label, bodies in (("distinct", distinct), ("repeating", repeating)):
             figures = storm(tool, log(label), bodies, args.rate, seconds)
@@ -339,9 +388,9 @@ def main() -> None:
         rows.setdefault(f"{label}: lines/s", {})[tool.name] = "never" if rate is None else f"{rate:,.0f}"
         rows.setdefault(f"{label}: CPU us/line", {})[tool.name] = f"{cpu:.2f}"
     names = [tool.name for tool in tools]
-    print(f"{'figure':58} " + " ".join(f"{name:>12}" for name in names))
+    print(f"{'figure':58} " + " ".join(f"{name:>14}" for name in names))
     for figure, values in rows.items():
-        print(f"{figure:58} " + " ".join(f"{values.get(name, '-'):>12}" for name in names))
+        print(f"{figure:58} " + " ".join(f"{values.get(name, '-'):>14}" for name in names))
     shutil.rmtree(workdir, ignore_errors=True)
 
 
