@@ -104,6 +104,7 @@ class Metrics:
         self.kmsg_forged = Counter(
             "gpu_health_kmsg_forged_records_total", "User-space kernel-log records that looked like Xids, ignored.",
             registry=registry)
+        self._observed: dict[tuple[str, str], tuple[Counter, Gauge]] = {}
         self.kmsg_unreadable = Counter(
             "gpu_health_kmsg_unreadable_records_total",
             "Kernel-log driver records that could not be handled; skipped, the source goes on.", registry=registry)
@@ -113,8 +114,14 @@ class Metrics:
         self.registry.register(_BacklogCollector(backlog))
 
     def observed(self, observation: Observation) -> None:
-        self.observations.labels(observation.source, str(observation.signal)).inc(observation.count)
-        self.last_observation.labels(observation.source).set(observation.at)
+        """Count one observation; called per observation, so the labelled children are looked up once."""
+        key = (observation.source, observation.signal)
+        children = self._observed.get(key)
+        if children is None:
+            children = self._observed[key] = (self.observations.labels(observation.source, str(observation.signal)),
+                                              self.last_observation.labels(observation.source))
+        children[0].inc(observation.count)
+        children[1].set(observation.at)
 
     def judged(self, verdict: Verdict, latency_seconds: float | None) -> None:
         self.verdicts.labels(str(verdict.kind), str(verdict.severity), str(verdict.fault_class),

@@ -173,7 +173,7 @@ class BacklogAgent(Agent):
 
     def command(self, log: Path) -> list[str]:
         journal = self.workdir / f"{self.name}-{log.stem}.db"
-        return [sys.executable, str(Path(__file__).resolve()), "serve", str(log), str(self.port), str(journal)]
+        return [sys.executable, str(Path(__file__).resolve()), "--serve", str(log), str(self.port), str(journal)]
 
 
 def serve(log: Path, port: int, journal: Path) -> None:
@@ -350,6 +350,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--no-npd", action="store_true", help="measure the agent only")
+    parser.add_argument("--tools", default="agent,agent+backlog,npd", help="which to measure (comma-separated)")
     parser.add_argument("--serve", nargs=3, metavar=("LOG", "PORT", "JOURNAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -358,8 +359,9 @@ def main() -> None:
     seconds = 10.0 if args.quick else args.seconds
     mixed_lines = 200_000 if args.quick else 1_000_000
     workdir = Path(tempfile.mkdtemp(prefix="bench-storm-"))
-    tools: list[Tool] = [Agent(workdir), BacklogAgent(workdir)]
-    if not args.no_npd:
+    wanted = set(args.tools.split(","))
+    tools: list[Tool] = [tool for tool in (Agent(workdir), BacklogAgent(workdir)) if tool.name in wanted]
+    if not args.no_npd and "npd" in wanted:
         built = build_npd(workdir)
         if isinstance(built, str):
             print(f"# NPD not measured: {built}")
@@ -387,6 +389,8 @@ def main() -> None:
         label = f"{mixed_lines:,}-line log, 1 % NVRM"
         rows.setdefault(f"{label}: lines/s", {})[tool.name] = "never" if rate is None else f"{rate:,.0f}"
         rows.setdefault(f"{label}: CPU us/line", {})[tool.name] = f"{cpu:.2f}"
+        print(f"# {tool.name}: " + "; ".join(f"{k}: {v[tool.name]}" for k, v in rows.items() if tool.name in v),
+              file=sys.stderr, flush=True)
     names = [tool.name for tool in tools]
     print(f"{'figure':58} " + " ".join(f"{name:>14}" for name in names))
     for figure, values in rows.items():
