@@ -219,7 +219,7 @@ def tick(state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
 def restore(state: EngineState, active: Iterable[Verdict]) -> None:
     """Mark faults recorded before a restart as active again, so they are not raised twice."""
     for verdict in active:
-        st = state.state(verdict.gpu_key, verdict.rule_id)
+        st = state.state(verdict.gpu_key, verdict.rule_id, verdict.gpu)
         st.active = True
         st.since = verdict.at
         st.last_match = verdict.at
