@@ -173,18 +173,21 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
     primary: list[Rule] = []
     fallbacks: list[Rule] = []
     enabled: list[Rule] = []
-    for base in candidates.rules:
-        rule = rules.effective(base, model) if base.overrides else base
-        if not rule.enabled:
-            continue
-        if level:
-            enabled.append(rule)
-        if rule.when and not all(_holds(cond, observation) for cond in rule.when):
-            continue
-        if rule.fallback:
-            fallbacks.append(rule)
-        else:
-            primary.append(rule)
+    for group in (candidates.primary, candidates.fallback):
+        if primary and not level:
+            break  # an event that a rule matched never reaches the fallbacks
+        for base in group:
+            rule = rules.effective(base, model) if base.overrides else base
+            if not rule.enabled:
+                continue
+            if level:
+                enabled.append(rule)
+            if rule.when and not all(_holds(cond, observation) for cond in rule.when):
+                continue
+            if rule.fallback:
+                fallbacks.append(rule)
+            else:
+                primary.append(rule)
     matched = primary or [r for r in fallbacks if r.code is not None] or fallbacks
     verdicts: list[Verdict] = []
     for rule in matched:

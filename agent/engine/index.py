@@ -18,10 +18,13 @@ DERIVED_XID_FIELDS = frozenset({"prior_xid", "prior_xid_age_seconds"})
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
-    """The rules one observation must be tried against, in file order, and what they need."""
+    """The rules one observation must be tried against, in file order, and what they need; the fallback
+    rules (tried only when no other rule matched an event) apart."""
 
     rules: tuple[Rule, ...]
     needs_prior_xid: bool = False
+    primary: tuple[Rule, ...] = ()
+    fallback: tuple[Rule, ...] = ()
 
 
 _NONE = Candidates(())
@@ -82,4 +85,4 @@ def _index_signal(rules: tuple[Rule, ...]) -> SignalRules:
 def _candidates(rules: tuple[Rule, ...]) -> Candidates:
     needs = any(cond.field in DERIVED_XID_FIELDS or cond.ref in DERIVED_XID_FIELDS
                 for rule in rules for cond in rule.when) or any("{prior_xid" in rule.summary for rule in rules)
-    return Candidates(rules, needs)
+    return Candidates(rules, needs, tuple(r for r in rules if not r.fallback), tuple(r for r in rules if r.fallback))
