@@ -35,6 +35,9 @@ class KmsgConfig(_Section):
     enabled: Toggle = "auto"
     path: str = "/dev/kmsg"
     admit_user_records: bool = False
+    #: Where /proc/<pid>/cgroup is read to charge an Xid to its pod (the DaemonSet mounts the host's /proc
+    #: read-only at /host/proc instead of joining the host PID namespace).
+    proc_root: str = "/proc"
 
 
 class NvmlConfig(_Section):

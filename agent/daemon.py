@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from agent.model import NodeInventory, Observation, Step, StepKind, frozen_attrs
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy
 from agent.remediation.record import OwedEvent
+from agent.sources.backlog import Backlog
 from agent.sources.base import Source
 from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_bindings import BindingsReader, import_bindings
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
+#: Observations the backlog holds before it folds repeats (new kinds are admitted up to twice this).
+BACKLOG_CAPACITY = 10_000
 #: SIGTERM to exit: the DaemonSet grants 30 s; everything not yet applied is in the journal for the next agent.
 SHUTDOWN_SECONDS = 5.0
 #: How long a start without a journal record waits for the Node's copy before detection starts anyway.
@@ -73,6 +75,8 @@ class SourceContext:
     config: Config
     journal: Journal
     count: Callable[[str, str, int], None]
+    #: pod UID -> workload for the pods on this node (empty without a cluster).
+    owners: Callable[[], Mapping[str, str]] = dict
 
 
 def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
@@ -83,6 +87,7 @@ def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     except OSError as exc:
         return None, f"cannot open {path}: {exc.strerror} (the agent needs CAP_SYSLOG and the device mounted)"
     source = KmsgSource(path=path, admit_user_records=settings.admit_user_records, cursor=ctx.journal,
+                        proc_root=Path(settings.proc_root), owners=ctx.owners,
                         count=lambda name, amount: ctx.count("kmsg", name, amount))
     return source, ""
 
@@ -192,7 +197,8 @@ class Daemon:
         self.journal = journal if journal is not None else Journal(config.journal_path)
         self.probes: list[SourceProbe] = []
         if sources is None:
-            self.probes = discover_sources(SourceContext(config, self.journal, self._count))
+            self.probes = discover_sources(SourceContext(config, self.journal, self._count,
+                                                                owners=self._pod_owners))
             sources = [p.source for p in self.probes if p.source is not None]
         self.sources = [*sources, *extra_sources]
         if not self.sources:
@@ -201,7 +207,9 @@ class Daemon:
             raise AgentError(f"no source available on this machine ({reasons}); "
                              "--scenario NAME replays a fault scenario instead")
         self.clock = clock
-        self.queue: queue.Queue[Observation] = queue.Queue(maxsize=100_000)
+        #: Between the sources and the engine: folds repeats in a storm, never drops a new kind of fault.
+        self.backlog = Backlog(capacity=BACKLOG_CAPACITY)
+        self.metrics.watch_backlog(self.backlog)
         self.rules_dir = rules_dir_of(config)
         self.watcher = RulesWatcher(self.rules_dir)
         self.reload_seconds = reload_seconds
@@ -247,25 +255,33 @@ class Daemon:
         self._running: dict[str, bool] = {}
         self._finished: set[str] = set()
 
+    def _pod_owners(self) -> Mapping[str, str]:
+        """The workload of each pod on this node, as the cluster side's last pod listing saw it."""
+        cluster = getattr(self, "cluster", None)
+        return cluster.pods.owners if cluster is not None else {}
+
     def _count(self, source: str, name: str, amount: int) -> None:
         if name == "lost":
             self.metrics.kmsg_records_lost.inc(amount)
         elif name == "forged":
             self.metrics.kmsg_forged.inc(amount)
+        elif name == "unreadable":
+            self.metrics.kmsg_unreadable.inc(amount)
+            self.metrics.source_errors.labels(source).inc(amount)
         else:
             self.metrics.source_errors.labels(source).inc(amount)
 
     def health(self) -> tuple[bool, dict[str, object]]:
         age = self.clock() - self.heartbeat
         running = sorted(name for name, up in self._running.items() if up or name in self._finished)
-        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running)
-        return ok, {"loop_age_seconds": round(age, 3), "sources": running, "mode": str(self.config.mode),
-                    "dry_run": self.config.dry_run}
+        failing = sorted(s.name for s in self.sources if getattr(s, "failing", False))
+        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running) and not failing
+        return ok, {"loop_age_seconds": round(age, 3), "sources": running, "failing_sources": failing,
+                    "mode": str(self.config.mode), "dry_run": self.config.dry_run,
+                    "backlog_depth": self.backlog.depth}
 
     def emit(self, observation: Observation) -> None:
-        try:
-            self.queue.put_nowait(observation)
-        except queue.Full:
+        if not self.backlog.put(observation):  # only a new kind past twice the capacity: counted, never silent
             self.metrics.source_errors.labels(observation.source).inc()
 
     def run(self, stop: threading.Event) -> None:
@@ -312,10 +328,8 @@ class Daemon:
     def _drain(self, *, timeout: float, stop: threading.Event | None) -> None:
         deadline = self.clock() + timeout
         while True:
-            remaining = deadline - self.clock()
-            try:
-                observation = self.queue.get(timeout=remaining) if remaining > 0 else self.queue.get_nowait()
-            except queue.Empty:
+            observation = self.backlog.get(timeout=max(0.0, deadline - self.clock()))
+            if observation is None:
                 return
             self._safe_step("observation_failed", self.pipeline.handle, observation)
             if stop is not None and stop.is_set():

@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from agent.model import ActionRecord, Observation, Severity, Verdict, VerdictKind
 
 GPU_STATUS = ("healthy", "degraded", "fatal", "unknown")
+
+
+class BacklogView(Protocol):
+    """What the metrics read of the queue between sources and engine (agent.sources.backlog.Backlog)."""
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def coalesced_total(self) -> int: ...
+
+    @property
+    def dropped_total(self) -> int: ...
+
+
+class _BacklogCollector(Collector):
+    """Reads the backlog at scrape time, so the hot path never touches a metric."""
+
+    def __init__(self, backlog: BacklogView) -> None:
+        self.backlog = backlog
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("gpu_health_backlog_depth",
+                                "Observations waiting between the sources and the engine.", value=self.backlog.depth)
+        yield CounterMetricFamily("gpu_health_backlog_coalesced",
+                                  "Observations folded into a waiting one of the same kind (storm back-pressure).",
+                                  value=self.backlog.coalesced_total)
+        yield CounterMetricFamily("gpu_health_backlog_dropped",
+                                  "New kinds of observation refused at the backlog's hard limit.",
+                                  value=self.backlog.dropped_total)
 
 
 class Metrics:
@@ -73,10 +108,24 @@ class Metrics:
         self.kmsg_forged = Counter(
             "gpu_health_kmsg_forged_records_total", "User-space kernel-log records that looked like Xids, ignored.",
             registry=registry)
+        self._observed: dict[tuple[str, str], tuple[Counter, Gauge]] = {}
+        self.kmsg_unreadable = Counter(
+            "gpu_health_kmsg_unreadable_records_total",
+            "Kernel-log driver records that could not be handled; skipped, the source goes on.", registry=registry)
+
+    def watch_backlog(self, backlog: BacklogView) -> None:
+        """Export the backlog's depth and its coalesced and dropped counts, read at each scrape."""
+        self.registry.register(_BacklogCollector(backlog))
 
     def observed(self, observation: Observation) -> None:
-        self.observations.labels(observation.source, str(observation.signal)).inc(observation.count)
-        self.last_observation.labels(observation.source).set(observation.at)
+        """Count one observation; called per observation, so the labelled children are looked up once."""
+        key = (observation.source, observation.signal)
+        children = self._observed.get(key)
+        if children is None:
+            children = self._observed[key] = (self.observations.labels(observation.source, str(observation.signal)),
+                                              self.last_observation.labels(observation.source))
+        children[0].inc(observation.count)
+        children[1].set(observation.at)
 
     def judged(self, verdict: Verdict, latency_seconds: float | None) -> None:
         self.verdicts.labels(str(verdict.kind), str(verdict.severity), str(verdict.fault_class),

@@ -68,7 +68,7 @@ class Action(StrEnum):
 
     @property
     def rank(self) -> int:
-        return list(Action).index(self)
+        return _ACTION_RANK[self]
 
     @property
     def quarantines(self) -> bool:
@@ -79,6 +79,9 @@ class Action(StrEnum):
     def evicts(self) -> bool:
         """True when this action moves running work off the faulty GPU."""
         return self.rank >= Action.DRAIN.rank
+
+
+_ACTION_RANK = {action: n for n, action in enumerate(Action)}  # once: `rank` is on the planner's hot path
 
 
 class Signal(StrEnum):

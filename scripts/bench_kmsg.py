@@ -8,9 +8,9 @@ Targets (issue 4): >= 500,000 lines/s with 1 % NVRM lines; >= 100,000 lines/s fo
 from __future__ import annotations
 
 import os
-import random
 import resource
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -18,28 +18,13 @@ from pathlib import Path
 
 from agent.sources.kmsg import KernelLogProcessor, KmsgSource
 
-OTHER = [
-    "6,{seq},{ts},-;usb 1-1: new high-speed USB device number {n} using xhci_hcd",
-    "6,{seq},{ts},-;IPv6: ADDRCONF(NETDEV_CHANGE): cali{n:x}: link becomes ready",
-    "4,{seq},{ts},-;cgroup: fork rejected by pids controller in /kubepods.slice/pod{n}",
-    "6,{seq},{ts},-;EXT4-fs (nvme0n1p{n}): mounted filesystem with ordered data mode. Quota mode: none.",
-]
-XIDS = [
-    "4,{seq},{ts},-;NVRM: Xid (PCI:0000:3b:00): 31, pid={n}, name=pt_main_thread, Ch 00000008, intr 10000000. "
-    "MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_34560000. Fault is of type FAULT_PDE",
-    "4,{seq},{ts},-;NVRM: Xid (PCI:0000:5d:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception "
-    "on (GPC {g}, TPC 1, SM 0): Out Of Range Address",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import kernel_log
 
 
 def lines(count: int, nvrm_share: float, *, pids: int = 100_000, seed: int = 7) -> list[str]:
     """A kernel log: `nvrm_share` of its lines are Xids from `pids` different processes."""
-    rng = random.Random(seed)  # noqa: S311 - benchmark data, not security
-    out = []
-    for seq in range(count):
-        pool = XIDS if rng.random() < nvrm_share else OTHER
-        out.append(rng.choice(pool).format(seq=seq, ts=seq * 10, n=rng.randrange(pids), g=rng.randrange(8)))
-    return out
+    return kernel_log(count, nvrm_share, pids=pids, seed=seed)
 
 
 def throughput(name: str, sample: list[str], repeat: int = 3) -> None:

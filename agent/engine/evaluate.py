@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from agent.engine.index import DERIVED_XID_FIELDS, RuleIndex
 from agent.engine.loader import RuleSet
 from agent.engine.schema import Condition, Rule
 from agent.model import (
@@ -22,12 +24,27 @@ from agent.model import (
     frozen_attrs,
 )
 
+#: How long after another Xid on the same GPU an Xid still counts as following it (NVIDIA's Xid 45 is
+#: "solo" or "follows another Xid"): the engine adds `prior_xid` (and its age) to Xid observations within it.
+XID_CORRELATION_SECONDS = 10.0
+#: Per-GPU state is kept for the node's GPUs and at most this many other GPU keys (addresses that are not in
+#: the inventory, mangled or forged); anything beyond them is charged to OVERFLOW_GPU_KEY.
+UNKNOWN_GPU_KEYS = 16
+OVERFLOW_GPU_KEY = "gpu:overflow"
+_RECENT_XIDS = 4
+
 
 @dataclass(slots=True)
 class RuleState:
-    """What one rule remembers about one GPU."""
+    """What one rule remembers about one GPU.
 
-    hits: deque[tuple[float, int, str]] = field(default_factory=deque)
+    `hits` holds (time, count) of the occurrences a count window still needs, with their running total;
+    `distinct` the last time of each distinct value a distinct window counts (at most `count` of them).
+    """
+
+    hits: deque[tuple[float, int]] = field(default_factory=deque)
+    hit_total: int = 0
+    distinct: OrderedDict[str, float] = field(default_factory=OrderedDict)
     active: bool = False
     since: float | None = None
     last_match: float | None = None
@@ -36,38 +53,152 @@ class RuleState:
     occurrences: int = 0
     gpu: GpuRef | None = None
 
+    def clear_hits(self) -> None:
+        self.hits.clear()
+        self.hit_total = 0
+        self.distinct.clear()
+
+    def first_seen(self) -> float | None:
+        if self.distinct:
+            return next(iter(self.distinct.values()))
+        return self.hits[0][0] if self.hits else None
+
 
 @dataclass(slots=True)
 class EngineState:
-    """All per-GPU, per-rule state; the engine mutates it and nothing else."""
+    """All per-GPU, per-rule state; the engine mutates it and nothing else.
+
+    `known_gpus` are the keys of the node's GPUs (the inventory); state for other keys is bounded by
+    `unknown_gpu_keys`, beyond which they share OVERFLOW_GPU_KEY, so a flood of addresses costs bounded memory.
+    """
 
     rules: dict[tuple[str, str], RuleState] = field(default_factory=dict)
     boot_id: str = ""
+    known_gpus: frozenset[str] = frozenset()
+    unknown_gpu_keys: int = UNKNOWN_GPU_KEYS
+    xid_correlation_seconds: float = XID_CORRELATION_SECONDS
+    index: RuleIndex | None = None
+    _states_per_gpu: dict[str, int] = field(default_factory=dict)
+    _unknown: set[str] = field(default_factory=set)
+    _recent_xids: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def active(self) -> list[tuple[str, str]]:
         """(gpu key, rule id) of every active fault."""
         return [key for key, st in self.rules.items() if st.active]
 
+    def gpu_keys(self) -> frozenset[str]:
+        """Every GPU key that holds state now."""
+        return frozenset(self._states_per_gpu)
+
+    def index_of(self, rules: RuleSet) -> RuleIndex:
+        """The index of `rules`, built once per rule set (a reload builds a new one)."""
+        if self.index is None or self.index.ruleset is not rules:
+            self.index = RuleIndex.of(rules)
+        return self.index
+
+    def key_for(self, obs: Observation) -> str:
+        """The key state of this observation's GPU is kept under: its own, or the overflow key."""
+        key = obs.gpu_key
+        if key == NODE_KEY or key in self._states_per_gpu or key in self.known_gpus:
+            return key
+        if obs.gpu is not None and obs.gpu.index is not None:
+            return key  # resolved against the inventory: one of the node's GPUs
+        if key in self._unknown or len(self._unknown) < self.unknown_gpu_keys:
+            return key
+        return OVERFLOW_GPU_KEY
+
+    def state(self, gpu_key: str, rule_id: str, gpu: GpuRef | None = None) -> RuleState:
+        """The state of one rule on one GPU, created on first use."""
+        st = self.rules.get((gpu_key, rule_id))
+        if st is None:
+            st = self.rules[(gpu_key, rule_id)] = RuleState(gpu=gpu)
+            count = self._states_per_gpu.get(gpu_key, 0)
+            self._states_per_gpu[gpu_key] = count + 1
+            if not count and self._is_unknown(gpu_key, gpu):
+                self._unknown.add(gpu_key)
+        return st
+
+    def _is_unknown(self, gpu_key: str, gpu: GpuRef | None) -> bool:
+        if gpu_key in self.known_gpus or gpu_key in {NODE_KEY, OVERFLOW_GPU_KEY}:
+            return False
+        return gpu is None or gpu.index is None
+
+    def forget(self, gpu_key: str, rule_id: str) -> None:
+        if self.rules.pop((gpu_key, rule_id), None) is None:
+            return
+        left = self._states_per_gpu.get(gpu_key, 1) - 1
+        if left > 0:
+            self._states_per_gpu[gpu_key] = left
+            return
+        self._states_per_gpu.pop(gpu_key, None)
+        self._unknown.discard(gpu_key)
+        self._recent_xids.pop(gpu_key, None)
+
+    def prior_xid(self, gpu_key: str, code: int, now: float) -> tuple[int, float] | None:
+        """The latest other Xid on this GPU within the correlation window (code, age); remembers this one."""
+        recent = self._recent_xids.get(gpu_key)
+        if recent is None:
+            if len(self._recent_xids) > len(self._states_per_gpu):
+                return None  # only GPUs that hold state are remembered: bounded like them
+            recent = self._recent_xids[gpu_key] = {}
+        prior = None
+        for other in reversed(recent):
+            if other != code:
+                age = now - recent[other]
+                if 0 <= age <= self.xid_correlation_seconds:
+                    prior = (other, age)
+                break
+        recent.pop(code, None)
+        recent[code] = now
+        if len(recent) > _RECENT_XIDS:
+            del recent[next(iter(recent))]
+        return prior
+
 
 def evaluate(observation: Observation, state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
     """Classify one observation; return the verdicts it raises or clears (often none)."""
-    if observation.signal in LIFECYCLE_SIGNALS:
+    signal = observation.signal
+    if signal in LIFECYCLE_SIGNALS:
         return _lifecycle(observation, state, now, rules)
+    candidates = state.index_of(rules).candidates(signal, observation.value)
+    gpu_key = state.key_for(observation)
+    if signal is Signal.XID and math.isfinite(observation.value):
+        prior = state.prior_xid(gpu_key, int(observation.value), now)
+        if candidates.needs_prior_xid:
+            observation = _with_prior(observation, prior)
+    if not candidates.rules:
+        return []
     model = observation.gpu.model if observation.gpu else ""
-    candidates = [rules.effective(rule, model) for rule in rules.for_signal(observation.signal)]
-    candidates = [rule for rule in candidates if rule.enabled]
-    primary = [r for r in candidates if not r.fallback and _matches(r, observation)]
-    fallbacks = [r for r in candidates if r.fallback and _matches(r, observation)]
-    matched = primary or [r for r in fallbacks if r.codes] or fallbacks
-    matched_ids = {r.id for r in matched}
+    level = not signal.is_event
+    primary: list[Rule] = []
+    fallbacks: list[Rule] = []
+    enabled: list[Rule] = []
+    for group in (candidates.primary, candidates.fallback):
+        if primary and not level:
+            break  # an event that a rule matched never reaches the fallbacks
+        for base in group:
+            rule = rules.effective(base, model) if base.overrides else base
+            if not rule.enabled:
+                continue
+            if level:
+                enabled.append(rule)
+            if rule.when and not all(_holds(cond, observation) for cond in rule.when):
+                continue
+            if rule.fallback:
+                fallbacks.append(rule)
+            else:
+                primary.append(rule)
+    matched = primary or [r for r in fallbacks if r.code is not None] or fallbacks
     verdicts: list[Verdict] = []
-    for rule in candidates:
-        if rule.id in matched_ids:
-            verdict = _on_match(rule, observation, state, now)
-            if verdict is not None:
-                verdicts.append(verdict)
-        elif not observation.signal.is_event:
-            _on_healthy_reading(rule, observation, state, now)
+    for rule in matched:
+        verdict = _on_match(rule, observation, gpu_key, state, now)
+        if verdict is not None:
+            verdicts.append(verdict)
+    if level:
+        matched_ids = {rule.id for rule in matched}
+        for rule in enabled:
+            if rule.id not in matched_ids:
+                _on_healthy_reading(rule, gpu_key, state, now)
     return verdicts
 
 
@@ -78,25 +209,32 @@ def tick(state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
         rule = rules.get(rule_id)
         if rule is None:
             if not st.active:
-                del state.rules[(gpu_key, rule_id)]
+                state.forget(gpu_key, rule_id)
             continue
         rule = rules.effective(rule, st.gpu.model if st.gpu else "")
         if st.active and _quiet_recovered(rule, st, now):
             verdicts.append(_clear(rule, gpu_key, st, now, f"quiet for {rule.recovery.quiet_seconds:g}s"))
         elif not st.active and _forgettable(rule, st, now):
-            del state.rules[(gpu_key, rule_id)]
+            state.forget(gpu_key, rule_id)
     return verdicts
 
 
 def restore(state: EngineState, active: Iterable[Verdict]) -> None:
     """Mark faults recorded before a restart as active again, so they are not raised twice."""
     for verdict in active:
-        st = state.rules.setdefault((verdict.gpu_key, verdict.rule_id), RuleState())
+        st = state.state(verdict.gpu_key, verdict.rule_id, verdict.gpu)
         st.active = True
         st.since = verdict.at
         st.last_match = verdict.at
         st.gpu = verdict.gpu
         st.occurrences = int(verdict.evidence.get("occurrences", 1))
+
+
+def _with_prior(obs: Observation, prior: tuple[int, float] | None) -> Observation:
+    attrs = {k: v for k, v in obs.attrs.items() if k not in DERIVED_XID_FIELDS}
+    if prior is not None:
+        attrs["prior_xid"], attrs["prior_xid_age_seconds"] = prior[0], round(prior[1], 6)
+    return dataclasses.replace(obs, attrs=frozen_attrs(attrs))
 
 
 def _lifecycle(obs: Observation, state: EngineState, now: float, rules: RuleSet) -> list[Verdict]:
@@ -130,9 +268,10 @@ def _clear_where(
     return verdicts
 
 
-def _on_match(rule: Rule, obs: Observation, state: EngineState, now: float) -> Verdict | None:
-    st = state.rules.setdefault((obs.gpu_key, rule.id), RuleState())
-    st.gpu = obs.gpu or st.gpu
+def _on_match(rule: Rule, obs: Observation, gpu_key: str, state: EngineState, now: float) -> Verdict | None:
+    st = state.rules.get((gpu_key, rule.id)) or state.state(gpu_key, rule.id, obs.gpu)
+    if obs.gpu is not None and gpu_key != OVERFLOW_GPU_KEY:
+        st.gpu = obs.gpu
     st.last_match = now
     st.occurrences += obs.count
     if st.sustain_since is None:
@@ -147,45 +286,56 @@ def _on_match(rule: Rule, obs: Observation, state: EngineState, now: float) -> V
     return Verdict(
         kind=VerdictKind.FAULT,
         rule_id=rule.id,
-        gpu_key=obs.gpu_key,
+        gpu_key=gpu_key,
         severity=rule.severity,
         action=rule.action,
         fault_class=rule.fault_class,
         at=now,
         summary=_summary(rule, obs),
-        gpu=obs.gpu,
-        evidence=_evidence(rule, obs, st),
+        gpu=obs.gpu if gpu_key != OVERFLOW_GPU_KEY else None,
+        evidence=_evidence(rule, obs, st, gpu_key),
     )
 
 
-def _on_healthy_reading(rule: Rule, obs: Observation, state: EngineState, now: float) -> None:
-    st = state.rules.get((obs.gpu_key, rule.id))
+def _on_healthy_reading(rule: Rule, gpu_key: str, state: EngineState, now: float) -> None:
+    st = state.rules.get((gpu_key, rule.id))
     if st is None:
         return
     st.last_nonmatch = now
     st.sustain_since = None
     if not st.active:
-        st.hits.clear()
+        st.clear_hits()
 
 
 def _record_hit(rule: Rule, st: RuleState, obs: Observation, now: float) -> None:
-    distinct_attr = rule.window.distinct
-    distinct = str(obs.attrs.get(distinct_attr, "")) if distinct_attr else ""
-    st.hits.append((now, obs.count, distinct))
-    if rule.window.seconds:
-        while st.hits and now - st.hits[0][0] > rule.window.seconds:
-            st.hits.popleft()
-    if distinct_attr:
+    """O(1) amortised: each hit is added once and dropped once; storms cost constant memory."""
+    window = rule.window
+    if window.distinct:
+        value = obs.attrs.get(window.distinct)
+        key = "" if value is None else str(value)
+        if key:
+            st.distinct.pop(key, None)
+            st.distinct[key] = now
+        distinct = st.distinct
+        while distinct and (len(distinct) > window.count or
+                            (window.seconds and now - next(iter(distinct.values())) > window.seconds)):
+            distinct.popitem(last=False)
         return
-    # Keep only as many hits as the window needs: storms cost constant memory.
-    while len(st.hits) > 1 and sum(count for _, count, _ in st.hits) - st.hits[0][1] >= rule.window.count:
-        st.hits.popleft()
+    hits = st.hits
+    hits.append((now, obs.count))
+    st.hit_total += obs.count
+    if window.seconds:
+        while hits and now - hits[0][0] > window.seconds:
+            st.hit_total -= hits.popleft()[1]
+    # Keep only as many hits as the window needs.
+    while len(hits) > 1 and st.hit_total - hits[0][1] >= window.count:
+        st.hit_total -= hits.popleft()[1]
 
 
 def _window_met(rule: Rule, st: RuleState) -> bool:
     if rule.window.distinct:
-        return len({key for _, _, key in st.hits if key}) >= rule.window.count
-    return sum(count for _, count, _ in st.hits) >= rule.window.count
+        return len(st.distinct) >= rule.window.count
+    return st.hit_total >= rule.window.count
 
 
 def _quiet_recovered(rule: Rule, st: RuleState, now: float) -> bool:
@@ -207,7 +357,7 @@ def _forgettable(rule: Rule, st: RuleState, now: float) -> bool:
 
 def _clear(rule: Rule, gpu_key: str, st: RuleState, now: float, why: str) -> Verdict:
     st.active = False
-    st.hits.clear()
+    st.clear_hits()
     st.sustain_since = None
     occurrences, since = st.occurrences, st.since
     st.occurrences = 0
@@ -226,12 +376,6 @@ def _clear(rule: Rule, gpu_key: str, st: RuleState, now: float, why: str) -> Ver
             {"occurrences": occurrences, "active_since": since if since is not None else now, "why": why}
         ),
     )
-
-
-def _matches(rule: Rule, obs: Observation) -> bool:
-    if rule.codes and (not math.isfinite(obs.value) or int(obs.value) not in rule.codes):
-        return False
-    return all(_holds(cond, obs) for cond in rule.when)
 
 
 def _holds(cond: Condition, obs: Observation) -> bool:
@@ -304,7 +448,7 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _evidence(rule: Rule, obs: Observation, st: RuleState) -> Mapping[str, AttrValue]:
+def _evidence(rule: Rule, obs: Observation, st: RuleState, gpu_key: str) -> Mapping[str, AttrValue]:
     evidence: dict[str, AttrValue] = {
         "signal": str(obs.signal),
         "value": obs.value,
@@ -312,9 +456,11 @@ def _evidence(rule: Rule, obs: Observation, st: RuleState) -> Mapping[str, AttrV
         "occurrences": st.occurrences,
         "window_count": rule.window.count,
         "window_seconds": rule.window.seconds,
-        "first_seen": st.hits[0][0] if st.hits else obs.at,
+        "first_seen": first if (first := st.first_seen()) is not None else obs.at,
         "observed_at": obs.at,
     }
+    if gpu_key == OVERFLOW_GPU_KEY:
+        evidence["overflow_of"] = obs.gpu_key
     if rule.nvidia_action:
         evidence["nvidia_action"] = rule.nvidia_action
     if rule.reason:

@@ -13,6 +13,7 @@ from agent.k8s.errors import api_call
 from agent.k8s.podresources import PodDevices, list_pod_devices
 from agent.k8s.retry import with_retries
 from agent.model import ANY_GPU, PodRef
+from agent.workloads import owner_key
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 log = structlog.get_logger("agent.k8s.pods")
@@ -31,6 +32,9 @@ class PodFinder:
         self.pod_devices = pod_devices
         self.gpus_by_pod_uid = gpus_by_pod_uid
         self.mig_parents = mig_parents
+        #: pod UID -> its workload (attribution.owner_key), as of the last listing; read by the kernel-log
+        #: source to charge an Xid to a workload rather than to one pod or PID.
+        self.owners: dict[str, str] = {}
 
     def pods(self) -> tuple[PodRef, ...]:
         response = with_retries(lambda: api_call(self.core.list_pod_for_all_namespaces,
@@ -40,6 +44,7 @@ class PodFinder:
         devices = self._devices()
         by_process = self.gpus_by_pod_uid() if devices is None and self.gpus_by_pod_uid else {}
         pods = []
+        owners: dict[str, str] = {}
         for item in items:
             meta, spec = item.get("metadata", {}), item.get("spec", {})
             if item.get("status", {}).get("phase") in {"Succeeded", "Failed"}:
@@ -53,10 +58,13 @@ class PodFinder:
             elif _requests_gpu(spec):
                 # Without the kubelet: the GPUs its processes run on, else it may hold any GPU.
                 gpus = tuple(by_process.get(meta.get("uid", ""), ())) or (ANY_GPU,)
-            owners = meta.get("ownerReferences") or []
-            daemonset = any(o.get("kind") == "DaemonSet" and o.get("controller") for o in owners)
-            pods.append(PodRef(key[0], key[1], meta.get("uid", ""), gpus, daemonset,
+            references = meta.get("ownerReferences") or []
+            daemonset = any(o.get("kind") == "DaemonSet" and o.get("controller") for o in references)
+            owner = _owner_of(key[0], references, spec)
+            owners[meta.get("uid", "")] = owner
+            pods.append(PodRef(key[0], key[1], meta.get("uid", ""), gpus, daemonset, owner=owner,
                                terminating=bool(meta.get("deletionTimestamp"))))
+        self.owners = owners
         return tuple(pods)
 
     def _with_parents(self, ids: list[str]) -> tuple[str, ...]:
@@ -73,6 +81,15 @@ class PodFinder:
             log.warning("pod_resources_unavailable", error=str(exc))
             return None
         return {(p.namespace, p.name): p.gpu_ids() for p in listed if p.gpu_ids()}
+
+
+def _owner_of(namespace: str, references: list[dict[str, Any]], spec: dict[str, Any]) -> str:
+    """The pod's workload: its controller (a ReplicaSet is its Deployment), else its first image."""
+    controller = next((o for o in references if o.get("controller")), {})
+    containers = spec.get("containers") or []
+    image = str(containers[0].get("image") or "") if containers else ""
+    return owner_key(namespace, owner_kind=str(controller.get("kind") or ""),
+                     owner_name=str(controller.get("name") or ""), image=image)
 
 
 def _requests_gpu(spec: dict[str, Any]) -> bool:

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.workloads import owner_key
+
+__all__ = ["PodAttribution", "owner_key", "parse_cgroup", "pod_of_pid", "workload_key"]
+
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-# A ReplicaSet is named <deployment>-<pod-template-hash>; a CronJob's Job is <cronjob>-<scheduled minute>.
-_TEMPLATE_HASH = re.compile(r"^(?P<base>.+)-[bcdfghjklmnpqrstvwxz2456789]{6,10}$")
-_SCHEDULED = re.compile(r"^(?P<base>.+)-\d{8,10}$")
 _CONTAINER = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?\s*$")
 
 
@@ -47,32 +48,6 @@ def pod_of_pid(pid: int, proc_root: Path = Path("/proc")) -> PodAttribution | No
     except OSError:
         return None
     return parse_cgroup(text)
-
-
-def owner_key(namespace: str, *, owner_kind: str = "", owner_name: str = "", image: str = "") -> str:
-    """The workload a pod belongs to: `namespace/Kind/name` of its top controller, else its image.
-
-    A ReplicaSet is charged to its Deployment and a CronJob's Job to its CronJob, so every pod a controller
-    makes, and every restart, is the same workload.
-    """
-    kind, name = owner_kind, owner_name
-    if kind == "ReplicaSet" and (match := _TEMPLATE_HASH.match(name)):
-        kind, name = "Deployment", match.group("base")
-    elif kind == "Job" and (match := _SCHEDULED.match(name)):
-        kind, name = "CronJob", match.group("base")
-    if kind and name:
-        return f"{namespace}/{kind}/{name}"
-    if image:
-        return f"image/{_image_name(image)}"
-    return ""
-
-
-def _image_name(image: str) -> str:
-    """The image without digest or tag: every version of one program is one workload."""
-    name = image.split("@", 1)[0]
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    return name[:colon] if colon > slash else name
 
 
 def workload_key(*, pod: PodAttribution | None, owners: Mapping[str, str], process: str | None) -> str:

@@ -1,8 +1,14 @@
-"""Collapses storms of identical records before the engine: the first passes at once, repeats are counted."""
+"""Collapses storms of identical records before the engine: the first passes at once, repeats are counted.
+
+O(1) per line: a repeat is one dictionary lookup; bursts are kept in the order they started (which is the
+order their windows close), so expiry only ever looks at the oldest one, and a line that closes nothing
+costs one comparison with the time the oldest window closes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -24,11 +30,16 @@ class Deduplicator:
         self.window = window_seconds
         self.max_keys = max_keys
         self._bursts: OrderedDict[Hashable, _Burst] = OrderedDict()
+        self._next_due = math.inf
 
     @property
     def idle(self) -> bool:
         """True when no burst is open (nothing waits to be flushed)."""
         return not self._bursts
+
+    @property
+    def open_bursts(self) -> int:
+        return len(self._bursts)
 
     def repeat(self, key: Hashable, now: float) -> bool:
         """Count a repeat of an open burst without building its observation; False if it is not one."""
@@ -42,27 +53,36 @@ class Deduplicator:
         """What to emit now for this observation (plus any bursts whose window has closed)."""
         out = self.flush(now)
         burst = self._bursts.get(key)
-        if burst is None:
-            self._bursts[key] = _Burst(now, observation)
-            out.append(observation)
-            while len(self._bursts) > self.max_keys:
-                _, oldest = self._bursts.popitem(last=False)
-                out.extend(_aggregate(oldest))
+        if burst is not None:
+            burst.pending += observation.count
+            burst.last = observation
             return out
-        burst.pending += observation.count
-        burst.last = observation
+        self._bursts[key] = _Burst(now, observation)
+        out.append(observation)
+        while len(self._bursts) > self.max_keys:
+            _, oldest = self._bursts.popitem(last=False)
+            out.extend(_aggregate(oldest))
+        self._due_from_oldest()
         return out
 
     def flush(self, now: float, *, force: bool = False) -> list[Observation]:
         """Emit the counts of bursts whose window has closed (all of them with force)."""
+        if not force and now < self._next_due:
+            return []
         out: list[Observation] = []
-        while self._bursts:
-            key, burst = next(iter(self._bursts.items()))
+        bursts = self._bursts
+        while bursts:
+            key, burst = next(iter(bursts.items()))
             if not force and now - burst.started < self.window:
                 break
-            del self._bursts[key]
+            del bursts[key]
             out.extend(_aggregate(burst))
+        self._due_from_oldest()
         return out
+
+    def _due_from_oldest(self) -> None:
+        oldest = next(iter(self._bursts.values()), None)
+        self._next_due = math.inf if oldest is None else oldest.started + self.window
 
 
 def _aggregate(burst: _Burst) -> list[Observation]:

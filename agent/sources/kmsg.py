@@ -9,18 +9,20 @@ durable record), so nothing is handled twice and nothing read but not yet classi
 from __future__ import annotations
 
 import errno
+import math
 import os
 import select
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs, normalise_pci
-from agent.sources.attribution import PodAttribution, pod_of_pid
+from agent.sources.attribution import PodAttribution, parse_cgroup, workload_key
 from agent.sources.base import Emit
 from agent.sources.dedup import Deduplicator
 from agent.sources.kernel_log import KERNEL_FACILITY, KernelLogParser, KernelRecord
@@ -28,6 +30,10 @@ from agent.sources.kernel_log import KERNEL_FACILITY, KernelLogParser, KernelRec
 CURSOR_NAME = "kmsg"
 _POD_CACHE_SECONDS = 5.0
 _POD_CACHE_SIZE = 4096
+#: At most this many /proc/<pid>/cgroup reads per second (each costs ~5 us even for an exited process): in a
+#: storm of records from ever-new pids the rest are charged to their process name instead of stalling the source.
+ATTRIBUTIONS_PER_SECOND = 1000.0
+_GPU_CACHE_SIZE = 256
 _RECORD_SIGNALS = {"xid": Signal.XID, "sxid": Signal.SXID, "gpu_lost": Signal.GPU_LOST}
 
 
@@ -59,8 +65,20 @@ def newer_cursor(value: str, than: str | None) -> bool:
 Count = Callable[[str, int], None]
 
 
+#: pod UID -> workload (agent.workloads.owner_key) of the pods on this node, as the pod listing last saw them.
+Owners = Callable[[], Mapping[str, str]]
+
+
+def _no_owners() -> Mapping[str, str]:
+    return {}
+
+
 def _no_count(name: str, amount: int) -> None:
     return None
+
+
+#: After this many kernel-log records in a row that could not be handled, the source counts as failing.
+FAILING_AFTER = 20
 
 
 @dataclass(slots=True)
@@ -70,33 +88,64 @@ class KmsgStats:
     lost: int = 0
     forged: int = 0
     skipped_after_restart: int = 0
+    unreadable: int = 0
+    unattributed: int = 0
+    failing_streak: int = 0
 
 
 class KernelLogProcessor:
-    """Line -> observations, with attribution, forgery filtering and storm deduplication. No device I/O."""
+    """Line -> observations, with attribution, forgery filtering and storm deduplication. No device I/O.
+
+    Records written from user space are dropped before the parser reads them (a forged GPU banner must not
+    teach it a PCI -> UUID pair); a record whose handling raises is skipped and counted, never fatal.
+    """
 
     def __init__(self, *, admit_user_records: bool = False, proc_root: Path = Path("/proc"),
-                 dedup_seconds: float = 1.0, count: Count = _no_count, source: str = "kmsg") -> None:
-        self.parser = KernelLogParser()
+                 dedup_seconds: float = 1.0, count: Count = _no_count, source: str = "kmsg",
+                 parser: KernelLogParser | None = None, owners: Owners = _no_owners) -> None:
+        self.parser = parser or KernelLogParser()
         self.dedup = Deduplicator(window_seconds=dedup_seconds)
         self.admit_user_records = admit_user_records
         self.proc_root = proc_root
+        self._proc = str(proc_root)
         self.count = count
         self.source = source
+        self.owners = owners
         self.stats = KmsgStats()
         self._pods: dict[int, tuple[float, PodAttribution | None]] = {}
+        self._gpus: dict[str, GpuRef] = {}
+        self._lookups = ATTRIBUTIONS_PER_SECOND
+        self._lookups_at = -math.inf
+
+    @property
+    def failing(self) -> bool:
+        """True while every one of the last FAILING_AFTER driver records failed to be handled."""
+        return self.stats.failing_streak >= FAILING_AFTER
 
     def handle(self, line: str, now: float, line_no: int = 0) -> list[Observation]:
+        """The observations this line completes (often none). Never raises: a bad record is skipped."""
         self.stats.lines += 1
-        record = self.parser.feed(line, line_no)
-        if record is None or record.kind not in _RECORD_SIGNALS:
-            return [] if self.dedup.idle else self.dedup.flush(now)
-        if record.extras.get("continuation"):
+        if "NVRM" not in line and "SXid" not in line:
+            return self.dedup.flush(now)
+        try:
+            observations = self._driver_line(line, now, line_no)
+        except Exception:  # noqa: BLE001 - one kernel-log line must never stop the source; it is counted
+            self.stats.unreadable += 1
+            self.stats.failing_streak += 1
+            self.count("unreadable", 1)
             return []
-        facility = record.prefix.facility
-        if facility is not None and facility != KERNEL_FACILITY and not self.admit_user_records:
+        self.stats.failing_streak = 0
+        return observations
+
+    def _driver_line(self, line: str, now: float, line_no: int) -> list[Observation]:
+        if not self.admit_user_records and _from_user_space(line):
             self.stats.forged += 1
             self.count("forged", 1)
+            return self.dedup.flush(now)
+        record = self.parser.feed(line, line_no)
+        if record is None or record.kind not in _RECORD_SIGNALS:
+            return self.dedup.flush(now)
+        if record.extras.get("continuation"):
             return []
         self.stats.records += 1
         key = (record.kind, record.code, record.pci, record.pid, record.message)
@@ -112,11 +161,32 @@ class KernelLogProcessor:
         cached = self._pods.get(pid)
         if cached is not None and now - cached[0] < _POD_CACHE_SECONDS:
             return cached[1]
-        pod = pod_of_pid(pid, self.proc_root)
+        self._lookups = min(ATTRIBUTIONS_PER_SECOND,
+                            self._lookups + max(0.0, now - self._lookups_at) * ATTRIBUTIONS_PER_SECOND)
+        self._lookups_at = now
+        if self._lookups < 1:
+            self.stats.unattributed += 1
+            return None
+        self._lookups -= 1
+        pod = _read_pod(self._proc, pid)
         if len(self._pods) >= _POD_CACHE_SIZE:
             self._pods.clear()
         self._pods[pid] = (now, pod)
         return pod
+
+    def _gpu_at(self, pci: str) -> GpuRef:
+        """The GPU at a PCI address, named by the UUID the driver's banner gave it (cached per address)."""
+        known = self.parser.pci_to_uuid
+        uuid = known.get(pci, "")
+        if not uuid and known:
+            wanted = normalise_pci(pci)
+            uuid = next((u for p, u in known.items() if normalise_pci(p) == wanted), "")
+        cached = self._gpus.get(pci)
+        if cached is None or cached.uuid != uuid:
+            if len(self._gpus) >= _GPU_CACHE_SIZE:
+                self._gpus.clear()
+            cached = self._gpus[pci] = GpuRef(pci_bus_id=pci, uuid=uuid)
+        return cached
 
     def observation_of(self, record: KernelRecord, now: float) -> Observation:
         attrs: dict[str, AttrValue] = {"message": record.message}
@@ -127,7 +197,7 @@ class KernelLogProcessor:
                 attrs["pod_uid"] = pod.pod_uid
                 if pod.container_id:
                     attrs["container_id"] = pod.container_id
-            attrs["workload"] = pod.pod_uid if pod is not None else f"pid:{record.pid}"
+            attrs["workload"] = workload_key(pod=pod, owners=self.owners(), process=record.process)
         if record.process is not None:
             attrs["process"] = record.process
         if record.prefix.seq is not None:
@@ -138,14 +208,34 @@ class KernelLogProcessor:
         signal = _RECORD_SIGNALS[record.kind]
         if signal is Signal.SXID:
             attrs["pci"] = record.pci
-            return Observation(signal, float(record.code or 0), now, self.source, None, frozen_attrs(attrs))
-        uuid = self.parser.pci_to_uuid.get(record.pci, "")
-        if not uuid and self.parser.pci_to_uuid:
-            wanted = normalise_pci(record.pci)
-            uuid = next((u for p, u in self.parser.pci_to_uuid.items() if normalise_pci(p) == wanted), "")
-        gpu = GpuRef(pci_bus_id=record.pci, uuid=uuid)
+            return Observation(signal, float(record.code or 0), now, self.source, None, MappingProxyType(attrs))
         value = float(record.code) if record.code is not None else 1.0
-        return Observation(signal, value, now, self.source, gpu, frozen_attrs(attrs))
+        return Observation(signal, value, now, self.source, self._gpu_at(record.pci), MappingProxyType(attrs))
+
+
+def _from_user_space(line: str) -> bool:
+    """True when the record's own prefix (raw /dev/kmsg `PRI,seq,...;` or `<PRI>`) names a facility other
+    than the kernel's; a line without either (a plain text log) cannot tell and is admitted."""
+    if line[:1].isdigit():
+        head, sep, _ = line.partition(";")
+        priority = head.partition(",")[0]
+        return bool(sep) and priority.isdigit() and int(priority) >> 3 != KERNEL_FACILITY
+    if line.startswith("<"):
+        end = line.find(">", 1, 5)
+        priority = line[1:end] if end > 0 else ""
+        return priority.isdigit() and int(priority) >> 3 != KERNEL_FACILITY
+    return False
+
+
+def _read_pod(proc: str, pid: int) -> PodAttribution | None:
+    """The pod of a process, read straight from /proc/<pid>/cgroup (no pathlib on the storm path)."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as handle:
+            return parse_cgroup(handle.read())
+    except OSError:
+        return None
 
 
 def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
@@ -168,6 +258,7 @@ class KmsgSource:
         cursor: CursorStore | None = None,
         boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id"),
         proc_root: Path = Path("/proc"),
+        owners: Owners = _no_owners,
         count: Count = _no_count,
         clock: Callable[[], float] = time.time,
         dedup_seconds: float = 1.0,
@@ -180,12 +271,18 @@ class KmsgSource:
         self.clock = clock
         self.wake_seconds = wake_seconds
         self.processor = KernelLogProcessor(admit_user_records=admit_user_records, proc_root=proc_root,
-                                            dedup_seconds=dedup_seconds, count=count, source=self.name)
+                                            dedup_seconds=dedup_seconds, count=count, source=self.name,
+                                            owners=owners)
         self.ready = threading.Event()
 
     @property
     def stats(self) -> KmsgStats:
         return self.processor.stats
+
+    @property
+    def failing(self) -> bool:
+        """True while the kernel log's driver records keep failing to be handled (for /healthz)."""
+        return self.processor.failing
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
         if stat.S_ISREG(os.stat(self.path).st_mode):

@@ -136,3 +136,30 @@ def test_rules_are_hot_reloaded_and_a_broken_change_is_rejected(tmp_path: Path):
         " summary: s, source: test, recovery: {kind: quiet, quiet_seconds: 60}}\n")
     assert daemon.reload_rules_if_changed() is True
     assert len(daemon.pipeline.rules.rules) == before + 1
+
+
+def test_a_storm_is_folded_in_the_backlog_and_no_new_kind_is_lost(tmp_path: Path):
+    """20,000 repeats of one Xid then one Xid 79 on another GPU, before the engine runs: the repeats fold
+    (counted) and the new kind is still classified."""
+    daemon = _daemon(tmp_path, [_OneShotSource()])
+    for i in range(20_000):
+        daemon.emit(Observation(Signal.XID, 13, 1.0 + i * 1e-6, "kmsg", gpu(1)))
+    daemon.emit(Observation(Signal.XID, 79, 2.0, "kmsg", gpu(2)))
+    assert daemon.backlog.depth < 20_000
+    assert daemon.metrics.registry.get_sample_value("gpu_health_backlog_coalesced_total") > 0
+    daemon._drain(timeout=0, stop=None)
+    assert daemon.pipeline.gpu_statuses().get(gpu(2).key) == "fatal"
+    assert daemon.metrics.registry.get_sample_value("gpu_health_backlog_dropped_total") == 0
+    daemon.journal.close()
+
+
+def test_a_source_that_reports_itself_failing_makes_healthz_fail(tmp_path: Path):
+    """A kernel-log source whose driver records keep failing to be handled is named in /healthz, not ok."""
+    failing = _OneShotSource()
+    failing.failing = True  # type: ignore[attr-defined]
+    daemon = _daemon(tmp_path, [failing])
+    daemon._running[failing.name] = True
+    ok, detail = daemon.health()
+    assert not ok
+    assert detail["failing_sources"] == [failing.name]
+    daemon.journal.close()

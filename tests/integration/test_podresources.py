@@ -64,10 +64,14 @@ class _Core:
         return SimpleNamespace(data=json.dumps({"items": self.items}).encode())
 
 
+IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
+
+
 def _pod(ns, name, gpus=0, **meta):
     resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
     return {"metadata": {"namespace": ns, "name": name, "uid": f"u-{name}", **meta},
-            "spec": {"containers": [{"name": "c", "resources": resources}]}, "status": {"phase": "Running"}}
+            "spec": {"containers": [{"name": "c", "image": IMAGE, "resources": resources}]},
+            "status": {"phase": "Running"}}
 
 
 def test_pods_take_their_gpus_from_the_kubelet(kubelet):
@@ -86,6 +90,19 @@ def test_without_the_kubelet_every_gpu_pod_may_hold_any_gpu(tmp_path: Path):
     assert pods["ml/cpu-only"].gpu_uuids == ()
     assert "kube-system/static" not in pods
     assert pods["gpu-health/agent-x"].daemonset
+
+
+def test_each_pod_is_charged_to_its_workload_for_the_kernel_log(tmp_path: Path):
+    """A Deployment's pod is its Deployment (not its ReplicaSet); a bare pod is its image without the tag."""
+    core = _Core([_pod("ml", "trainer-7d4b9c6f5-x2x9z", 1,
+                       ownerReferences=[{"kind": "ReplicaSet", "name": "trainer-7d4b9c6f5", "controller": True}]),
+                  _pod("ml", "notebook", 1)])
+    finder = PodFinder(core, "n1", socket_path=str(tmp_path / "none.sock"))
+    pods = {p.key: p for p in finder.pods()}
+    assert pods["ml/trainer-7d4b9c6f5-x2x9z"].owner == "ml/Deployment/trainer"
+    assert pods["ml/notebook"].owner == "image/nvcr.io/nvidia/pytorch"
+    assert finder.owners == {"u-trainer-7d4b9c6f5-x2x9z": "ml/Deployment/trainer",
+                             "u-notebook": "image/nvcr.io/nvidia/pytorch"}
 
 
 def test_without_the_kubelet_nvml_processes_name_the_gpu(tmp_path: Path):

@@ -5,7 +5,8 @@ from pathlib import Path
 from agent.model import Signal
 from agent.sources.attribution import parse_cgroup, pod_of_pid
 from agent.sources.dedup import Deduplicator
-from agent.sources.kmsg import KernelLogProcessor
+from agent.sources.kernel_log import KernelLogParser
+from agent.sources.kmsg import FAILING_AFTER, KernelLogProcessor
 from tests.conftest import obs
 
 POD_UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -46,14 +47,22 @@ def test_an_xid_with_a_pid_is_charged_to_its_pod(tmp_path: Path):
     [observation] = processor.handle(XID.format(seq=1, code=13, pid=4321, msg="Graphics Exception"), 5.0)
     assert (observation.signal, observation.value, observation.at) == (Signal.XID, 13, 5.0)
     assert observation.attrs["pod_uid"] == POD_UID
-    assert observation.attrs["workload"] == POD_UID
+    assert observation.attrs["workload"] == f"pod/{POD_UID}"
     assert observation.attrs["container_id"] == CONTAINER
 
 
-def test_without_a_pod_the_workload_is_the_process(tmp_path: Path):
+def test_an_xid_is_charged_to_the_workload_that_owns_its_pod(tmp_path: Path):
+    """The pod listing names the pod's controller: every pod of one job is one workload."""
+    owners = {POD_UID: "ml/Deployment/trainer"}
+    processor = KernelLogProcessor(proc_root=fake_proc(tmp_path, 4321), owners=lambda: owners)
+    [observation] = processor.handle(XID.format(seq=1, code=13, pid=4321, msg="Graphics Exception"), 5.0)
+    assert observation.attrs["workload"] == "ml/Deployment/trainer"
+
+
+def test_without_a_pod_the_workload_is_the_process_name_never_the_pid(tmp_path: Path):
     processor = KernelLogProcessor(proc_root=tmp_path)
     [observation] = processor.handle(XID.format(seq=1, code=13, pid=77, msg="x"), 0.0)
-    assert observation.attrs["workload"] == "pid:77"
+    assert observation.attrs["workload"] == f"process/{observation.attrs['process']}"
     assert "pod_uid" not in observation.attrs
 
 
@@ -113,3 +122,67 @@ def test_continuation_lines_emit_nothing():
     processor = KernelLogProcessor()
     processor.handle("4,1,1,-;nvidia-nvswitch3: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 x", 0)
     assert processor.handle("4,2,1,-;nvidia-nvswitch3: SXid (PCI:0000:06:00.0): 20034, Data {0x0}", 0) == []
+
+
+BANNER = "NVRM: GPU at PCI:0000:3b:00: GPU-0f9a5c0e-1234-5678-9abc-def012345678"
+
+
+def test_a_banner_forged_from_user_space_does_not_name_a_gpu():
+    """A user-space record is dropped before the parser learns anything from it."""
+    processor = KernelLogProcessor()
+    assert processor.handle(f"12,1,1,-;{BANNER}", 0.0) == []
+    assert processor.handle(f"<14>{BANNER}", 0.0) == []
+    [observation] = processor.handle(XID.format(seq=2, code=79, pid=1, msg="off the bus"), 0.0)
+    assert observation.gpu.uuid == ""
+    assert processor.stats.forged == 2
+
+
+def test_a_kernel_banner_in_a_text_log_still_names_the_gpu():
+    processor = KernelLogProcessor()
+    processor.handle(f"<6>{BANNER}", 0.0)
+    [observation] = processor.handle("<4>NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, off the bus", 0.0)
+    assert observation.gpu.uuid == "GPU-0f9a5c0e-1234-5678-9abc-def012345678"
+
+
+class _RaisesOn(KernelLogParser):
+    """The parser with a bug for one kind of line (as the real one had for some Xid 154 lines)."""
+
+    def feed(self, line: str, line_no: int = 0):
+        if "boom" in line:
+            raise ValueError("invalid literal for int() with base 0: '02'")
+        return super().feed(line, line_no)
+
+
+def test_a_record_that_cannot_be_handled_is_skipped_and_counted():
+    counted = []
+    processor = KernelLogProcessor(parser=_RaisesOn(), count=lambda name, n: counted.append((name, n)))
+    assert processor.handle(XID.format(seq=1, code=154, pid=1, msg="boom"), 0.0) == []
+    [observation] = processor.handle(XID.format(seq=2, code=79, pid=1, msg="off the bus"), 1.0)
+    assert observation.value == 79
+    assert (counted, processor.stats.unreadable) == ([("unreadable", 1)], 1)
+
+
+def test_a_source_whose_records_keep_failing_is_failing_until_one_is_handled():
+    processor = KernelLogProcessor(parser=_RaisesOn())
+    for n in range(FAILING_AFTER):
+        assert not processor.failing
+        processor.handle(XID.format(seq=n, code=154, pid=1, msg="boom"), float(n))
+    assert processor.failing
+    processor.handle(XID.format(seq=99, code=79, pid=1, msg="off the bus"), 99.0)
+    assert not processor.failing
+
+
+def test_the_xid_154_line_that_once_stopped_the_source_does_not_hide_the_next_xid():
+    processor = KernelLogProcessor()
+    processor.handle("4,1,1,-;NVRM: Xid (PCI:0000:48:00): 154, GPU recovery action changed from 0x0 (None) to "
+                     "02 (Node Reboot Required)", 0.0)
+    assert [o.value for o in processor.handle(XID.format(seq=2, code=79, pid=1, msg="x"), 1.0)] == [79]
+
+
+def test_a_burst_is_closed_by_whatever_line_comes_after_its_window():
+    processor = KernelLogProcessor(dedup_seconds=1.0)
+    for n in range(5):
+        processor.handle(XID.format(seq=n, code=31, pid=9, msg="MMU Fault"), n * 0.1)
+    assert processor.handle("6,9,1,-;usb 1-1: new device", 0.9) == []
+    [summary] = processor.handle("6,10,1,-;usb 1-1: new device", 1.5)
+    assert summary.count == 4

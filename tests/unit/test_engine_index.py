@@ -1,0 +1,140 @@
+"""The engine's cost and memory do not grow with the catalog or with the addresses it is shown; Xids are
+correlated in time per GPU."""
+
+from agent.engine import EngineState, evaluate, load_rule_texts, tick
+from agent.engine.evaluate import OVERFLOW_GPU_KEY, UNKNOWN_GPU_KEYS
+from agent.engine.index import RuleIndex
+from agent.model import GpuRef, Signal, VerdictKind
+from tests.conftest import gpu, obs
+
+RULES = load_rule_texts([("t.yaml", """
+rules:
+- {id: mmu-31, signal: xid, code: 31, severity: warning, action: restart_app, fault_class: application,
+   summary: s, source: t, recovery: {kind: quiet, quiet_seconds: 60}}
+- {id: app-faults, signal: xid, code: [13, 31], severity: degraded, action: quarantine, fault_class: hardware,
+   window: {count: 3, seconds: 3600, distinct: workload}, summary: s, source: t,
+   recovery: {kind: quiet, quiet_seconds: 60}}
+- {id: xid-45-follows, signal: xid, code: 45, severity: info, action: none, fault_class: driver,
+   when: [{field: prior_xid, op: present}], summary: "Xid 45 after Xid {prior_xid} on {gpu}", source: t,
+   recovery: {kind: quiet, quiet_seconds: 60}}
+- {id: xid-45-solo, signal: xid, code: 45, severity: warning, action: notify, fault_class: driver,
+   when: [{field: prior_xid, op: absent}], summary: "solo Xid 45 on {gpu}", source: t,
+   recovery: {kind: quiet, quiet_seconds: 60}}
+- {id: unknown, signal: xid, fallback: true, severity: warning, action: notify, fault_class: driver,
+   summary: "unknown Xid {code}", source: t, recovery: {kind: quiet, quiet_seconds: 60}}
+- {id: hot, signal: temperature, when: [{field: value, op: ge, value: 90}], severity: degraded, action: notify,
+   fault_class: hardware, summary: s, source: t, recovery: {kind: quiet, quiet_seconds: 10}}
+""")])
+
+
+def at_pci(n: int) -> GpuRef:
+    return GpuRef(pci_bus_id=f"0000:{n // 256:02x}:{n % 256:02x}.0")
+
+
+def fired(*observations, state=None, rules=RULES):
+    state = state if state is not None else EngineState()
+    return [v.rule_id for o in observations for v in evaluate(o, state, o.at, rules=rules)
+            if v.kind is VerdictKind.FAULT]
+
+
+def test_an_observation_is_tried_only_against_the_rules_of_its_code():
+    """Xid 31 sees its own rule, the multi-code rule and the fallback; never Xid 45's rules."""
+    candidates = RuleIndex.of(RULES).candidates(Signal.XID, 31)
+    assert [r.id for r in candidates.rules] == ["mmu-31", "app-faults", "unknown"]
+
+
+def test_a_code_without_a_rule_is_tried_only_against_the_rules_without_a_code():
+    assert [r.id for r in RuleIndex.of(RULES).candidates(Signal.XID, 999).rules] == ["unknown"]
+    assert fired(obs(Signal.XID, 999)) == ["unknown"]
+
+
+def test_a_replaced_rule_set_is_indexed_anew():
+    state = EngineState()
+    fired(obs(Signal.XID, 31, 0.0), state=state)
+    other = load_rule_texts([("o.yaml", """
+rules:
+- {id: only-31, signal: xid, code: 31, severity: warning, action: notify, fault_class: driver,
+   summary: s, source: t, recovery: {kind: quiet, quiet_seconds: 60}}
+""")])
+    assert fired(obs(Signal.XID, 31, 1.0), state=state, rules=other) == ["only-31"]
+
+
+def test_a_distinct_window_still_forgets_values_older_than_its_span():
+    observations = [obs(Signal.XID, 13, t, workload=w) for t, w in ((0, "a"), (3000, "b"), (3700, "c"))]
+    assert fired(*observations) == []
+
+
+def test_state_for_addresses_outside_the_node_is_bounded():
+    state = EngineState()
+    for n in range(5_000):
+        evaluate(obs(Signal.XID, 31, float(n), gpu_ref=at_pci(n)), state, float(n), rules=RULES)
+    assert len(state.gpu_keys()) <= UNKNOWN_GPU_KEYS + 1
+    assert OVERFLOW_GPU_KEY in state.gpu_keys()
+
+
+def test_the_nodes_own_gpus_always_keep_their_own_state():
+    known = [GpuRef(index=n, uuid=f"GPU-{n}", pci_bus_id=f"0000:{n + 1:02x}:00.0") for n in range(8)]
+    state = EngineState()
+    for n in range(1_000):
+        evaluate(obs(Signal.XID, 31, float(n), gpu_ref=at_pci(4096 + n)), state, float(n), rules=RULES)
+    assert fired(*(obs(Signal.XID, 31, 2000.0, gpu_ref=g) for g in known), state=state) == ["mmu-31"] * 8
+    assert {g.key for g in known} <= state.gpu_keys()
+
+
+def test_an_overflowed_fault_is_raised_once_and_names_the_address_it_came_from():
+    state = EngineState(unknown_gpu_keys=1)
+    fired(obs(Signal.XID, 31, 0.0, gpu_ref=at_pci(1)), state=state)
+    [verdict] = [v for v in evaluate(obs(Signal.XID, 31, 1.0, gpu_ref=at_pci(2)), state, 1.0, rules=RULES)]
+    assert (verdict.gpu_key, verdict.gpu, verdict.evidence["overflow_of"]) == (OVERFLOW_GPU_KEY, None,
+                                                                               at_pci(2).key)
+    assert fired(obs(Signal.XID, 31, 2.0, gpu_ref=at_pci(3)), state=state) == []
+
+
+def test_forgotten_state_frees_its_place_for_another_address():
+    state = EngineState(unknown_gpu_keys=1)
+    fired(obs(Signal.XID, 31, 0.0, gpu_ref=at_pci(1)), state=state)
+    tick(state, 100.0, rules=RULES)
+    tick(state, 10_000.0, rules=RULES)
+    assert state.gpu_keys() == frozenset()
+    assert fired(obs(Signal.XID, 31, 10_001.0, gpu_ref=at_pci(2)), state=state) == ["mmu-31"]
+
+
+def test_xid_45_shortly_after_another_xid_on_the_same_gpu_follows_it():
+    state = EngineState()
+    fired(obs(Signal.XID, 31, 100.0), state=state)
+    [verdict] = evaluate(obs(Signal.XID, 45, 102.0), state, 102.0, rules=RULES)
+    assert verdict.rule_id == "xid-45-follows"
+    assert verdict.summary.startswith("Xid 45 after Xid 31")
+    assert verdict.evidence["prior_xid_age_seconds"] == 2.0
+
+
+def test_xid_45_alone_is_solo_whatever_its_message_says():
+    assert fired(obs(Signal.XID, 45, 5.0, caused_by=31, message="caused by Xid 31")) == ["xid-45-solo"]
+
+
+def test_xid_45_after_an_xid_on_another_gpu_is_solo():
+    state = EngineState()
+    fired(obs(Signal.XID, 31, 100.0, gpu_ref=at_pci(1)), state=state)
+    assert fired(obs(Signal.XID, 45, 101.0, gpu_ref=at_pci(2)), state=state) == ["xid-45-solo"]
+
+
+def test_xid_45_long_after_the_last_xid_is_solo():
+    state = EngineState()
+    fired(obs(Signal.XID, 31, 100.0), state=state)
+    assert fired(obs(Signal.XID, 45, 100.0 + 60), state=state) == ["xid-45-solo"]
+
+
+def test_a_repeated_xid_45_still_follows_the_xid_before_it():
+    state = EngineState()
+    fired(obs(Signal.XID, 31, 100.0), state=state)
+    fired(obs(Signal.XID, 45, 100.5), state=state)
+    tick(state, 200.0, rules=RULES)
+    assert fired(obs(Signal.XID, 31, 300.0), obs(Signal.XID, 45, 300.2), obs(Signal.XID, 45, 300.4),
+                 state=state) == ["mmu-31", "xid-45-follows"]
+
+
+def test_a_level_reading_that_no_longer_matches_resets_its_rule():
+    state = EngineState()
+    fired(obs(Signal.TEMPERATURE, 95, 0.0), state=state)
+    fired(obs(Signal.TEMPERATURE, 50, 5.0), state=state)
+    assert state.rules[(gpu().key, "hot")].last_nonmatch == 5.0
