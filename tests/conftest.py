@@ -82,3 +82,63 @@ def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     fake.write(eight_gpus())
     monkeypatch.setenv("FAKE_NVML_STATE", str(fake.path))
     return fake
+
+
+# ---- the real control plane (tests/realcluster): started by the first test that asks for it ----
+_CONTROL_PLANES: list = []
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory):
+    """etcd, kube-apiserver, controller manager, scheduler and kwok on 127.0.0.1, for the whole session."""
+    from tests.realcluster.controlplane import ControlPlane, ControlPlaneError
+    plane = ControlPlane(tmp_path_factory.mktemp("controlplane"))
+    _CONTROL_PLANES.append(plane)
+    try:
+        plane.start()
+    except ControlPlaneError as exc:
+        plane.stop()
+        pytest.fail(f"the real control plane did not start: {exc}", pytrace=False)
+    print(f"\ncontrol plane up in {plane.started_seconds:.1f} s at {plane.url}, logs in {plane.logs}")
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_control_plane():
+    """What a test made on the real control plane is deleted after it (a no-op until it is started)."""
+    yield
+    for plane in _CONTROL_PLANES:
+        if plane.url:
+            plane.reset()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _CONTROL_PLANES and _CONTROL_PLANES[0].url:
+        report.sections.append(("control plane logs", _CONTROL_PLANES[0].log_tails()))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`k8s_backend` runs a test against the fake API server and the real control plane, unless the test
+    is marked fake_only (it drives the fake's fault injection, which a real server has no switch for)."""
+    if "k8s_backend" in metafunc.fixturenames:
+        backends = ["fake"] if metafunc.definition.get_closest_marker("fake_only") else ["fake", "real"]
+        metafunc.parametrize("k8s_backend", backends, indirect=True)
+
+
+@pytest.fixture
+def k8s_backend(request: pytest.FixtureRequest):
+    """(cluster, server) for tests/k8s_helpers.make_agent: FakeCluster and FakeApiServer, or their
+    real-control-plane counterparts (tests/realcluster/backend.py)."""
+    if request.param == "fake":
+        from tests.k8s_helpers import start_cluster
+        cluster, server = start_cluster()
+    else:
+        from tests.realcluster.backend import RealCluster, RealServer
+        plane = request.getfixturevalue("control_plane")
+        cluster, server = RealCluster(plane), RealServer(plane)
+    yield cluster, server
+    server.stop()

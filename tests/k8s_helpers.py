@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 from agent.engine import builtin_rules_dir, load_rules
 from agent.fakecluster import FakeApiServer, FakeCluster, populate
@@ -49,13 +50,31 @@ def start_cluster() -> tuple[FakeCluster, FakeApiServer]:
     return cluster, FakeApiServer(cluster).start()
 
 
-def make_agent(cluster: FakeCluster, server: FakeApiServer, inventory: NodeInventory, *,
+def populate_any(cluster: Any, inventory: NodeInventory) -> None:
+    """The node and its pods, in a FakeCluster or on the real control plane (tests/realcluster/backend.py)."""
+    if isinstance(cluster, FakeCluster):
+        populate(cluster, inventory)
+    else:
+        cluster.populate(inventory)
+
+
+def agent_client(server: Any, node_name: str) -> Any:
+    """The agent's ApiClient: anonymous on the fake; its own ServiceAccount token on the real server."""
+    return client_for(server.url) if isinstance(server, FakeApiServer) else server.agent_client(node_name)
+
+
+def operator_client(server: Any) -> Any:
+    """A cluster operator's ApiClient (what `gpu-health-agent release` runs with)."""
+    return client_for(server.url) if isinstance(server, FakeApiServer) else server.operator_client()
+
+
+def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                mode: Mode = Mode.REMEDIATE, populate_node: bool = True, max_nodes: int = 1,
                max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
                restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2) -> Agent:
     if populate_node:
-        populate(cluster, inventory)
-    apis = Apis.of(client_for(server.url))
+        populate_any(cluster, inventory)
+    apis = Apis.of(agent_client(server, inventory.name))
     writer = NodeWriter(apis.core, inventory.name, taint_key=TAINT)
     evictor = Evictor(apis.core, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,

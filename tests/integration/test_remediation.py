@@ -4,9 +4,10 @@ import pytest
 
 from agent.fakecluster.server import RESOURCES
 from agent.k8s import retry
+from agent.k8s.node import AGENT_CONDITIONS
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
-from tests.k8s_helpers import TAINT, gpu_node, make_agent, start_cluster
+from tests.k8s_helpers import TAINT, gpu_node, make_agent, operator_client
 
 
 @pytest.fixture(autouse=True)
@@ -16,10 +17,9 @@ def no_retry_sleep(monkeypatch):
 
 
 @pytest.fixture
-def fake():
-    cluster, server = start_cluster()
-    yield cluster, server
-    server.stop()
+def fake(k8s_backend):
+    """The fake API server, and the real control plane (tests/conftest.py k8s_backend)."""
+    return k8s_backend
 
 
 def resource(plural):
@@ -31,7 +31,7 @@ def results(outcome):
 
 
 def our_conditions(node):
-    return {c["type"]: c for c in node["status"]["conditions"] if c["type"] != "Ready"}
+    return {c["type"]: c for c in node["status"]["conditions"] if c["type"] in AGENT_CONDITIONS}
 
 
 def test_a_fatal_fault_taints_conditions_and_evicts_exactly_the_pod_on_that_gpu(fake):
@@ -116,6 +116,7 @@ def test_recovery_clears_the_agents_marks_and_nothing_else(fake):
     assert our_conditions(node)["GpuFatalFault"]["status"] == "False"
 
 
+@pytest.mark.fake_only
 def test_every_first_write_answered_409_still_lands(fake):
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"))
@@ -127,6 +128,7 @@ def test_every_first_write_answered_409_still_lands(fake):
     assert any(code == 409 for _, _, code in cluster.log)
 
 
+@pytest.mark.fake_only
 def test_an_api_server_that_is_down_fails_the_steps_and_they_land_when_it_is_back(fake):
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"), retry_seconds=5)
@@ -175,6 +177,7 @@ def test_a_restart_mid_remediation_repeats_no_eviction(fake):
     assert not any(a.step.kind is StepKind.EVICT for a in restarted.pipeline.tick(100.0).actions)
 
 
+@pytest.mark.fake_only
 def test_a_healthy_node_writes_nothing(fake):
     cluster, server = fake
     inventory = gpu_node("n1")
@@ -246,7 +249,6 @@ def test_quarantine_mode_taints_without_evicting(fake):
 
 
 def test_a_replacement_is_released_only_by_an_operator(fake):
-    from agent.k8s.client import client_for
     from agent.k8s.cluster import request_release
     cluster, server = fake
     inventory = gpu_node("n1")
@@ -255,7 +257,7 @@ def test_a_replacement_is_released_only_by_an_operator(fake):
     node = cluster.node("n1")
     assert node["metadata"]["labels"]["gpu-health-agent.io/needs-replacement"] == "true"
     assert agent.pipeline.tick(10**6).verdicts == []
-    request_release(client_for(server.url), "n1", "GPU-n1-0005")
+    request_release(operator_client(server), "n1", "GPU-n1-0005")
     for observation in agent.side.sync(20.0):
         agent.pipeline.handle(observation, 20.0)
     node = cluster.node("n1")
@@ -328,6 +330,7 @@ def test_verified_recoveries_are_remembered_across_a_restart(fake):
     assert restarted.fault(2, xid=48, at=3000.0).verdicts[0].action == "replace_gpu"
 
 
+@pytest.mark.fake_only
 def test_an_agent_started_while_the_api_is_down_reads_its_node_once_it_is_back(fake, tmp_path):
     from prometheus_client import CollectorRegistry
 

@@ -1,0 +1,78 @@
+"""daemonset/rbac.yaml derived from use: what the agent's token did in a whole remediation, per the audit log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.k8s import retry
+from agent.k8s.cluster import request_release
+from agent.model import Observation, Signal
+from tests.k8s_helpers import TAINT, gpu_node, make_agent
+from tests.realcluster.backend import RealCluster, RealServer
+from tests.realcluster.controlplane import REPO, ControlPlane, audit_events
+
+RBAC = REPO / "daemonset" / "rbac.yaml"
+Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+
+@pytest.fixture(autouse=True)
+def no_retry_sleep(monkeypatch):
+    monkeypatch.setattr(retry, "WAIT", False)
+    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
+
+
+def granted(path: Path = RBAC) -> set[Permission]:
+    """Every (group, resource, verb) the shipped ClusterRole and Role grant."""
+    grants = set()
+    for document in yaml.safe_load_all(path.read_text()):
+        if document and document["kind"] in {"ClusterRole", "Role"}:
+            for rule in document["rules"]:
+                grants |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return grants
+
+
+def used(events: list[dict]) -> set[Permission]:
+    permissions = set()
+    for event in events:
+        ref = event.get("objectRef") or {}
+        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        permissions.add((ref.get("apiGroup", ""), resource, event["verb"]))
+    return permissions
+
+
+def remediate_once(plane: ControlPlane) -> None:
+    """Fault -> condition, taint, eviction, events, budget slot; an operator's release; recovery -> clear."""
+    cluster, server = RealCluster(plane), RealServer(plane)
+    name = plane.unique("rbac")
+    inventory = gpu_node(name)
+    agent = make_agent(cluster, server, inventory, restore=True)  # reads its node as after a restart
+    agent.side.pods.pods()
+    agent.pipeline.handle(Observation(Signal.TEMPERATURE, 95, 1.0, "nvml", inventory.gpus[2],
+                                      {"shutdown_c": 92, "slowdown_c": 90}), 1.0)
+    for _ in range(2):  # the second is folded into the first Event's series
+        agent.actuator.events.record(regarding={"kind": "Node", "apiVersion": "v1", "name": name},
+                                     reason="GpuWarning", action="Record", note="same")
+    agent.pipeline.handle(Observation(Signal.ROW_REMAP_FAILURE, 1, 2.0, "nvml", inventory.gpus[5]), 2.0)
+    request_release(server.operator_client(), name, inventory.gpus[5].uuid)
+    for observation in agent.side.sync(3.0):
+        agent.pipeline.handle(observation, 3.0)
+    agent.pipeline.handle(Observation(Signal.TEMPERATURE, 70, 4.0, "nvml", inventory.gpus[2],
+                                      {"shutdown_c": 92, "slowdown_c": 90}), 4.0)
+    assert agent.pipeline.tick(700.0).verdicts
+    assert TAINT not in {t["key"] for t in cluster.node(name)["spec"].get("taints") or []}
+    server.stop()
+
+
+def test_the_agent_uses_exactly_what_rbac_grants(control_plane):
+    """Nothing used that is not granted (no 403 on the way), and nothing granted that a remediation does
+    not use: rbac.yaml is the agent's footprint, read off the API server's audit log."""
+    start = len(audit_events(control_plane.audit_log))
+    remediate_once(control_plane)
+    events = audit_events(control_plane.audit_log)[start:]
+    denied = [(e["verb"], e["requestURI"]) for e in events if e["responseStatus"]["code"] == 403]
+    assert denied == []
+    assert used(events) - granted() == set(), "used but not granted"
+    assert granted() - used(events) == set(), "granted but never used: remove it from rbac.yaml"
