@@ -47,6 +47,8 @@ RESOURCES = {
     ("", "nodes"): ("v1", False), ("", "pods"): ("v1", True), ("", "namespaces"): ("v1", False),
     ("policy", "poddisruptionbudgets"): ("v1", True), ("events.k8s.io", "events"): ("v1", True),
     ("coordination.k8s.io", "leases"): ("v1", True), ("apps", "daemonsets"): ("v1", True),
+    ("resource.k8s.io", "resourceslices"): ("v1", False), ("resource.k8s.io", "resourceclaims"): ("v1", True),
+    ("resource.k8s.io", "devicetaintrules"): ("v1", False), ("resource.k8s.io", "deviceclasses"): ("v1", False),
 }
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
