@@ -2,8 +2,9 @@
 
 The messages are decoded by hand from their protobuf wire format (k8s.io/kubelet podresources/v1:
 ListPodResourcesResponse{pod_resources=1}, PodResources{name=1, namespace=2, containers=3},
-ContainerResources{name=1, devices=2}, ContainerDevices{resource_name=1, device_ids=2}), so no code
-generator is needed.
+ContainerResources{name=1, devices=2, dynamic_resources=5}, ContainerDevices{resource_name=1, device_ids=2},
+DynamicResource{claim_name=2, claim_namespace=3, claim_resources=4},
+ClaimResource{driver_name=2, pool_name=3, device_name=4}), so no code generator is needed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ class PodDevices:
     namespace: str
     name: str
     devices: dict[str, list[str]] = field(default_factory=dict)
+    # Devices held through DRA ResourceClaims, as (driver, pool, device): a GPU allocated by a claim is
+    # not listed under `devices`, only here.
+    claimed: list[tuple[str, str, str]] = field(default_factory=list)
 
     def gpu_ids(self) -> list[str]:
         """GPU UUIDs (and MIG device UUIDs) of every container; time-sliced replicas `UUID::N` give `UUID`."""
@@ -97,8 +101,21 @@ def decode_list_response(data: bytes) -> list[PodDevices]:
                             elif d_number == 2:
                                 ids.append(_text(d_value))
                         pod.devices.setdefault(resource, []).extend(ids)
+                    elif c_number == 5 and isinstance(c_value, bytes):
+                        pod.claimed.extend(_claimed_devices(c_value))
         pods.append(pod)
     return pods
+
+
+def _claimed_devices(dynamic_resource: bytes) -> list[tuple[str, str, str]]:
+    """The (driver, pool, device) triples of one DynamicResource's ClaimResources."""
+    claimed = []
+    for number, _, value in _fields(dynamic_resource):
+        if number == 4 and isinstance(value, bytes):
+            parts = {n: _text(v) for n, _, v in _fields(value) if n in (2, 3, 4)}
+            if all(parts.get(n) for n in (2, 3, 4)):
+                claimed.append((parts[2], parts[3], parts[4]))
+    return claimed
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -123,6 +140,10 @@ def encode_list_response(pods: list[PodDevices]) -> bytes:
         for resource, ids in pod.devices.items():
             device = _field(1, resource.encode()) + b"".join(_field(2, i.encode()) for i in ids)
             containers += _field(3, _field(1, b"main") + _field(2, device))
+        for driver, pool, name in pod.claimed:
+            claim = _field(4, _field(2, driver.encode()) + _field(3, pool.encode()) + _field(4, name.encode()))
+            dynamic = _field(2, b"claim") + _field(3, pod.namespace.encode()) + claim
+            containers += _field(3, _field(1, b"main") + _field(5, dynamic))
         out += _field(1, _field(1, pod.name.encode()) + _field(2, pod.namespace.encode()) + containers)
     return out
 

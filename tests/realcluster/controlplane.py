@@ -56,6 +56,8 @@ RESOURCES = {
     ("", "nodes"): ("v1", False), ("", "pods"): ("v1", True), ("", "namespaces"): ("v1", False),
     ("policy", "poddisruptionbudgets"): ("v1", True), ("events.k8s.io", "events"): ("v1", True),
     ("coordination.k8s.io", "leases"): ("v1", True), ("apps", "daemonsets"): ("v1", True),
+    ("resource.k8s.io", "resourceslices"): ("v1", False), ("resource.k8s.io", "resourceclaims"): ("v1", True),
+    ("resource.k8s.io", "devicetaintrules"): ("v1", False), ("resource.k8s.io", "deviceclasses"): ("v1", False),
 }
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -113,6 +115,7 @@ class ControlPlane:
         self._created: list[tuple[str, str, str, str]] = []  # (group, plural, namespace, name) for reset()
         self._manifests_applied = False
         self._admin: Any = None
+        self._dra_applied = False
 
     # ---- lifecycle ----
     def start(self) -> ControlPlane:
@@ -251,6 +254,17 @@ class ControlPlane:
         # Admission policies take effect once the apiserver's policy informer has seen them.
         self._policy_enforced()
         self._manifests_applied = True
+
+    def apply_dra_manifests(self) -> None:
+        """The opt-in DRA grants and admission policy (kubectl kustomize daemonset/dra), after the base."""
+        self.apply_shipped_manifests()
+        if self._dra_applied:
+            return
+        rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset" / "dra")], check=True,
+                                  capture_output=True, text=True).stdout
+        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpu-health-tests",
+                     "-f", "-", input_text=rendered)
+        self._dra_applied = True
 
     def _policy_enforced(self) -> bool:
         """A dry-run patch by the agent's ServiceAccount (impersonated, so without a node-name claim) is denied."""
