@@ -40,7 +40,7 @@ from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kernel_log import KernelLogParser, KernelRecord
 from agent.sources.kmsg import RecordReader
 from agent.sources.nvml import NvmlSource, load_pynvml, probe_calls
-from agent.sources.scenario import ScenarioSource, builtin_names, inventory, load_scenario
+from agent.sources.scenario import ScaledClock, ScenarioSource, builtin_names, inventory, load_scenario
 
 if TYPE_CHECKING:
     from agent.simulate import SimulationReport, TimelineLine
@@ -198,10 +198,13 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
     rules = load_rules(rules_dir_of(config))
     node = None
     extra = []
+    # A sped-up scenario runs the agent on the same sped-up clock, so its windows (debounce, quiet windows
+    # before a clear) pass as fast as its observations come.
+    clock = ScaledClock(speed) if scenario and speed != 1.0 else time.time
     if scenario:
         replay = load_scenario(scenario)
         node = dataclasses.replace(inventory(replay), name=config.node_name)
-        extra.append(ScenarioSource(replay, node, speed=speed))
+        extra.append(ScenarioSource(replay, node, speed=speed, stamp=clock))
     how = "no in-cluster configuration and no kubeconfig"
     cluster = None
     stuck, budget = LateMetric(), LateMetric()
@@ -215,7 +218,7 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
                                           timeouts=Timeouts(connect=config.remediation.api_connect_timeout_seconds,
                                                             read=config.remediation.api_read_timeout_seconds))
         cluster = build_cluster_side(api_client, config, on_stuck=lambda pod: stuck(1), on_budget=budget)
-    daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra, cluster=cluster)
+    daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra, cluster=cluster, clock=clock)
     stuck.target = lambda _: daemon.metrics.evictions_stuck.inc()
     budget.target = daemon.metrics.set_budget
     server = _serve(config, daemon)

@@ -16,6 +16,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from agent.config import Config
+from agent.drill import DrillBox, drills_dir
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
@@ -88,6 +89,7 @@ def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
         return None, f"cannot open {path}: {exc.strerror} (the agent needs CAP_SYSLOG and the device mounted)"
     source = KmsgSource(path=path, admit_user_records=settings.admit_user_records, cursor=ctx.journal,
                         proc_root=Path(settings.proc_root), owners=ctx.owners,
+                        drills=DrillBox(drills_dir(ctx.config.journal_path)), node_name=ctx.config.node_name,
                         count=lambda name, amount: ctx.count("kmsg", name, amount))
     return source, ""
 

@@ -28,6 +28,10 @@ DRILL_MARK = "gpu-health-agent drill"
 TEST_MARK = "gpu-health-agent test record, not a fault"
 _DRILL_ID = re.compile(r"\[gpu-health-agent drill id=([0-9a-f]{32})\]")
 DEFAULT_TTL_SECONDS = 120.0
+#: How a drill's verdict summary starts (it is kept in the durable record, so a restarted agent knows it).
+DRILL_PREFIX = "DRILL "
+#: A drill's fault ends by itself after this long: time enough for its alert (for: 1m) to fire and be seen.
+DRILL_SECONDS = 600.0
 
 
 class DrillError(Exception):
@@ -69,7 +73,7 @@ def contain(verdict: Verdict) -> Verdict:
     drill = verdict.evidence.get("drill")
     if not drill:
         return verdict
-    summary = f"DRILL {drill} (not a fault): {verdict.summary}"
+    summary = f"{DRILL_PREFIX}{drill} (not a fault): {verdict.summary}"
     if verdict.evidence.get("drill_full") is True:
         return dataclasses.replace(verdict, summary=summary)
     action = verdict.action if verdict.action.rank <= Action.NOTIFY.rank else Action.NOTIFY

@@ -54,7 +54,7 @@ class Metrics:
             ["source", "signal"], registry=registry)
         self.verdicts = Counter(
             "gpu_health_verdicts_total", "Verdicts raised or cleared, by kind, severity, fault class and rule.",
-            ["kind", "severity", "fault_class", "rule_id"], registry=registry)
+            ["kind", "severity", "fault_class", "rule_id", "drill"], registry=registry)
         self.actions = Counter(
             "gpu_health_remediation_steps_total", "Remediation steps by kind and result.",
             ["kind", "result"], registry=registry)
@@ -128,8 +128,9 @@ class Metrics:
         children[1].set(observation.at)
 
     def judged(self, verdict: Verdict, latency_seconds: float | None) -> None:
+        drill = "true" if verdict.evidence.get("drill") or verdict.summary.startswith("DRILL ") else "false"
         self.verdicts.labels(str(verdict.kind), str(verdict.severity), str(verdict.fault_class),
-                             verdict.rule_id).inc()
+                             verdict.rule_id, drill).inc()
         if verdict.kind is VerdictKind.FAULT and verdict.severity.rank >= Severity.WARNING.rank:
             model = verdict.gpu.model if verdict.gpu and verdict.gpu.model else "unknown"
             self.faults.labels(str(verdict.fault_class), str(verdict.severity), model).inc()

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from agent.drill import DRILL_PREFIX, DRILL_SECONDS, contain
 from agent.engine import EngineState, RuleSet, evaluate, restore, tick
 from agent.journal import Journal
 from agent.metrics import Metrics
@@ -266,6 +267,7 @@ class Pipeline:
                                                    *self._orphans_quiet(now)]]
             for verdict in verdicts:
                 self._record_verdict(verdict, now, None)
+            verdicts += self._drills_ended(now)
             if verdicts:
                 self._save()
         return self._after(verdicts, now)
@@ -290,9 +292,23 @@ class Pipeline:
         verdicts += self._orphan_clears(observation, previous_boot, now)
         if observation.signal is Signal.BOOT and self.engine.boot_id:
             self.record.cursors[BOOT_CURSOR] = self.engine.boot_id
-        verdicts = [self._escalate(v) for v in verdicts]
+        # A drill's verdict is held to notify (condition, Event, metrics) unless it was a full drill.
+        verdicts = [contain(self._escalate(v)) for v in verdicts]
         for verdict in verdicts:
             self._record_verdict(verdict, now, observation.at)
+        return verdicts
+
+    def _drills_ended(self, now: float) -> list[Verdict]:
+        """A drill's fault ends by itself once its alert has had time to fire: released, that fault only."""
+        verdicts: list[Verdict] = []
+        for (gpu_key, rule_id), fault in list(self.record.faults.items()):
+            state = self.engine.rules.get((gpu_key, rule_id))
+            if state is not None and state.occurrences > 1:
+                continue  # the same fault came again during the drill: it is real, an operator releases it
+            if fault.summary.startswith(DRILL_PREFIX) and now - fault.since >= DRILL_SECONDS:
+                end = Observation(Signal.OPERATOR_RELEASE, 1, now, "drill", fault.gpu,
+                                  frozen_attrs({"by": "the end of the drill", "rule": rule_id}))
+                verdicts += self._classify(end, now)
         return verdicts
 
     def _acknowledge(self, observation: Observation) -> bool:

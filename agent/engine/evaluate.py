@@ -243,27 +243,28 @@ def _lifecycle(obs: Observation, state: EngineState, now: float, rules: RuleSet)
         previous, state.boot_id = state.boot_id, boot_id
         if not previous or previous == boot_id:
             return []
-        return _clear_where(state, now, rules, "new boot", lambda key, kind: kind in {"boot", "reset"})
+        return _clear_where(state, now, rules, "new boot", lambda key, kind, rule_id: kind in {"boot", "reset"})
     if obs.signal is Signal.GPU_RESET:
         if not obs.value:
             return []
         target = obs.gpu_key
         return _clear_where(state, now, rules, "verified GPU reset",
-                            lambda key, kind: key == target and kind == "reset")
+                            lambda key, kind, rule_id: key == target and kind == "reset")
     target = obs.gpu_key
+    only = str(obs.attrs.get("rule", ""))  # a release of one fault (a drill's end), not of the whole GPU
     return _clear_where(state, now, rules, f"released by {obs.attrs.get('by', 'operator')}",
-                        lambda key, kind: target in {NODE_KEY, key})
+                        lambda key, kind, rule_id: target in {NODE_KEY, key} and only in {"", rule_id})
 
 
 def _clear_where(
-    state: EngineState, now: float, rules: RuleSet, why: str, applies: Callable[[str, str], bool]
+    state: EngineState, now: float, rules: RuleSet, why: str, applies: Callable[[str, str, str], bool]
 ) -> list[Verdict]:
     verdicts = []
     for (gpu_key, rule_id), st in state.rules.items():
         rule = rules.get(rule_id)
         if not st.active or rule is None:
             continue
-        if applies(gpu_key, rule.recovery.kind):
+        if applies(gpu_key, rule.recovery.kind, rule_id):
             verdicts.append(_clear(rule, gpu_key, st, now, why))
     return verdicts
 

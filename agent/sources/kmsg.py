@@ -21,6 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+from agent.drill import DrillBox, DrillRequest, marked
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs, normalise_pci
 from agent.sources.attribution import PodAttribution, parse_cgroup, workload_key
 from agent.sources.base import Emit
@@ -102,7 +103,8 @@ class KernelLogProcessor:
 
     def __init__(self, *, admit_user_records: bool = False, proc_root: Path = Path("/proc"),
                  dedup_seconds: float = 1.0, count: Count = _no_count, source: str = "kmsg",
-                 parser: KernelLogParser | None = None, owners: Owners = _no_owners) -> None:
+                 parser: KernelLogParser | None = None, owners: Owners = _no_owners,
+                 drills: DrillBox | None = None, node_name: str = "") -> None:
         self.parser = parser or KernelLogParser()
         self.dedup = Deduplicator(window_seconds=dedup_seconds)
         self.admit_user_records = admit_user_records
@@ -111,6 +113,9 @@ class KernelLogProcessor:
         self.count = count
         self.source = source
         self.owners = owners
+        #: Fire drills (agent.drill): the one kind of user-space record admitted, with a root-owned request.
+        self.drills = drills
+        self.node_name = node_name
         self.stats = KmsgStats()
         self._pods: dict[int, tuple[float, PodAttribution | None]] = {}
         self._gpus: dict[str, GpuRef] = {}
@@ -139,9 +144,12 @@ class KernelLogProcessor:
 
     def _driver_line(self, line: str, now: float, line_no: int) -> list[Observation]:
         if not self.admit_user_records and _from_user_space(line):
-            self.stats.forged += 1
-            self.count("forged", 1)
-            return self.dedup.flush(now)
+            request = self.drills.admit(line, node=self.node_name, now=time.time()) if self.drills else None
+            if request is None:
+                self.stats.forged += 1
+                self.count("forged", 1)
+                return self.dedup.flush(now)
+            return self._drill(line, request, now, line_no)
         record = self.parser.feed(line, line_no)
         if record is None or record.kind not in _RECORD_SIGNALS:
             return self.dedup.flush(now)
@@ -152,6 +160,14 @@ class KernelLogProcessor:
         if self.dedup.repeat(key, now):
             return []
         return self.dedup.offer(key, self.observation_of(record, now), now)
+
+    def _drill(self, line: str, request: DrillRequest, now: float, line_no: int) -> list[Observation]:
+        """An admitted drill record: parsed like the driver's, marked as a drill, never deduplicated away."""
+        record = self.parser.feed(line, line_no)
+        if record is None or record.kind != "xid":
+            return self.dedup.flush(now)
+        self.stats.records += 1
+        return [*self.dedup.flush(now), marked(self.observation_of(record, now), request)]
 
     def flush(self, now: float, *, force: bool = False) -> list[Observation]:
         return self.dedup.flush(now, force=force)
@@ -259,6 +275,8 @@ class KmsgSource:
         boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id"),
         proc_root: Path = Path("/proc"),
         owners: Owners = _no_owners,
+        drills: DrillBox | None = None,
+        node_name: str = "",
         count: Count = _no_count,
         clock: Callable[[], float] = time.time,
         dedup_seconds: float = 1.0,
@@ -272,7 +290,7 @@ class KmsgSource:
         self.wake_seconds = wake_seconds
         self.processor = KernelLogProcessor(admit_user_records=admit_user_records, proc_root=proc_root,
                                             dedup_seconds=dedup_seconds, count=count, source=self.name,
-                                            owners=owners)
+                                            owners=owners, drills=drills, node_name=node_name)
         self.ready = threading.Event()
 
     @property

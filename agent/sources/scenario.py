@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -176,17 +177,31 @@ def load_scenario(name_or_path: str) -> Scenario:
     return parse_scenario(text, origin=name_or_path)
 
 
+class ScaledClock:
+    """Wall-clock time that runs `speed` times faster from the moment it is made (for `run --speed`)."""
+
+    def __init__(self, speed: float, clock: Callable[[], float] = time.time) -> None:
+        self.speed = speed
+        self._clock = clock
+        self._origin = clock()
+
+    def __call__(self) -> float:
+        return self._origin + (self._clock() - self._origin) * self.speed
+
+
 class ScenarioSource:
     """Replays a scenario in real time (optionally sped up), for injection tests of a running agent."""
 
     name = "scenario"
 
     def __init__(self, scenario: Scenario, node: NodeInventory, *, speed: float = 1.0,
-                 clock: Any = time.time) -> None:
+                 clock: Any = time.time, stamp: Any = None) -> None:
         self.scenario = scenario
         self.node = node
         self.speed = speed
         self.clock = clock
+        #: The time each observation carries: the agent's clock (a ScaledClock when sped up).
+        self.stamp = stamp or clock
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
         start = self.clock()
@@ -197,4 +212,4 @@ class ScenarioSource:
             if stop.wait(max(0.0, due - self.clock())):
                 return
             obs = timed.observation
-            emit(Observation(obs.signal, obs.value, self.clock(), obs.source, obs.gpu, obs.attrs, obs.count))
+            emit(Observation(obs.signal, obs.value, self.stamp(), obs.source, obs.gpu, obs.attrs, obs.count))

@@ -204,3 +204,46 @@ def test_kmsg_parse_of_dev_kmsg_reads_the_buffer_and_stops():
     assert result.exit_code == 0
     assert nonce in result.stdout
     assert "stopped at the end of the buffer (not following)" in result.stderr
+
+
+@pytest.mark.root
+@needs_root_kmsg
+def test_a_drill_goes_end_to_end_through_the_real_kernel_log_and_ends_by_itself(tmp_path: Path):
+    """`gpu-health-agent drill` against a running agent on the real /dev/kmsg: the agent admits it, the
+    verdict is fatal but held at notify and says DRILL, nothing is tainted, and the fault ends by itself."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import load_config
+    from agent.daemon import Daemon
+    from agent.drill import DRILL_SECONDS
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.model import StepKind
+
+    settings = tmp_path / "config.yaml"
+    settings.write_text(f"node_name: {NODE}\njournal_path: {tmp_path / 'j.db'}\n"
+                        "sources: {kmsg: {enabled: 'on'}, nvml: {enabled: 'off'}, dcgm: {enabled: 'off'}}\n")
+    config = load_config(settings, env={})
+    daemon = Daemon(config, rules=load_rules(builtin_rules_dir()), registry=CollectorRegistry())
+    stop = threading.Event()
+    runner = threading.Thread(target=daemon.run, args=(stop,))
+    runner.start()
+    try:
+        assert wait_for(daemon.sources[0].ready.is_set)
+        result = CliRunner().invoke(main, ["drill", "--pci", "0000:3b:00", "--xid", "79", "--wait", "10",
+                                           "--config", str(settings)])
+        assert result.exit_code == 0, result.output
+        assert "admitted: drill" in result.stdout
+        assert wait_for(lambda: "fatal" in daemon.pipeline.gpu_statuses().values())
+        [fault] = daemon.pipeline.record.faults.values()
+        assert fault.summary.startswith("DRILL ") and fault.action is Action.NOTIFY
+        assert daemon.metrics.registry.get_sample_value("gpu_health_verdicts_total", {
+            "kind": "fault", "severity": "fatal", "fault_class": "hardware", "rule_id": "xid-79", "drill": "true"}) == 1
+        daemon.pipeline.reconcile(fault.since + 1)
+        kinds = {entry.get("step", {}).get("kind") for entry in daemon.journal.history() if entry["type"] == "action"}
+        assert kinds.isdisjoint({str(StepKind.TAINT), str(StepKind.EVICT), str(StepKind.REBOOT_REQUEST)})
+        ended = daemon.pipeline.tick(fault.since + DRILL_SECONDS)
+        assert [str(v.kind) for v in ended.verdicts] == ["cleared"]
+        assert daemon.pipeline.record.faults == {}
+    finally:
+        stop.set()
+        runner.join(10)

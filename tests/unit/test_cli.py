@@ -7,6 +7,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from agent.cli import main
+from agent.journal import Journal
 from tests.conftest import FIXTURES
 
 
@@ -306,3 +307,19 @@ def test_simulate_reports_a_skipped_step_once_per_fault():
     skipped = [line for line in output.splitlines() if ": skipped" in line]
     assert len(skipped) == len(set(skipped))
     assert "repeat(s) of a step already reported as skipped are not shown" in output
+
+
+def test_a_sped_up_scenario_runs_its_recovery_window_at_the_same_speed(tmp_path: Path):
+    """`run --scenario recovery --speed 1000`: the 10-minute quiet window passes in under a second, so the
+    fault the scenario raises is also cleared within a few seconds of wall time."""
+    env = {"GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db"), "GPU_HEALTH_HTTP__HOST": "127.0.0.1",
+           "GPU_HEALTH_SOURCES__KMSG__ENABLED": "off", "GPU_HEALTH_SOURCES__NVML__ENABLED": "off",
+           "GPU_HEALTH_SOURCES__DCGM__ENABLED": "off", "NODE_NAME": "cli-node", "HOME": str(tmp_path),
+           "KUBECONFIG": None, "KUBERNETES_SERVICE_HOST": None, "KUBERNETES_SERVICE_PORT": None}
+    result = CliRunner().invoke(main, ["run", "--port", "0", "--duration", "4", "--scenario", "recovery",
+                                       "--speed", "1000"], env=env)
+    assert result.exit_code == 0, result.output
+    journal = Journal(tmp_path / "j.db")
+    kinds = [entry["kind"] for entry in journal.history() if entry["type"] == "verdict"]
+    journal.close()
+    assert kinds == ["fault", "cleared"]

@@ -41,7 +41,7 @@ def test_metrics_count_observations_verdicts_and_steps(shipped_rules):
     value = registry.get_sample_value
     assert value("gpu_health_observations_total", {"source": "kmsg", "signal": "xid"}) == 1
     assert value("gpu_health_verdicts_total", {"kind": "fault", "severity": "fatal", "fault_class": "hardware",
-                                               "rule_id": "xid-79"}) == 1
+                                               "rule_id": "xid-79", "drill": "false"}) == 1
     assert value("gpu_health_remediation_steps_total", {"kind": "taint", "result": "planned"}) == 1
     assert value("gpu_health_gpu_status", {"gpu": gpu(0).key, "status": "fatal"}) == 1
     assert value("gpu_health_detection_latency_seconds_count") == 1
@@ -110,3 +110,19 @@ def test_local_mode_remembers_what_it_planned_across_a_restart(shipped_rules, tm
     second = pipeline(shipped_rules, Journal(tmp_path / "j.db"))
     assert second.node.tainted
     assert second.tick(100.0).actions == []
+
+
+def test_a_drill_fault_ends_by_itself_but_one_that_came_again_is_kept(shipped_rules, tmp_path: Path):
+    """The drill's fault is released after DRILL_SECONDS; if the same Xid came again meanwhile it is real."""
+    from agent.drill import DRILL_SECONDS, DrillBox, marked, new_request
+
+    box = DrillBox(tmp_path / "drills")
+    for again in (False, True):
+        p = pipeline(shipped_rules)
+        request = box.file(new_request(node="node-1", pci=gpu(1).pci_bus_id, xid=79, full=False,
+                                       requested_by="oncall", now=0.0))
+        p.handle(marked(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(1)), request), 1.0)
+        if again:
+            p.handle(obs(Signal.XID, 79, 5.0, gpu_ref=gpu(1)), 5.0)
+        p.tick(1.0 + DRILL_SECONDS)
+        assert p.gpu_statuses()[gpu(1).key] == ("fatal" if again else "healthy")
