@@ -32,6 +32,7 @@ from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_bindings import BindingsReader, import_bindings
 from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kmsg import KmsgSource
+from agent.sources.node_memory import JsonFileMemory
 from agent.sources.nvml import NvmlSource, load_pynvml
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
+#: What the NVML source remembers across restarts and reboots, in the state directory.
+NVML_MEMORY_FILE = "nvml-memory.json"
 #: Observations the backlog holds before it folds repeats (new kinds are admitted up to twice this).
 BACKLOG_CAPACITY = 10_000
 #: SIGTERM to exit: the DaemonSet grants 30 s; everything not yet applied is in the journal for the next agent.
@@ -107,7 +110,10 @@ def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
         probe.caller.close()
         return None, f"NVML unavailable: {exc}"
     probe.stop()
-    return NvmlSource(nvml, poll_seconds=settings.poll_seconds,
+    # The node's GPUs and the NVLinks seen up, kept beside the journal: after a reboot a GPU the node had is
+    # known to be missing, and a link down is judged against the links it had.
+    memory = JsonFileMemory(Path(ctx.config.journal_path).parent / NVML_MEMORY_FILE)
+    return NvmlSource(nvml, poll_seconds=settings.poll_seconds, memory=memory,
                       call_timeout_seconds=settings.call_timeout_seconds), ""
 
 

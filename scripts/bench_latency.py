@@ -3,9 +3,11 @@
 the API (p50, p99 over >= 200 faults), and the API requests a healthy node makes per hour.
 
 The whole agent runs in this process: the kmsg source tails a pipe standing in for /dev/kmsg, NVML is the
-fake library (8 GPUs), and the Kubernetes actuators talk over HTTP to the fake API server.
-Targets (issue 8): p99 <= 100 ms; 0 writes per healthy node per hour.
-Usage: scripts/bench_latency.py [FAULTS] [HEALTHY_SECONDS]
+fake library (8 GPUs), and the Kubernetes actuators talk over HTTP to the fake API server, or with `--real`
+over HTTPS to the real control plane of tests/realcluster (kube-apiserver 1.37.2, etcd, kwok; built by
+scripts/build-controlplane), with the agent's own ServiceAccount token under the shipped RBAC and policy.
+Targets: p99 <= 50 ms; 0 writes per healthy node per hour.
+Usage: scripts/bench_latency.py [--real] [FAULTS] [HEALTHY_SECONDS]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -38,9 +41,69 @@ from tests.conftest import eight_gpus  # noqa: E402
 NODE = "bench-node"
 
 
+class FakeBackend:
+    """The fake API server in this process: the node as the agent's writes leave it, its request log."""
+
+    name = "fake API server"
+
+    def __init__(self, inventory: NodeInventory) -> None:
+        self.cluster = FakeCluster()
+        populate(self.cluster, inventory)
+        self.server = FakeApiServer(self.cluster).start()
+        self.agent_client = client_for(self.server.url)
+
+    def node(self) -> dict[str, Any]:
+        return self.cluster.node(NODE)
+
+    def counts(self) -> tuple[int, int]:
+        return self.cluster.faults.requests, self.cluster.faults.writes
+
+    def calls_since(self, start: int) -> list[str]:
+        return [f"{method} {path}" for method, path, _ in self.cluster.log[start:]]
+
+    def mark(self) -> int:
+        return len(self.cluster.log)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class RealBackend:
+    """The real control plane, started in a temporary directory; the agent uses its own token."""
+
+    name = "real kube-apiserver 1.37.2"
+
+    def __init__(self, inventory: NodeInventory, folder: Path) -> None:
+        from tests.realcluster.backend import RealCluster, RealServer  # noqa: PLC0415 - only with --real
+        from tests.realcluster.controlplane import ControlPlane  # noqa: PLC0415
+        self.plane = ControlPlane(folder / "controlplane").start()
+        self.plane.apply_shipped_manifests()
+        self.cluster = RealCluster(self.plane)
+        self.cluster.populate(inventory)
+        self.agent_client = RealServer(self.plane).agent_client(NODE)
+
+    def node(self) -> dict[str, Any]:
+        return self.cluster.node(NODE)
+
+    def counts(self) -> tuple[int, int]:
+        log = self.cluster.log
+        return len(log), sum(1 for verb, _, _ in log if verb in {"create", "update", "patch", "delete"})
+
+    def calls_since(self, start: int) -> list[str]:
+        return [f"{verb} {path}" for verb, path, _ in self.cluster.log[start:]]
+
+    def mark(self) -> int:
+        return len(self.cluster.log)
+
+    def stop(self) -> None:
+        self.plane.stop()
+
+
 def main() -> None:
-    faults = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-    healthy_seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+    args = [a for a in sys.argv[1:] if a != "--real"]
+    real = "--real" in sys.argv[1:]
+    faults = int(args[0]) if args else 200
+    healthy_seconds = float(args[1]) if len(args) > 1 else 60.0
     configure_logging("error")
     folder = Path(tempfile.mkdtemp())
     state = folder / "nvml.json"
@@ -53,14 +116,13 @@ def main() -> None:
 
     gpus = [g for g in eight_gpus()["gpus"]]  # type: ignore[union-attr]
     pods = tuple(PodRef("ml", f"trainer-{i}", f"u{i}", (str(g["uuid"]),)) for i, g in enumerate(gpus))
-    cluster = FakeCluster()
-    populate(cluster, NodeInventory(NODE, (), pods))
-    server = FakeApiServer(cluster).start()
+    inventory = NodeInventory(NODE, (), pods)
+    backend = RealBackend(inventory, folder) if real else FakeBackend(inventory)
     env = {"NODE_NAME": NODE, "GPU_HEALTH_JOURNAL_PATH": str(folder / "j.db"), "GPU_HEALTH_MODE": "quarantine",
            "GPU_HEALTH_SOURCES__KMSG__PATH": str(kmsg), "GPU_HEALTH_SOURCES__KMSG__ADMIT_USER_RECORDS": "true",
            "GPU_HEALTH_SOURCES__DCGM__ENABLED": "off", "GPU_HEALTH_TICK_SECONDS": "0.2"}
     config = load_config(None, env=env)
-    side = build_cluster_side(client_for(server.url), config, on_stuck=lambda pod: None)
+    side = build_cluster_side(backend.agent_client, config, on_stuck=lambda pod: None)
     daemon = Daemon(config, rules=load_rules(builtin_rules_dir()), registry=CollectorRegistry(), cluster=side)
     stop = threading.Event()
     thread = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
@@ -73,7 +135,7 @@ def main() -> None:
         bus = str(gpu["pci"]).split(":", 1)[1][:5].lower()
         started = time.perf_counter()
         os.write(writer, f"4,{n + 1},{n},-;NVRM: Xid (PCI:0000:{bus}): 79, pid=1, name=x, fault {n}\n".encode())
-        while not cluster.node(NODE)["spec"].get("taints"):
+        while not backend.node()["spec"].get("taints"):
             if time.perf_counter() - started > 5:
                 break
             time.sleep(0.0005)
@@ -81,30 +143,31 @@ def main() -> None:
             delays.append(time.perf_counter() - started)
         daemon.emit(Observation(Signal.OPERATOR_RELEASE, 1, time.time(), "bench"))
         deadline = time.perf_counter() + 5
-        while cluster.node(NODE)["spec"].get("taints") and time.perf_counter() < deadline:
+        while backend.node()["spec"].get("taints") and time.perf_counter() < deadline:
             time.sleep(0.001)
     delays.sort()
     p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
-    print(f"kernel-log fault -> taint visible through the API: p50 {statistics.median(delays) * 1e3:.1f} ms, "
+    print(f"{backend.name}: kernel-log fault -> taint visible through the API: p50 {statistics.median(delays) * 1e3:.1f} ms, "
           f"p99 {p99 * 1e3:.1f} ms, max {delays[-1] * 1e3:.1f} ms over {len(delays)} of {faults} faults")
 
     time.sleep(5.0)  # let the last recovery finish (untaint, conditions, state annotation, budget slot)
-    log_start = len(cluster.log)
-    requests0, writes0 = cluster.faults.requests, cluster.faults.writes
+    log_start = backend.mark()
+    requests0, writes0 = backend.counts()
     time.sleep(healthy_seconds)
     per_hour = 3600 / healthy_seconds
-    print(f"healthy node: {(cluster.faults.requests - requests0) * per_hour:.0f} API requests per hour, "
-          f"{(cluster.faults.writes - writes0) * per_hour:.0f} writes per hour "
+    requests1, writes1 = backend.counts()
+    print(f"healthy node: {(requests1 - requests0) * per_hour:.0f} API requests per hour, "
+          f"{(writes1 - writes0) * per_hour:.0f} writes per hour "
           f"(measured over {healthy_seconds:.0f} s; reads are the node sync every "
           f"{config.remediation.node_sync_seconds:g} s)")
     calls: dict[str, int] = {}
-    for method, path, _ in cluster.log[log_start:]:
-        calls[f"{method} {path}"] = calls.get(f"{method} {path}", 0) + 1
+    for call in backend.calls_since(log_start):
+        calls[call] = calls.get(call, 0) + 1
     for call, count in sorted(calls.items()):
         print(f"  {count:4d} x {call}")
     stop.set()
     thread.join(10)
-    server.stop()
+    backend.stop()
 
 
 if __name__ == "__main__":

@@ -173,3 +173,21 @@ def test_a_link_seen_up_before_a_restart_and_down_after_it_is_down(fake_nvml):
         assert (down.value, down.attrs["links"]) == (1, "3")
     finally:
         after.stop()
+
+
+def test_the_agents_nvml_source_remembers_the_node_in_its_state_directory(fake_nvml, tmp_path):
+    """The daemon gives NVML a memory beside the journal (the hostPath), so "GPU missing" survives a reboot."""
+    from agent.config import load_config
+    from agent.daemon import SourceContext, discover_sources
+    from agent.journal import Journal
+
+    config = load_config(None, env={"NODE_NAME": "n", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "state" / "j.db"),
+                                    "GPU_HEALTH_SOURCES__KMSG__ENABLED": "off",
+                                    "GPU_HEALTH_SOURCES__DCGM__ENABLED": "off"})
+    journal = Journal(config.journal_path)
+    [probe] = [p for p in discover_sources(SourceContext(config, journal, lambda *a: None)) if p.name == "nvml"]
+    assert probe.source is not None, probe.why_not
+    probe.source.start()
+    probe.source.stop()
+    journal.close()
+    assert GPU5 in {g["uuid"] for g in JsonFileMemory(tmp_path / "state" / "nvml-memory.json").load("nvml.inventory")}
