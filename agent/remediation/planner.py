@@ -199,13 +199,15 @@ def plan(
     now: float = float("inf"),
 ) -> list[Step]:
     """The steps that report the new verdicts and move the node to what the active faults call for."""
-    steps = verdict_events(verdicts, inventory, options.node_name)
-    steps.extend(_condition_steps(active.values(), node))
+    steps: list[Step] = []
     wants_taint = any(f.action.quarantines for f in active.values())
     if wants_taint and not node.tainted:
+        # First: keeping new work off a broken GPU is what protects the cluster; the reports follow.
         steps.append(Step(StepKind.TAINT, options.node_name, _worst_summary(active.values()),
                           rule_id=_worst(active.values()).rule_id))
-    elif not wants_taint and node.tainted:
+    steps.extend(verdict_events(verdicts, inventory, options.node_name))
+    steps.extend(_condition_steps(active.values(), node))
+    if not wants_taint and node.tainted:
         steps.append(Step(StepKind.UNTAINT, options.node_name, "no active fault calls for a quarantine"))
     for fault in sorted(_whole_node_if_too_many(active.values(), options),
                         key=lambda f: (-f.action.rank, f.gpu_key, f.rule_id)):

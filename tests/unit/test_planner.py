@@ -38,11 +38,12 @@ def kinds(steps):
     return [(s.kind, s.target) for s in steps]
 
 
-def test_a_fatal_fault_sets_condition_taints_evicts_its_pods_and_requests_a_reboot():
+def test_a_fatal_fault_taints_first_then_reports_evicts_its_pods_and_requests_a_reboot():
+    """The taint comes first (new work is kept off at once); the Event and condition follow."""
     v = fault(1)
     steps = plan([v], active_of(v), NodeState(), NODE, options=OPTIONS)
     assert kinds(steps) == [
-        (StepKind.EVENT, "node-1"), (StepKind.SET_CONDITION, "GpuFatalFault"), (StepKind.TAINT, "node-1"),
+        (StepKind.TAINT, "node-1"), (StepKind.EVENT, "node-1"), (StepKind.SET_CONDITION, "GpuFatalFault"),
         (StepKind.EVICT, "ml/trainer-1"), (StepKind.REBOOT_REQUEST, "node-1")]
 
 
