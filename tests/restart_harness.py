@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,8 +105,18 @@ class Backend:
     """The API server a trial runs against, with what the checks need to read of it."""
 
     def __init__(self) -> None:
-        self.cluster = FakeCluster()
+        # The cluster's clock follows the trial's virtual time, so an evicted pod stops Terminating (and
+        # frees its GPU for a reset) once its grace period has passed there, as a kubelet would end it.
+        self._base = time.time()
+        self.elapsed = 0.0
+        self.cluster = FakeCluster(clock=lambda: self._base + self.elapsed)
         self.server = FakeApiServer(self.cluster).start()
+
+    def advance_to(self, elapsed: float) -> None:
+        """The trial's time reached `elapsed` seconds: the kubelet ends pods whose grace period passed."""
+        if elapsed > self.elapsed:
+            self.elapsed = elapsed
+            self.cluster.finish_terminations()
 
     def client(self, tripwire: Tripwire) -> Any:
         """An API client whose every request counts on the tripwire once the server answered it."""
@@ -252,6 +263,7 @@ class World:
     def settle(self, seconds: float) -> Callable[[World], None]:
         def run(world: World) -> None:
             world.now += seconds
+            world.backend.advance_to(world.now)
             assert world.agent is not None
             world.agent.pipeline.tick(world.now)
         return run
@@ -535,6 +547,7 @@ def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, st
         now = 0.0
         while now < hours * 3600:
             now += step
+            backend.advance_to(now)
             for world in worlds:
                 world.now = now
                 if world.name in faulty_at and faulty_at[world.name] <= now:
