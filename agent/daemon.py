@@ -22,7 +22,7 @@ from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
 from agent.journal import Journal
 from agent.metrics import Metrics
-from agent.model import NodeInventory, Observation, Step, StepKind, frozen_attrs
+from agent.model import NodeInventory, Observation, Step, StepKind, Verdict, frozen_attrs
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy
 from agent.remediation.record import OwedEvent
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
+#: The rule a GPU the node had and NVML no longer finds raises (rules/node.yaml).
+GPU_MISSING_RULE = "gpu-missing"
 #: What the NVML source remembers across restarts and reboots, in the state directory.
 NVML_MEMORY_FILE = "nvml-memory.json"
 #: Observations the backlog holds before it folds repeats (new kinds are admitted up to twice this).
@@ -238,6 +240,7 @@ class Daemon:
             reset_settle_seconds=config.remediation.reset_settle_seconds,
             sync_seconds=config.remediation.node_sync_seconds,
             inline=False,
+            on_released=self._forget_released,
         )
         if self.journal.recreated:
             log.error("journal_recreated", reason=self.journal.recreated)
@@ -262,6 +265,12 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self._running: dict[str, bool] = {}
         self._finished: set[str] = set()
+
+    def _forget_released(self, verdict: Verdict) -> None:
+        """An operator released a missing GPU: NVML forgets it, so the next poll does not raise it again."""
+        nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
+        if nvml is not None and verdict.rule_id == GPU_MISSING_RULE and verdict.gpu is not None and verdict.gpu.uuid:
+            nvml.forget_gpu(verdict.gpu.uuid)
 
     def _pod_owners(self) -> Mapping[str, str]:
         """The workload of each pod on this node, as the cluster side's last pod listing saw it."""

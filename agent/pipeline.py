@@ -158,8 +158,12 @@ class Pipeline:
         reset_settle_seconds: float = 10.0,
         inline: bool = True,
         rng: random.Random | None = None,
+        on_released: Callable[[Verdict], None] | None = None,
     ) -> None:
         self.rules = rules
+        #: Told of each fault an operator released, so a source can forget what it remembers of it (NVML's
+        #: memory of a GPU the node had: released, a missing GPU must not come back at the next poll).
+        self.on_released = on_released
         self.inventory = inventory
         self.policy = policy
         self.actuator: Actuator = actuator or LocalActuator()
@@ -296,6 +300,9 @@ class Pipeline:
         verdicts = [contain(self._escalate(v)) for v in verdicts]
         for verdict in verdicts:
             self._record_verdict(verdict, now, observation.at)
+        if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator" and self.on_released:
+            for verdict in verdicts:
+                self._safely("release_hook_failed", self.on_released, verdict)
         return verdicts
 
     def _drills_ended(self, now: float) -> list[Verdict]:

@@ -1,6 +1,7 @@
 """NVML readings that decide a verdict, on the real pynvml over the fake libnvidia-ml.so.1."""
 
 import threading
+import time
 
 from agent.model import Signal
 from agent.sources.node_memory import InMemory, JsonFileMemory
@@ -191,3 +192,35 @@ def test_the_agents_nvml_source_remembers_the_node_in_its_state_directory(fake_n
     probe.source.stop()
     journal.close()
     assert GPU5 in {g["uuid"] for g in JsonFileMemory(tmp_path / "state" / "nvml-memory.json").load("nvml.inventory")}
+
+
+def test_an_operator_release_of_a_missing_gpu_sticks_in_the_running_agent(fake_nvml, tmp_path):
+    """Released, the missing GPU is forgotten by the agent's NVML source: the next poll does not raise it."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import load_config
+    from agent.daemon import Daemon
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.model import GpuRef, Observation
+
+    config = load_config(None, env={"NODE_NAME": "n", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db"),
+                                    "GPU_HEALTH_SOURCES__KMSG__ENABLED": "off",
+                                    "GPU_HEALTH_SOURCES__DCGM__ENABLED": "off"})
+    started(memory=JsonFileMemory(tmp_path / "nvml-memory.json")).stop()  # the node had 8 GPUs
+    state = eight_gpus()
+    state["gpus"] = [g for g in state["gpus"] if g["uuid"] != GPU5]
+    fake_nvml.write(state)  # after a reboot GPU 5 is gone
+    daemon = Daemon(config, rules=load_rules(builtin_rules_dir()), registry=CollectorRegistry())
+    [nvml] = daemon.sources
+    nvml.start()
+    try:
+        for observation in nvml.poll():
+            daemon.pipeline.handle(observation)
+        assert daemon.pipeline.gpu_statuses()[GPU5] == "fatal"
+        daemon.pipeline.handle(Observation(Signal.OPERATOR_RELEASE, 1, time.time(), "operator", GpuRef(uuid=GPU5)))
+        for observation in nvml.poll():
+            daemon.pipeline.handle(observation)
+        assert daemon.pipeline.gpu_statuses().get(GPU5) != "fatal"
+    finally:
+        nvml.stop()
+        daemon.journal.close()
