@@ -16,6 +16,7 @@ import copy
 import json
 import re
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -481,12 +482,20 @@ _PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/
                    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that went away mid-request (a killed agent) is routine here, not a traceback on stderr."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FakeApiServer:
     """Serves a FakeCluster on 127.0.0.1 until `stop`."""
 
     def __init__(self, cluster: FakeCluster | None = None, *, port: int = 0) -> None:
         self.cluster = cluster or FakeCluster()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self.cluster))
+        self._server = _QuietServer(("127.0.0.1", port), _handler(self.cluster))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-apiserver", daemon=True)
 
