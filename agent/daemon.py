@@ -206,11 +206,13 @@ class Daemon:
         self.metrics = Metrics(registry or CollectorRegistry())
         self.journal = journal if journal is not None else Journal(config.journal_path)
         self.probes: list[SourceProbe] = []
+        self.cluster = cluster  # before the sources: the kernel-log source reads the pod owners through it
         if sources is None:
             self.probes = discover_sources(SourceContext(config, self.journal, self._count,
                                                                 owners=self._pod_owners))
             sources = [p.source for p in self.probes if p.source is not None]
         self.sources = [*sources, *extra_sources]
+        self.nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
         if not self.sources:
             reasons = "; ".join(f"{p.name}: {p.why_not}" for p in self.probes) or "none configured"
             self.journal.close()
@@ -223,7 +225,6 @@ class Daemon:
         self.rules_dir = rules_dir_of(config)
         self.watcher = RulesWatcher(self.rules_dir)
         self.reload_seconds = reload_seconds
-        self.cluster = cluster
         self.pipeline = Pipeline(
             rules=rules,
             inventory=inventory or NodeInventory(name=config.node_name),
@@ -249,10 +250,9 @@ class Daemon:
                         details=frozen_attrs({"reason": "JournalRecreated", "type": "Warning"}))
             self.pipeline.record.owe(OwedEvent.of(note, salt=str(clock())))
         if cluster is not None:
-            nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
-            if nvml is not None and cluster.pods.gpus_by_pod_uid is None:
-                cluster.pods.gpus_by_pod_uid = nvml.gpus_by_pod_uid
-                cluster.pods.mig_parents = nvml.mig_parents
+            if self.nvml is not None and cluster.pods.gpus_by_pod_uid is None:
+                cluster.pods.gpus_by_pod_uid = self.nvml.gpus_by_pod_uid
+                cluster.pods.mig_parents = self.nvml.mig_parents
             if self.pipeline.fresh:
                 # No record in the journal (first start, or it was lost): the Node's copy, before any source
                 # runs, so the kernel log resumes where the last agent acknowledged it. Bounded: a hung API
@@ -268,14 +268,13 @@ class Daemon:
 
     def _forget_released(self, verdict: Verdict) -> None:
         """An operator released a missing GPU: NVML forgets it, so the next poll does not raise it again."""
-        nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
-        if nvml is not None and verdict.rule_id == GPU_MISSING_RULE and verdict.gpu is not None and verdict.gpu.uuid:
-            nvml.forget_gpu(verdict.gpu.uuid)
+        if self.nvml is not None and verdict.rule_id == GPU_MISSING_RULE and verdict.gpu is not None \
+                and verdict.gpu.uuid:
+            self.nvml.forget_gpu(verdict.gpu.uuid)
 
     def _pod_owners(self) -> Mapping[str, str]:
         """The workload of each pod on this node, as the cluster side's last pod listing saw it."""
-        cluster = getattr(self, "cluster", None)
-        return cluster.pods.owners if cluster is not None else {}
+        return self.cluster.pods.owners if self.cluster is not None else {}
 
     def _count(self, source: str, name: str, amount: int) -> None:
         if name == "lost":

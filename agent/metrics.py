@@ -128,7 +128,7 @@ class Metrics:
         children[1].set(observation.at)
 
     def judged(self, verdict: Verdict, latency_seconds: float | None) -> None:
-        drill = "true" if verdict.evidence.get("drill") or verdict.summary.startswith("DRILL ") else "false"
+        drill = "true" if verdict.evidence.get("drill") else "false"  # marked by agent.drill
         self.verdicts.labels(str(verdict.kind), str(verdict.severity), str(verdict.fault_class),
                              verdict.rule_id, drill).inc()
         if verdict.kind is VerdictKind.FAULT and verdict.severity.rank >= Severity.WARNING.rank:

@@ -309,13 +309,14 @@ class Pipeline:
         """A drill's fault ends by itself once its alert has had time to fire: released, that fault only."""
         verdicts: list[Verdict] = []
         for (gpu_key, rule_id), fault in list(self.record.faults.items()):
+            if not fault.summary.startswith(DRILL_PREFIX) or now - fault.since < DRILL_SECONDS:
+                continue
             state = self.engine.rules.get((gpu_key, rule_id))
             if state is not None and state.occurrences > 1:
                 continue  # the same fault came again during the drill: it is real, an operator releases it
-            if fault.summary.startswith(DRILL_PREFIX) and now - fault.since >= DRILL_SECONDS:
-                end = Observation(Signal.OPERATOR_RELEASE, 1, now, "drill", fault.gpu,
-                                  frozen_attrs({"by": "the end of the drill", "rule": rule_id}))
-                verdicts += self._classify(end, now)
+            end = Observation(Signal.OPERATOR_RELEASE, 1, now, "drill", fault.gpu,
+                              frozen_attrs({"by": "the end of the drill", "rule": rule_id}))
+            verdicts += self._classify(end, now)
         return verdicts
 
     def _acknowledge(self, observation: Observation) -> bool:

@@ -86,8 +86,7 @@ class RealBackend:
         return self.cluster.node(NODE)
 
     def counts(self) -> tuple[int, int]:
-        log = self.cluster.log
-        return len(log), sum(1 for verb, _, _ in log if verb in {"create", "update", "patch", "delete"})
+        return len(self.cluster.log), self.cluster.faults.writes
 
     def calls_since(self, start: int) -> list[str]:
         return [f"{verb} {path}" for verb, path, _ in self.cluster.log[start:]]

@@ -121,6 +121,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         report.sections.append(("control plane logs", _CONTROL_PLANES[0].log_tails()))
 
 
+@pytest.fixture
+def no_retry_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """API retries that do not sleep and give up after 0.3 s: a test of failing calls runs in milliseconds.
+    A module asks for it with `pytestmark = pytest.mark.usefixtures("no_retry_sleep")`."""
+    from agent.k8s import retry
+    monkeypatch.setattr(retry, "WAIT", False)
+    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """`k8s_backend` runs a test against the fake API server and the real control plane, unless the test
     is marked fake_only (it drives the fake's fault injection, which a real server has no switch for)."""
@@ -142,3 +151,10 @@ def k8s_backend(request: pytest.FixtureRequest):
         cluster, server = RealCluster(plane), RealServer(plane)
     yield cluster, server
     server.stop()
+
+
+@pytest.fixture
+def fake(k8s_backend):
+    """The (cluster, server) a test's agents use: the fake API server, and the real control plane for every
+    test not marked fake_only (the name is the fixture's history; k8s_backend parametrizes both)."""
+    return k8s_backend

@@ -2,7 +2,6 @@
 
 import pytest
 
-from agent.k8s import retry
 from agent.k8s.client import Apis, client_for
 from agent.k8s.errors import Unavailable
 from agent.k8s.evictions import EvictionOutcome, Evictor
@@ -11,10 +10,8 @@ from tests.k8s_helpers import gpu_node, make_agent, start_cluster
 
 
 @pytest.fixture
-def fake(monkeypatch):
+def fake(no_retry_sleep):
     """A fake cluster served over HTTP, with retries that do not sleep and give up after 0.3 s."""
-    monkeypatch.setattr(retry, "WAIT", False)
-    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
     cluster, server = start_cluster()
     yield cluster, server
     server.stop()

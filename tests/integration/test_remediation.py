@@ -2,24 +2,13 @@
 
 import pytest
 
-from agent.k8s import retry
 from agent.k8s.node import AGENT_CONDITIONS
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
 from agent.simulation.fake_apiserver.server import RESOURCES
 from tests.k8s_helpers import TAINT, gpu_node, grace_period_passes, make_agent, operator_client
 
-
-@pytest.fixture(autouse=True)
-def no_retry_sleep(monkeypatch):
-    monkeypatch.setattr(retry, "WAIT", False)
-    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
-
-
-@pytest.fixture
-def fake(k8s_backend):
-    """The fake API server, and the real control plane (tests/conftest.py k8s_backend)."""
-    return k8s_backend
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
 
 def resource(plural):

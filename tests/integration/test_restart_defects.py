@@ -6,7 +6,6 @@ import time
 import pytest
 
 from agent.journal import Journal
-from agent.k8s import retry
 from agent.k8s.client import client_for
 from agent.k8s.cluster import request_release
 from agent.model import GpuRef, NodeInventory, Observation, Signal, StepKind
@@ -17,16 +16,7 @@ from tests.k8s_helpers import RULES, TAINT, gpu_node, grace_period_passes, make_
 BUDGET_LEASE = ("coordination.k8s.io", "leases", "gpu-health", "gpu-health-disruption-budget")
 
 
-@pytest.fixture(autouse=True)
-def no_retry_sleep(monkeypatch):
-    monkeypatch.setattr(retry, "WAIT", False)
-    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
-
-
-@pytest.fixture
-def fake(k8s_backend):
-    """The fake API server, and the real control plane for every test that needs no fault switch."""
-    return k8s_backend
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
 
 def pods_left(cluster, node):

@@ -8,16 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.k8s import retry
 from tests.restart_harness import SCENARIOS, fleet, run_trial
 
 TRIALS = 3
 
 
-@pytest.fixture(autouse=True)
-def no_retry_sleep(monkeypatch):
-    monkeypatch.setattr(retry, "WAIT", False)
-    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

@@ -246,11 +246,7 @@ class ControlPlane:
         """kubectl kustomize daemonset, applied server-side as admin; kinds needing CRDs are left out."""
         if self._manifests_applied:
             return
-        rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset")], check=True,
-                                  capture_output=True, text=True).stdout
-        documents = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") not in UNSERVED_KINDS]
-        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpu-health-tests",
-                     "-f", "-", input_text=yaml.safe_dump_all(documents))
+        self._apply_kustomized(REPO / "daemonset")
         # Admission policies take effect once the apiserver's policy informer has seen them.
         self._policy_enforced()
         self._manifests_applied = True
@@ -260,11 +256,16 @@ class ControlPlane:
         self.apply_shipped_manifests()
         if self._dra_applied:
             return
-        rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset" / "dra")], check=True,
-                                  capture_output=True, text=True).stdout
-        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpu-health-tests",
-                     "-f", "-", input_text=rendered)
+        self._apply_kustomized(REPO / "daemonset" / "dra")
         self._dra_applied = True
+
+    def _apply_kustomized(self, directory: Path) -> None:
+        """`kubectl kustomize DIRECTORY` applied server-side as admin, less the kinds this server cannot serve."""
+        rendered = subprocess.run(["kubectl", "kustomize", str(directory)], check=True,
+                                  capture_output=True, text=True).stdout
+        documents = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") not in UNSERVED_KINDS]
+        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpu-health-tests",
+                     "-f", "-", input_text=yaml.safe_dump_all(documents))
 
     def _policy_enforced(self) -> bool:
         """A dry-run patch by the agent's ServiceAccount (impersonated, so without a node-name claim) is denied."""

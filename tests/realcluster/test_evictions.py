@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent.k8s import retry
 from agent.k8s.client import Apis
 from agent.k8s.errors import K8sError, api_call
 from agent.k8s.evictions import EvictionOutcome, Evictor
 from tests.realcluster.backend import RealServer
 from tests.realcluster.controlplane import ControlPlane, wait_until
 
-
-@pytest.fixture(autouse=True)
-def no_retry_sleep(monkeypatch):
-    monkeypatch.setattr(retry, "WAIT", False)
-    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
 
 def trainers(plane: ControlPlane, count: int, *, grace_seconds: int = 1) -> tuple[str, str, list[str]]:

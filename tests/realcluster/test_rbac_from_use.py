@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.k8s import retry
 from agent.k8s.cluster import request_release
 from agent.model import Observation, Signal
 from tests.k8s_helpers import TAINT, gpu_node, make_agent
@@ -18,10 +17,7 @@ RBAC = REPO / "daemonset" / "rbac.yaml"
 Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
 
-@pytest.fixture(autouse=True)
-def no_retry_sleep(monkeypatch):
-    monkeypatch.setattr(retry, "WAIT", False)
-    monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
 
 def granted(path: Path = RBAC) -> set[Permission]:
