@@ -76,6 +76,8 @@ class RemediationConfig(_Section):
     reboot_sentinel_path: str = ""
     max_faulty_gpus: int = Field(default=2, ge=0)
     replace_after_recoveries: int = Field(default=2, ge=1)
+    recovery_window_days: float = Field(default=30.0, gt=0, le=3650)
+    reset_verify_seconds: float = Field(default=300.0, gt=0)
     namespace: str = "gpu-health"
     gpu_node_selector: str = "nvidia.com/gpu.present=true"
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"

@@ -239,6 +239,8 @@ class Daemon:
             max_faulty_gpus=config.remediation.max_faulty_gpus,
             replace_after_recoveries=config.remediation.replace_after_recoveries,
             reset_settle_seconds=config.remediation.reset_settle_seconds,
+            reset_verify_seconds=config.remediation.reset_verify_seconds,
+            recovery_window_days=config.remediation.recovery_window_days,
             sync_seconds=config.remediation.node_sync_seconds,
             inline=False,
             on_released=self._forget_released,

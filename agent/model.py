@@ -115,6 +115,10 @@ class Signal(StrEnum):
     GPU_MISSING = "gpu_missing"
     SRAM_THRESHOLD_EXCEEDED = "sram_threshold_exceeded"
     MEMORY_UNREPAIRABLE = "memory_unrepairable"
+    #: One complete, successful poll of a GPU: its post-reset health in one reading (see remediation/resets.py).
+    GPU_POLLED = "gpu_polled"
+    #: A GPU reset that failed or was never verified by a clean poll: the node needs a reboot.
+    RESET_FAILED = "reset_failed"
 
     @property
     def is_event(self) -> bool:
@@ -123,7 +127,7 @@ class Signal(StrEnum):
 
 _EVENT_SIGNALS = frozenset(
     {Signal.XID, Signal.SXID, Signal.GPU_LOST, Signal.ECC_DBE, Signal.ECC_SBE, Signal.NVLINK_ERRORS,
-     Signal.PCIE_REPLAYS, Signal.BOOT, Signal.GPU_RESET, Signal.OPERATOR_RELEASE}
+     Signal.PCIE_REPLAYS, Signal.BOOT, Signal.GPU_RESET, Signal.OPERATOR_RELEASE, Signal.RESET_FAILED}
 )
 
 #: Signals that carry lifecycle facts (boot, reset, release) rather than faults.

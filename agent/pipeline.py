@@ -56,6 +56,7 @@ from agent.remediation import (
 )
 from agent.remediation.planner import next_settled, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
+from agent.remediation.resets import reset_by_driver_log, unclean
 from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
 from agent.sources.kmsg import cursor_value, newer_cursor
 
@@ -156,6 +157,8 @@ class Pipeline:
         max_faulty_gpus: int = 2,
         replace_after_recoveries: int = 2,
         reset_settle_seconds: float = 10.0,
+        reset_verify_seconds: float = 300.0,
+        recovery_window_days: float = 30.0,
         inline: bool = True,
         rng: random.Random | None = None,
         on_released: Callable[[Verdict], None] | None = None,
@@ -180,6 +183,8 @@ class Pipeline:
                                     reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None)
         self.pods = pods
         self.replace_after_recoveries = replace_after_recoveries
+        self.recovery_window_seconds = recovery_window_days * 86400.0
+        self.reset_verify_seconds = reset_verify_seconds
         self.inline = inline
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         #: Set whenever the record changed: the reconciler thread wakes on it.
@@ -256,9 +261,11 @@ class Pipeline:
         now = self.clock() if now is None else now
         with self._lock:
             gpus_before = self.inventory.gpus
+            verifying_before = dict(self.record.node.verifying)
             verdicts = self._classify(observation, now)
             acknowledged = self._acknowledge(observation)
             if verdicts or acknowledged or self.inventory.gpus != gpus_before or \
+                    self.record.node.verifying != verifying_before or \
                     self.inventory.gpus != self.record.gpus:
                 self._save()
         return self._after(verdicts, now)
@@ -272,6 +279,7 @@ class Pipeline:
             for verdict in verdicts:
                 self._record_verdict(verdict, now, None)
             verdicts += self._drills_ended(now)
+            verdicts += self._resets_unverified(now)
             if verdicts:
                 self._save()
         return self._after(verdicts, now)
@@ -291,6 +299,8 @@ class Pipeline:
             observation = dataclasses.replace(observation, gpu=self.inventory.resolve(observation.gpu))
         if self.metrics:
             self.metrics.observed(observation)
+        if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator":
+            self.record.node.recoveries.release(observation.gpu_key)
         previous_boot = self.engine.boot_id
         verdicts = evaluate(observation, self.engine, now, rules=self.rules)
         verdicts += self._orphan_clears(observation, previous_boot, now)
@@ -303,6 +313,42 @@ class Pipeline:
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator" and self.on_released:
             for verdict in verdicts:
                 self._safely("release_hook_failed", self.on_released, verdict)
+        return verdicts + self._verify_reset(observation, now)
+
+    # ---- GPU resets: verified by a clean poll, escalated when they fail ----
+    def _verify_reset(self, observation: Observation, now: float) -> list[Verdict]:
+        """A reset awaits a clean poll of its GPU; a reset by someone else (the driver's Xid 154 line) too."""
+        key = observation.gpu_key
+        node = self.record.node
+        if reset_by_driver_log(observation) and key not in node.verifying and \
+                any(f.recovery == "reset" for (k, _), f in self.record.faults.items() if k == key):
+            node.verifying[key] = now
+            self._log.bind(gpu=key).info("reset_seen_in_driver_log", awaiting="a clean poll")
+            return []
+        since = node.verifying.get(key)
+        if observation.signal is not Signal.GPU_POLLED or since is None or observation.at <= since:
+            return []
+        reasons = unclean(observation)
+        if reasons:
+            self._log.bind(gpu=key).info("reset_not_verified_yet", poll="; ".join(reasons))
+            return []
+        del node.verifying[key]
+        reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu,
+                            frozen_attrs({"by": "a reset verified by a clean poll"}))
+        return self._classify(reset, now)
+
+    def _reset_failed(self, gpu: GpuRef | None, now: float, message: str) -> list[Verdict]:
+        failed = Observation(Signal.RESET_FAILED, 1, now, "remediation", gpu, frozen_attrs({"message": message}))
+        return self._classify(failed, now)
+
+    def _resets_unverified(self, now: float) -> list[Verdict]:
+        """A reset with no clean poll within the deadline failed: the node needs a reboot."""
+        verdicts: list[Verdict] = []
+        for key, since in list(self.record.node.verifying.items()):
+            if now - since >= self.reset_verify_seconds:
+                del self.record.node.verifying[key]
+                verdicts += self._reset_failed(self.inventory.gpu_by_key(key), now,
+                                               f"no clean poll within {self.reset_verify_seconds:g}s of the reset")
         return verdicts
 
     def _drills_ended(self, now: float) -> list[Verdict]:
@@ -399,21 +445,24 @@ class Pipeline:
         return statuses
 
     def _escalate(self, verdict: Verdict) -> Verdict:
-        """A fault that comes back after N verified recoveries of the same GPU needs replacing."""
-        node = self.record.node
+        """A fault that comes back after N verified recoveries of the same GPU from faults of the same family,
+        within the window, needs replacing (application, driver and telemetry faults never count)."""
+        recoveries = self.record.node.recoveries
         if verdict.kind is VerdictKind.CLEARED:
             why = str(verdict.evidence.get("why", ""))
             if why in {"verified GPU reset", "new boot"} and verdict.action.quarantines:
-                node.recoveries[verdict.gpu_key] = node.recoveries.get(verdict.gpu_key, 0) + 1
+                recoveries.add(verdict.gpu_key, verdict.fault_class, verdict.at)
             return verdict
-        count = node.recoveries.get(verdict.gpu_key, 0)
-        if not verdict.action.quarantines or count < self.replace_after_recoveries or \
-                verdict.action is Action.REPLACE_GPU:
+        if not verdict.action.quarantines or verdict.action is Action.REPLACE_GPU:
+            return verdict
+        count = recoveries.count(verdict.gpu_key, verdict.fault_class, now=verdict.at,
+                                 window_seconds=self.recovery_window_seconds)
+        if count < self.replace_after_recoveries:
             return verdict
         evidence = {**verdict.evidence, "recoveries": count, "escalated_from": str(verdict.action)}
         return dataclasses.replace(verdict, action=Action.REPLACE_GPU, evidence=frozen_attrs(evidence),
-                                   summary=f"{verdict.summary} (returned after {count} verified recoveries: "
-                                           "needs replacement)")
+                                   summary=f"{verdict.summary} (returned after {count} verified recoveries from "
+                                           f"{verdict.fault_class} faults: needs replacement)")
 
     def _fault_of(self, verdict: Verdict) -> ActiveFault:
         rule = self.rules.get(verdict.rule_id)
@@ -564,15 +613,19 @@ class Pipeline:
             if action.step.kind is StepKind.EVICT:
                 progressed = True
             elif action.step.kind is StepKind.RESET_GPU and action.result is StepResult.APPLIED:
-                # The reset command succeeded: that is the verified reset the reset-recovery rules wait for.
-                gpu = self.inventory.gpu_by_key(action.step.gpu_key)
-                reset = Observation(Signal.GPU_RESET, 1, now, "remediation", gpu, frozen_attrs({"by": "agent"}))
+                # The command succeeded; the reset is verified only by a clean poll of the GPU after it.
                 with self._lock:
-                    verdicts = self._classify(reset, now)
-                    if verdicts:
-                        self._save()
-                        self._pass_verdicts.extend(verdicts)
-                        progressed = True
+                    self.record.node.verifying[action.step.gpu_key] = now
+                    self._save()
+        for action in done:
+            if action.step.kind is StepKind.RESET_GPU and action.result is StepResult.FAILED:
+                gpu = self.inventory.gpu_by_key(action.step.gpu_key)
+                with self._lock:
+                    self.record.node.resets.add(action.step.gpu_key)  # not retried: the reboot takes over
+                    verdicts = self._reset_failed(gpu, now, f"the reset command failed: {action.message}")
+                    self._save()
+                self._pass_verdicts.extend(verdicts)
+                progressed = progressed or bool(verdicts)
         return progressed
 
     def _carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:

@@ -18,7 +18,7 @@ from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.node import NodeWriter
 from agent.k8s.pods import PodFinder
-from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal
+from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal, frozen_attrs
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
@@ -51,6 +51,13 @@ class Agent:
 
     def fault(self, gpu: int, xid: int = 79, at: float = 1.0):
         return self.pipeline.handle(Observation(Signal.XID, xid, at, "kmsg", self.inventory.gpus[gpu]), at)
+
+    def poll(self, gpu: int, at: float, **readings: float):
+        """One complete NVML poll of the GPU: clean unless a reading says otherwise (what verifies a reset)."""
+        attrs = {"recovery_action": 0, "remap_pending": 0, "retirement_pending": 0, "volatile_dbe": 0,
+                 "links_down": 0, **readings}
+        return self.pipeline.handle(Observation(Signal.GPU_POLLED, 1, at, "nvml", self.inventory.gpus[gpu],
+                                                frozen_attrs(attrs)), at)
 
     def settle(self, now: float):
         """Time passes to `now`: a reconciliation pass runs if one is due, as the agent's reconciler makes it."""

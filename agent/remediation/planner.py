@@ -26,6 +26,7 @@ from agent.model import (
     gpu_from_dict,
     gpu_to_dict,
 )
+from agent.remediation.recoveries import Recoveries
 
 CONDITION_FATAL = "GpuFatalFault"
 CONDITION_DEGRADED = "GpuDegraded"
@@ -115,7 +116,10 @@ class NodeState:
     resets: set[str] = field(default_factory=set)
     reboot_requested: bool = False
     replacement: set[str] = field(default_factory=set)
-    recoveries: dict[str, int] = field(default_factory=dict)
+    recoveries: Recoveries = field(default_factory=Recoveries)
+    #: GPUs reset (by the agent, or by someone else as the driver's log says) and when: the reset counts as
+    #: verified only after a clean poll of that GPU; none within the deadline escalates to a reboot request.
+    verifying: dict[str, float] = field(default_factory=dict)
 
     def apply(self, step: Step) -> None:
         """Record that a step took effect (or would have, in dry-run and local mode)."""
@@ -146,12 +150,15 @@ class NodeState:
             if key not in active_gpu_keys:
                 del self.evicted[key]
         self.resets &= active_gpu_keys
+        for key in set(self.verifying) - active_gpu_keys:
+            del self.verifying[key]
 
     def to_json(self) -> dict[str, object]:
         return {"conditions": {k: {"status": v.status, "message": v.message} for k, v in self.conditions.items()},
                 "tainted": self.tainted, "evicted": {k: sorted(v) for k, v in self.evicted.items()},
                 "resets": sorted(self.resets), "reboot_requested": self.reboot_requested,
-                "replacement": sorted(self.replacement), "recoveries": dict(sorted(self.recoveries.items()))}
+                "replacement": sorted(self.replacement), "recoveries": self.recoveries.to_json(),
+                "verifying": dict(sorted(self.verifying.items()))}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> NodeState:
@@ -170,9 +177,10 @@ class NodeState:
         state.resets = {str(r) for r in resets} if isinstance(resets, list) else set()
         state.replacement = {str(r) for r in replacement} if isinstance(replacement, list) else set()
         state.reboot_requested = bool(data.get("reboot_requested"))
-        recoveries = data.get("recoveries")
-        if isinstance(recoveries, dict):
-            state.recoveries = {str(k): int(v) for k, v in recoveries.items() if isinstance(v, int)}
+        state.recoveries = Recoveries.from_json(data.get("recoveries"))
+        verifying = data.get("verifying")
+        if isinstance(verifying, dict):
+            state.verifying = {str(k): float(v) for k, v in verifying.items() if isinstance(v, int | float)}
         return state
 
 

@@ -342,8 +342,18 @@ class NvmlSource:
             gpu.readings["status_note"] = message
             return out
         out.append(self._obs(gpu, Signal.SOURCE_UNREADABLE, 0, now))
+        out.append(self._polled(gpu, now))
         gpu.readings.pop("status_note", None)
         return out
+
+    def _polled(self, gpu: GpuState, now: float) -> Observation:
+        """The whole poll in one reading, what verifies a reset: None where the GPU cannot say."""
+        r = gpu.readings
+        down = r.get("nvlinks_down")
+        return self._obs(gpu, Signal.GPU_POLLED, 1, now, extra={
+            "recovery_action": r.get("recovery_action"), "remap_pending": r.get("remap_pending"),
+            "retirement_pending": r.get("retired_pages_pending"), "volatile_dbe": r.get("ecc_dbe_volatile"),
+            "links_down": len(down) if isinstance(down, list) else None})
 
     def _read_in_worker(self, reading: _Reading, gpu: GpuState, now: float, out: list[Observation]) -> None:
         self._reading.set(reading)

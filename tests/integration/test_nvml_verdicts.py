@@ -224,3 +224,27 @@ def test_an_operator_release_of_a_missing_gpu_sticks_in_the_running_agent(fake_n
     finally:
         nvml.stop()
         daemon.journal.close()
+
+
+def test_each_poll_of_a_gpu_ends_with_the_readings_that_verify_a_reset(fake_nvml):
+    """gpu_polled carries the recovery action, pending remap and retirement, volatile DBE of one poll."""
+    fake_nvml.write(eight_gpus(**{"2": {"remapped_rows": {"pending": 1}, "ecc": {"dbe_volatile": 2}}}))
+    nvml = source()
+    try:
+        observations = nvml.poll()
+        [dirty] = of(observations, Signal.GPU_POLLED, 2)
+        assert (dirty.attrs["remap_pending"], dirty.attrs["volatile_dbe"], dirty.attrs["recovery_action"]) == (1, 2, 0)
+        [clean] = of(observations, Signal.GPU_POLLED, 0)
+        assert (clean.attrs["remap_pending"], clean.attrs["volatile_dbe"], clean.attrs["recovery_action"]) == (0, 0, 0)
+    finally:
+        nvml.stop()
+
+
+def test_a_gpu_that_cannot_be_read_gives_no_poll_that_could_verify_a_reset(fake_nvml):
+    """A GPU whose calls all fail yields no gpu_polled: an unreadable GPU never verifies a reset."""
+    fake_nvml.write(eight_gpus(**{"3": {"fail_all": 16}}))
+    nvml = source()
+    try:
+        assert of(nvml.poll(), Signal.GPU_POLLED, 3) == []
+    finally:
+        nvml.stop()

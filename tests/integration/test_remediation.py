@@ -268,7 +268,8 @@ def test_a_fault_back_after_verified_recoveries_needs_replacement(fake):
         agent.fault(2, xid=48, at=1000.0 * round_ + 1)  # reset_gpu: drained, then reset once it settled
         assert agent.pipeline.gpu_statuses()["GPU-n1-0002"] == "fatal"
         grace_period_passes(cluster)  # the evicted pod holds the GPU until it is gone
-        agent.pipeline.tick(1000.0 * round_ + 11)  # the fake reset command runs and verifies
+        agent.pipeline.tick(1000.0 * round_ + 11)  # the fake reset command runs
+        agent.poll(2, at=1000.0 * round_ + 12)  # a clean poll verifies it
         assert agent.pipeline.gpu_statuses()["GPU-n1-0002"] == "healthy"
     third = agent.fault(2, xid=48, at=3000.0)
     assert third.verdicts[0].action == "replace_gpu"
@@ -294,9 +295,10 @@ def test_a_reset_waits_for_the_incident_to_settle(fake):
     agent.fault(2, xid=48, at=1.5)
     assert resets == []
     grace_period_passes(cluster)  # the evicted pod holds the GPU until it is gone
-    settled = agent.pipeline.tick(11.0)
+    agent.pipeline.tick(11.0)
     assert resets == ["GPU-n1-0002"]
-    assert sorted(v.rule_id for v in settled.verdicts) == ["ecc-dbe", "xid-48"]  # one reset clears both
+    verified = agent.poll(2, at=12.0)
+    assert sorted(v.rule_id for v in verified.verdicts) == ["ecc-dbe", "xid-48"]  # one reset clears both
 
 
 def test_a_gpu_is_never_reset_while_its_pod_still_runs(fake):
@@ -327,8 +329,9 @@ def test_verified_recoveries_are_remembered_across_a_restart(fake):
         agent.fault(2, xid=48, at=1000.0 * round_ + 1)
         grace_period_passes(cluster)
         agent.pipeline.tick(1000.0 * round_ + 11)
+        agent.poll(2, at=1000.0 * round_ + 12)
     restarted = make_agent(cluster, server, inventory, populate_node=False, restore=True)
-    assert restarted.pipeline.node.recoveries == {"GPU-n1-0002": 2}
+    assert restarted.pipeline.node.recoveries.to_json() == {"GPU-n1-0002": {"hardware": [12.0, 1012.0]}}
     assert restarted.fault(2, xid=48, at=3000.0).verdicts[0].action == "replace_gpu"
 
 
@@ -370,3 +373,32 @@ def test_a_step_blocked_before_a_restart_is_taken_after_it(fake):
     taken = restarted.pipeline.tick(1.0)
     assert results(taken)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.APPLIED
     assert (StepKind.TAINT, "n1") not in results(taken)  # already there: not repeated
+
+
+def test_the_taint_stays_until_a_clean_poll_verifies_the_reset(fake):
+    """A reset command that succeeded leaves the node quarantined until a clean poll of the GPU."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    agent.fault(2, xid=48)
+    grace_period_passes(cluster)
+    agent.pipeline.tick(11.0)  # the reset command runs and succeeds
+
+    def tainted():
+        return TAINT in [t["key"] for t in cluster.node("n1")["spec"].get("taints") or []]
+    assert tainted()
+    agent.poll(2, at=12.0, remap_pending=1)  # not clean yet
+    assert tainted()
+    agent.poll(2, at=13.0)
+    assert not tainted()
+
+
+def test_a_failed_reset_asks_the_node_for_a_reboot(fake):
+    """The reset command failed: the Node carries the reboot request."""
+    from agent.k8s.node import REBOOT_ANNOTATION
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"), reset=lambda uuid: (False, "reset refused"))
+    agent.fault(2, xid=48)
+    grace_period_passes(cluster)
+    agent.pipeline.tick(11.0)
+    assert REBOOT_ANNOTATION in cluster.node("n1")["metadata"].get("annotations", {})
+    assert "gpu-reset-failed" in our_conditions(cluster.node("n1"))["GpuFatalFault"]["message"]

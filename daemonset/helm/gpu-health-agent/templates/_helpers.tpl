@@ -29,6 +29,9 @@ app.kubernetes.io/name: {{ include "gpu-health-agent.name" . }}
     "taint_key" .Values.remediation.taintKey
     "taint_effect" .Values.remediation.taintEffect
     "opt_out_label" .Values.remediation.optOutLabel
+    "replace_after_recoveries" .Values.remediation.replaceAfterRecoveries
+    "recovery_window_days" .Values.remediation.recoveryWindowDays
+    "reset_verify_seconds" .Values.remediation.resetVerifySeconds
     "budget_max_nodes" .Values.budget.maxNodes
     "budget_max_percent" .Values.budget.maxPercent
     "isolation" .Values.isolation

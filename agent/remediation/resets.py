@@ -1,0 +1,36 @@
+"""When a GPU reset counts as done: a clean poll of that GPU after it; a reset by someone else from the driver's log."""
+
+from __future__ import annotations
+
+from agent.model import Observation, Signal
+
+#: The recovery actions that a GPU reset ends (NVML: 1 GPU_RESET, 4 DRAIN_AND_RESET, 6 BUS_RESET).
+RESET_ACTIONS = frozenset({1, 4, 6})
+
+
+def unclean(poll: Observation) -> list[str]:
+    """Why one complete poll of a GPU (signal gpu_polled) does not show it recovered; empty when it does.
+
+    Clean: recovery action none, no row remap or page retirement pending, volatile DBE 0, no NVLink down that
+    was up before. A reading the GPU does not support (None) does not count against it."""
+    attrs = poll.attrs
+    reasons = []
+    action = attrs.get("recovery_action")
+    if isinstance(action, int) and action != 0:
+        reasons.append(f"recovery action {action}")
+    for name, text in (("remap_pending", "row remap pending"), ("retirement_pending", "page retirement pending"),
+                       ("volatile_dbe", "volatile DBE count"), ("links_down", "NVLinks down")):
+        value = attrs.get(name)
+        if isinstance(value, int | float) and value:
+            reasons.append(f"{text} {value:g}")
+    return reasons
+
+
+def reset_by_driver_log(observation: Observation) -> bool:
+    """The driver's Xid 154 line says the GPU left a reset-requiring recovery action for none: it was reset
+    (by someone else, or by the agent). NVIDIA prints the change as "GPU recovery action changed from 0x1
+    (GPU Reset Required) to 0x0 (None)" (Xid catalog, row 154)."""
+    if observation.signal is not Signal.XID or int(observation.value) != 154:
+        return False
+    before, after = observation.attrs.get("recovery_action_from"), observation.attrs.get("recovery_action")
+    return before in RESET_ACTIONS and after == 0

@@ -1,0 +1,137 @@
+"""A GPU reset counts only after a clean poll of the GPU; a failed or unverified reset asks for a reboot."""
+
+from agent.model import NodeInventory, Signal, StepKind, StepResult
+from agent.pipeline import LocalActuator, Pipeline
+from agent.remediation import GuardPolicy, Mode
+from agent.remediation.resets import reset_by_driver_log, unclean
+from agent.sources.kmsg import KernelLogProcessor
+from tests.conftest import gpu, obs
+
+NODE = NodeInventory("node-1", (gpu(0), gpu(1)), ())
+CLEAN = {"recovery_action": 0, "remap_pending": 0, "retirement_pending": 0, "volatile_dbe": 0, "links_down": 0}
+RESET_DONE_LINE = ("NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) "
+                   "to 0x0 (None)")
+
+
+class Resets(LocalActuator):
+    """Every step takes effect; the reset command succeeds or fails as told."""
+
+    def __init__(self, *, reset_works: bool = True) -> None:
+        self.reset_works = reset_works
+
+    def apply(self, step):
+        if step.kind is StepKind.RESET_GPU and not self.reset_works:
+            return StepResult.FAILED, "nvidia-smi: GPU is busy"
+        return StepResult.APPLIED, "ok"
+
+
+def pipeline(rules, actuator=None, **options):
+    return Pipeline(rules=rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE),
+                    actuator=actuator or Resets(), clock=lambda: 100.0, **options)
+
+
+def reset_after_xid_48(p):
+    """Xid 48 on an idle GPU 0: it settles and is reset at t=20."""
+    p.handle(obs(Signal.XID, 48, 1.0), 1.0)
+    return p.tick(20.0)
+
+
+def resets(outcome):
+    return [a for a in outcome.actions if a.step.kind is StepKind.RESET_GPU]
+
+
+def test_a_clean_poll_is_clean_and_an_unsupported_reading_does_not_count_against_it():
+    """Unsupported readings (absent) leave a poll clean; every named dirt is reported."""
+    assert unclean(obs(Signal.GPU_POLLED, 1, **CLEAN)) == []
+    assert unclean(obs(Signal.GPU_POLLED, 1, recovery_action=0)) == []
+    dirty = unclean(obs(Signal.GPU_POLLED, 1, **{**CLEAN, "recovery_action": 1, "remap_pending": 1,
+                                                 "volatile_dbe": 2, "links_down": 1}))
+    assert dirty == ["recovery action 1", "row remap pending 1", "volatile DBE count 2", "NVLinks down 1"]
+
+
+def test_the_driver_line_for_a_finished_reset_is_recognised():
+    """Xid 154 from GPU Reset Required to None is a reset; a change toward a reset is not."""
+    [done] = KernelLogProcessor().handle(RESET_DONE_LINE, 5.0)
+    assert reset_by_driver_log(done)
+    [asks] = KernelLogProcessor().handle(RESET_DONE_LINE.replace("0x1 (GPU Reset Required) to 0x0 (None)",
+                                                                 "0x0 (None) to 0x1 (GPU Reset Required)"), 5.0)
+    assert not reset_by_driver_log(asks)
+
+
+def test_a_successful_reset_command_alone_does_not_clear_the_fault(shipped_rules):
+    """The command's success is not the verification: the fault stays until a clean poll."""
+    p = pipeline(shipped_rules)
+    outcome = reset_after_xid_48(p)
+    assert [a.result for a in resets(outcome)] == [StepResult.APPLIED]
+    assert outcome.verdicts == []
+    assert p.gpu_statuses()[gpu(0).key] == "fatal"
+    assert p.node.verifying == {gpu(0).key: 20.0}
+
+
+def test_a_clean_poll_after_the_reset_verifies_it(shipped_rules):
+    """The first clean poll after the reset clears the reset-recovery faults and counts a recovery."""
+    p = pipeline(shipped_rules)
+    reset_after_xid_48(p)
+    cleared = p.handle(obs(Signal.GPU_POLLED, 1, 21.0, **CLEAN), 21.0)
+    assert [(v.rule_id, v.evidence["why"]) for v in cleared.verdicts] == [("xid-48", "verified GPU reset")]
+    assert p.gpu_statuses()[gpu(0).key] == "healthy"
+    assert p.node.recoveries.to_json() == {gpu(0).key: {"hardware": [21.0]}}
+
+
+def test_a_poll_that_is_not_clean_keeps_the_reset_unverified(shipped_rules):
+    """A pending row remap after the reset: the fault stays, the reset still awaits a clean poll."""
+    p = pipeline(shipped_rules)
+    reset_after_xid_48(p)
+    assert p.handle(obs(Signal.GPU_POLLED, 1, 21.0, **{**CLEAN, "remap_pending": 1}), 21.0).verdicts == []
+    assert p.gpu_statuses()[gpu(0).key] == "fatal"
+    assert gpu(0).key in p.node.verifying
+
+
+def test_a_poll_of_another_gpu_does_not_verify_the_reset(shipped_rules):
+    """Only a poll of the GPU that was reset verifies it."""
+    p = pipeline(shipped_rules)
+    reset_after_xid_48(p)
+    assert p.handle(obs(Signal.GPU_POLLED, 1, 21.0, gpu_ref=gpu(1), **CLEAN), 21.0).verdicts == []
+    assert p.gpu_statuses()[gpu(0).key] == "fatal"
+
+
+def test_a_failed_reset_command_requests_a_reboot(shipped_rules):
+    """The reset command failed: gpu-reset-failed asks for a reboot, and the reset is not retried."""
+    p = pipeline(shipped_rules, Resets(reset_works=False))
+    outcome = reset_after_xid_48(p)
+    assert [v.rule_id for v in outcome.verdicts] == ["gpu-reset-failed"]
+    assert "GPU is busy" in outcome.verdicts[0].summary
+    assert p.node.reboot_requested
+    assert resets(p.tick(200.0)) == []
+
+
+def test_a_reset_no_clean_poll_follows_in_time_requests_a_reboot(shipped_rules):
+    """No clean poll within reset_verify_seconds: the reset failed, the node needs a reboot."""
+    p = pipeline(shipped_rules, reset_verify_seconds=60.0)
+    reset_after_xid_48(p)
+    assert p.tick(79.0).verdicts == []
+    [failed] = p.tick(80.0).verdicts
+    assert (failed.rule_id, failed.action) == ("gpu-reset-failed", "reboot_node")
+    assert p.node.reboot_requested and p.node.verifying == {}
+
+
+def test_a_reset_by_someone_else_is_verified_by_the_next_clean_poll(shipped_rules):
+    """The driver's line for a finished reset, then a clean poll, clears the fault without our reset."""
+    p = pipeline(shipped_rules, actuator=LocalActuator())  # local mode: the agent's own reset only plans
+    p.handle(obs(Signal.XID, 48, 1.0), 1.0)
+    [line] = KernelLogProcessor().handle(RESET_DONE_LINE, 30.0)
+    p.handle(line.__class__(line.signal, line.value, 30.0, "kmsg", gpu(0), line.attrs), 30.0)
+    assert p.node.verifying == {gpu(0).key: 30.0}
+    cleared = p.handle(obs(Signal.GPU_POLLED, 1, 31.0, **CLEAN), 31.0)
+    assert "xid-48" in [v.rule_id for v in cleared.verdicts]
+    assert p.gpu_statuses()[gpu(0).key] == "healthy"
+
+
+def test_the_pending_verification_survives_a_restart(shipped_rules, tmp_path):
+    """A reset awaiting its clean poll is in the durable record: a restarted agent still verifies it."""
+    from agent.journal import Journal
+    p = pipeline(shipped_rules, journal=Journal(tmp_path / "j.db"))
+    reset_after_xid_48(p)
+    again = pipeline(shipped_rules, journal=Journal(tmp_path / "j.db"))
+    assert again.node.verifying == {gpu(0).key: 20.0}
+    assert [v.rule_id for v in again.handle(obs(Signal.GPU_POLLED, 1, 21.0, **CLEAN), 21.0).verdicts] == ["xid-48"]
