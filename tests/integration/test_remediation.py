@@ -402,3 +402,19 @@ def test_a_failed_reset_asks_the_node_for_a_reboot(fake):
     agent.pipeline.tick(11.0)
     assert REBOOT_ANNOTATION in cluster.node("n1")["metadata"].get("annotations", {})
     assert "gpu-reset-failed" in our_conditions(cluster.node("n1"))["GpuFatalFault"]["message"]
+
+
+def test_a_release_on_the_node_starts_the_recovery_count_again(fake):
+    """After two verified recoveries, an operator's release annotation clears the GPU's history."""
+    from agent.k8s.cluster import request_release
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    for round_ in range(2):
+        agent.fault(2, xid=48, at=1000.0 * round_ + 1)
+        grace_period_passes(cluster)
+        agent.pipeline.tick(1000.0 * round_ + 11)
+        agent.poll(2, at=1000.0 * round_ + 12)
+    request_release(operator_client(server), "n1", "GPU-n1-0002")
+    agent.pipeline.reconcile(2500.0)
+    assert agent.pipeline.node.recoveries.to_json() == {}
+    assert agent.fault(2, xid=48, at=3000.0).verdicts[0].action == "reset_gpu"
