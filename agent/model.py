@@ -61,6 +61,8 @@ class Action(StrEnum):
     RESTART_APP = "restart_app"
     RESET_WHEN_IDLE = "reset_when_idle"
     QUARANTINE = "quarantine"
+    #: New work stays off the node (NoSchedule), nobody running is evicted, the GPU is reset once idle.
+    QUARANTINE_RESET_WHEN_IDLE = "quarantine_reset_when_idle"
     DRAIN = "drain"
     RESET_GPU = "reset_gpu"
     REBOOT_NODE = "reboot_node"
@@ -74,6 +76,11 @@ class Action(StrEnum):
     def quarantines(self) -> bool:
         """True when one verdict with this action keeps new work off the node."""
         return self.rank >= Action.QUARANTINE.rank
+
+    @property
+    def resets(self) -> bool:
+        """True when this action resets the GPU (once no pod holds it)."""
+        return self in {Action.RESET_WHEN_IDLE, Action.QUARANTINE_RESET_WHEN_IDLE, Action.RESET_GPU}
 
     @property
     def evicts(self) -> bool:

@@ -106,10 +106,12 @@ NO_BUCKET: dict[int, Policy] = {
 # Xids where we depart from NVIDIA's bucket on purpose (docs/rules.md lists each departure).
 DEPARTURES: dict[int, Policy] = {
     94: Policy(
-        "degraded", "reset_when_idle", "hardware", RESET,
+        "degraded", "quarantine_reset_when_idle", "hardware", RESET,
         "NVIDIA: a contained error affects one application, which must restart; all other applications are "
         "unaffected and may keep running, and the GPU should be reset when convenient. So nobody else is "
-        "evicted: the GPU is reset once idle (an Xid 95 that follows escalates on its own rule).",
+        "evicted; new work stays off the node (NoSchedule) so that the GPU becomes idle, and it is reset once "
+        "idle. An Xid 95 that follows, or a recovery action other than none or drain-and-reset, escalates on "
+        "its own rule.",
     ),
     157: Policy(
         "degraded", "notify", "hardware", {"kind": "operator"},
@@ -125,7 +127,7 @@ RECOVERY_ACTIONS: list[tuple[int, str, str, str, str, dict[str, Any]]] = [
     (1, "GPU Reset Required", "fatal", "reset_gpu", "hardware", RESET),
     (2, "Node Reboot Required", "fatal", "reboot_node", "hardware", BOOT),
     (3, "Drain P2P", "degraded", "drain", "interconnect", {"kind": "quiet", "quiet_seconds": 300}),
-    (4, "Drain and Reset", "fatal", "reset_gpu", "hardware", RESET),
+    (4, "Drain and Reset", "degraded", "quarantine_reset_when_idle", "hardware", RESET),
     (5, "Recover IMEX domain", "degraded", "quarantine", "interconnect", RESET),
     (6, "Bus Reset", "fatal", "reset_gpu", "hardware", RESET),
     (7, "System Reboot", "fatal", "reboot_node", "hardware", BOOT),
@@ -245,9 +247,19 @@ def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
         "Xid 74 on link {link} of {gpu}: secondary NVLink error bits only",
     )
     sympathetic["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "SYMPATHETIC"}]
-    serious = _plain(row)
-    serious["fallback"] = True
-    return [_hopper_only(ignorable), _hopper_only(sympathetic), serious]
+    serious = _base(
+        row, "xid-74-serious",
+        Policy("degraded", "reset_gpu", "interconnect", RESET,
+               "NVIDIA's workflow: bits other than the ignorable and sympathetic ones point to a likely hardware "
+               "issue (ECC/parity, link), and a GPU reset or node reboot clears the error. The pods using the GPU "
+               "move (Eviction API) and the GPU is reset once idle; a return after verified resets leads to "
+               "replacement."),
+        "Xid 74 on link {link} of {gpu}: NVLink error bits of a likely hardware issue",
+    )
+    serious["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "INVESTIGATE"}]
+    undecoded = _plain(row)
+    undecoded["fallback"] = True
+    return [_hopper_only(ignorable), _hopper_only(sympathetic), _hopper_only(serious), undecoded]
 
 
 def _xid64_remap_unreadable(row: dict[str, str]) -> dict[str, Any]:

@@ -329,7 +329,7 @@ def _remedy_steps(
                                   rule_id=fault.rule_id, gpu_key=key))
     # Never reset a GPU that still runs work: after the evictions took effect, the next pass resets it.
     uuid = fault.gpu.uuid if fault.gpu else ""
-    wants_reset = (fault.action in {Action.RESET_GPU, Action.RESET_WHEN_IDLE} and bool(uuid)
+    wants_reset = (fault.action.resets and bool(uuid)
                    and not _busy(fault, inventory, node, options)
                    and now - fault.since >= options.reset_settle_seconds)
     if wants_reset and key != NODE_KEY and key not in node.resets and not _planned(planned, StepKind.RESET_GPU, key):
@@ -384,6 +384,6 @@ def _worst_summary(faults: Iterable[ActiveFault]) -> str:
 def next_settled(active: Iterable[ActiveFault], node: NodeState, options: PlanOptions, now: float) -> float | None:
     """When the earliest reset still settling may be planned (None when none waits)."""
     waiting = [f.since + options.reset_settle_seconds for f in active
-               if f.action in {Action.RESET_GPU, Action.RESET_WHEN_IDLE} and f.gpu_key not in node.resets
+               if f.action.resets and f.gpu_key not in node.resets
                and f.since + options.reset_settle_seconds > now]
     return min(waiting) if waiting else None

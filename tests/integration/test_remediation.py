@@ -418,3 +418,16 @@ def test_a_release_on_the_node_starts_the_recovery_count_again(fake):
     agent.pipeline.reconcile(2500.0)
     assert agent.pipeline.node.recoveries.to_json() == {}
     assert agent.fault(2, xid=48, at=3000.0).verdicts[0].action == "reset_gpu"
+
+
+def test_a_contained_ecc_error_taints_noschedule_and_evicts_nobody(fake):
+    """Xid 94: the Node gets the NoSchedule taint; every pod, the GPU's own tenant included, keeps running."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    outcome = agent.fault(2, xid=94)
+    assert StepKind.EVICT not in {a.step.kind for a in outcome.actions}
+    node = cluster.node("n1")
+    assert [(t["key"], t["effect"]) for t in node["spec"]["taints"]] == [(TAINT, "NoSchedule")]
+    assert our_conditions(node)["GpuDegraded"]["status"] == "True"
+    assert not [p for p in cluster.pods_on("n1") if p["metadata"].get("deletionTimestamp")]
+    assert len(cluster.pods_on("n1")) == 9

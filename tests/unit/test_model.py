@@ -9,7 +9,14 @@ def test_severities_rank_from_ok_to_fatal():
 
 def test_only_quarantine_and_above_keep_new_work_off():
     assert [a for a in Action if a.quarantines] == [
-        Action.QUARANTINE, Action.DRAIN, Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_GPU]
+        Action.QUARANTINE, Action.QUARANTINE_RESET_WHEN_IDLE, Action.DRAIN, Action.RESET_GPU, Action.REBOOT_NODE,
+        Action.REPLACE_GPU]
+
+
+def test_a_quarantine_that_resets_when_idle_keeps_new_work_off_evicts_nobody_and_resets():
+    """Xid 94's remedy: NoSchedule, nobody running moved, a reset once the GPU is idle."""
+    action = Action.QUARANTINE_RESET_WHEN_IDLE
+    assert (action.quarantines, action.evicts, action.resets) == (True, False, True)
 
 
 def test_restart_app_neither_quarantines_nor_evicts():

@@ -126,7 +126,22 @@ def test_the_xid_74_register_decode_applies_only_to_hopper(shipped_rules):
 def test_a_contained_ecc_error_resets_when_idle_and_evicts_no_other_tenant(shipped_rules):
     """NVIDIA: Xid 94 is contained to one application; the others are unaffected; reset when convenient."""
     [verdict] = verdicts_for(shipped_rules, obs(Signal.XID, 94))[0]
-    assert (verdict.action, verdict.action.evicts) == (Action.RESET_WHEN_IDLE, False)
+    assert (verdict.action, verdict.action.evicts) == (Action.QUARANTINE_RESET_WHEN_IDLE, False)
+    assert verdict.quarantines  # NoSchedule: new work stays off so that the GPU becomes idle
+
+
+def test_xid_74_with_serious_bits_on_hopper_drains_and_resets(shipped_rules):
+    """Hopper registers with bits of a likely hardware issue: pods using the GPU move, then the GPU is reset."""
+    [verdict] = verdicts_for(shipped_rules, obs(Signal.XID, 74, nvlink_error_class="INVESTIGATE", link=3))[0]
+    assert (verdict.rule_id, verdict.action.evicts, verdict.action.resets) == ("xid-74-serious", True, True)
+
+
+def test_xid_74_serious_bits_on_a_gpu_without_the_decode_keep_the_caution(shipped_rules):
+    """NVIDIA: the register decode is valid on Hopper only; an A100's bits decide nothing."""
+    from tests.conftest import gpu
+    [verdict] = verdicts_for(shipped_rules, obs(Signal.XID, 74, gpu_ref=gpu(0, "NVIDIA A100-SXM4-80GB"),
+                                                nvlink_error_class="INVESTIGATE"))[0]
+    assert (verdict.rule_id, verdict.action) == ("xid-74", Action.QUARANTINE)
 
 
 def test_recovery_action_drain_p2p_moves_the_pods_using_the_gpu(shipped_rules):

@@ -13,6 +13,8 @@ from tests.conftest import REPO, gpu, obs
 
 QUARANTINING_BUCKETS = {"RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48"}
 HARMLESS_BUCKETS = {"RESTART_APP", "IGNORE"}
+#: Departures recorded in docs/rules.md: Xid 94 (contained ECC error) keeps new work off until its reset.
+KEEPS_NEW_WORK_OFF = {94}
 CATALOG = list(csv.DictReader((REPO / "agent" / "data" / "xid_catalog.csv").read_text(encoding="utf-8").splitlines()))
 
 
@@ -51,7 +53,9 @@ def test_one_occurrence_follows_the_bucket(shipped_rules, row):
     quarantines = any(v.quarantines for v in verdicts)
     if bucket in QUARANTINING_BUCKETS:
         assert quarantines, f"one Xid {xid} ({bucket}) must quarantine"
-    if bucket in HARMLESS_BUCKETS:
+    if bucket in HARMLESS_BUCKETS and xid in KEEPS_NEW_WORK_OFF:
+        assert quarantines and not any(v.action.evicts for v in verdicts), f"Xid {xid}: NoSchedule, nobody evicted"
+    elif bucket in HARMLESS_BUCKETS:
         assert not quarantines, f"one Xid {xid} ({bucket}) must never quarantine"
     if row["description"].strip().lower() == "unused":
         assert not quarantines
@@ -64,7 +68,7 @@ def test_unknown_codes_warn_and_never_quarantine(shipped_rules):
 
 
 @pytest.mark.parametrize(("action", "severity", "quarantines"), [
-    (0, "info", False), (1, "fatal", True), (2, "fatal", True), (3, "degraded", True), (4, "fatal", True),
+    (0, "info", False), (1, "fatal", True), (2, "fatal", True), (3, "degraded", True), (4, "degraded", True),
 ])
 def test_xid_154_follows_the_reported_recovery_action(shipped_rules, action, severity, quarantines):
     [verdict] = evaluate(obs(Signal.XID, 154, recovery_action=action), EngineState(), 0.0, rules=shipped_rules)
