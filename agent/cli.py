@@ -872,7 +872,7 @@ def render_explanation(item: dict[str, Any], *, brief: bool = False) -> str:
     if brief:
         bucket = f"; NVIDIA: {item['nvidia_action']}" if item.get("nvidia_action") is not None else ""
         return f"{head}: {ours}{bucket}"
-    nvidia: str | None = None
+    nvidia: str | None = item.get("nvidia_action")
     if "xid" in item:
         nvidia = (item.get("nvidia_action") or "-") + (f" (then: {item['nvidia_investigatory_action']})"
                                                       if item.get("nvidia_investigatory_action") else "")

@@ -78,6 +78,9 @@ class RemediationConfig(_Section):
     replace_after_recoveries: int = Field(default=2, ge=1)
     recovery_window_days: float = Field(default=30.0, gt=0, le=3650)
     reset_verify_seconds: float = Field(default=300.0, gt=0)
+    #: e.g. ["dcgmi", "diag", "-r", "2", "-i", "{uuid}"]; empty: no diagnostic, an operator releases.
+    diagnostic_command: list[str] = Field(default_factory=list)
+    diagnostic_timeout_seconds: float = Field(default=900.0, gt=0, le=7200)
     namespace: str = "gpu-health"
     gpu_node_selector: str = "nvidia.com/gpu.present=true"
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"

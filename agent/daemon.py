@@ -241,6 +241,7 @@ class Daemon:
             reset_settle_seconds=config.remediation.reset_settle_seconds,
             reset_verify_seconds=config.remediation.reset_verify_seconds,
             recovery_window_days=config.remediation.recovery_window_days,
+            diagnose=bool(config.remediation.diagnostic_command),
             sync_seconds=config.remediation.node_sync_seconds,
             inline=False,
             on_released=self._forget_released,

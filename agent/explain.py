@@ -89,7 +89,8 @@ def explain_signal(rules: RuleSet, signal: Signal, value: float, *, attrs: dict[
     description = fields["summary"].replace(gpu.describe(), "the GPU") if verdict is not None else None
     result = {"signal": str(signal), "value": value, "attrs": dict(attrs or {}), **fields,
               "description": description,
-              "clears": _clears(rules, verdict), "attributes": needed, "needs": needs, "rules": watching}
+              "clears": _clears(rules, verdict), "attributes": needed, "needs": needs, "rules": watching,
+              "nvidia_action": _nvidia_action(rules, verdict)}
     if verdict is None and any(r.sustain_seconds or r.window.count > 1 for r in rules.for_signal(signal)):
         result["note"] = "one reading is not enough: some rules need the condition sustained or repeated"
     return result
@@ -130,7 +131,15 @@ def recovery_text(recovery: Recovery) -> str:
         "reset": "after a verified GPU reset (or a new boot) followed by a clean poll",
         "boot": "after a reboot: a new boot with the GPU present and clean",
         "operator": "only when an operator releases it (gpu-health-agent release --node N --gpu UUID)",
+        "diagnostic": "when the diagnostic run on the idle GPU passes (remediation.diagnostic_command), or an "
+                      "operator releases it; never by a timer",
     }[recovery.kind]
+
+
+def _nvidia_action(rules: RuleSet, verdict: Verdict | None) -> str | None:
+    """NVIDIA's guidance as the matching rule quotes it, shown beside our action."""
+    rule = rules.get(verdict.rule_id) if verdict is not None else None
+    return rule.nvidia_action if rule is not None else None
 
 
 def _clears(rules: RuleSet, verdict: Verdict | None) -> str | None:

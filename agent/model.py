@@ -126,6 +126,8 @@ class Signal(StrEnum):
     GPU_POLLED = "gpu_polled"
     #: A GPU reset that failed or was never verified by a clean poll: the node needs a reboot.
     RESET_FAILED = "reset_failed"
+    #: The result of a GPU diagnostic (agent/diagnostics.py): 1 passed, 0 failed.
+    DIAGNOSTIC = "diagnostic"
 
     @property
     def is_event(self) -> bool:
@@ -134,7 +136,8 @@ class Signal(StrEnum):
 
 _EVENT_SIGNALS = frozenset(
     {Signal.XID, Signal.SXID, Signal.GPU_LOST, Signal.ECC_DBE, Signal.ECC_SBE, Signal.NVLINK_ERRORS,
-     Signal.PCIE_REPLAYS, Signal.BOOT, Signal.GPU_RESET, Signal.OPERATOR_RELEASE, Signal.RESET_FAILED}
+     Signal.PCIE_REPLAYS, Signal.BOOT, Signal.GPU_RESET, Signal.OPERATOR_RELEASE, Signal.RESET_FAILED,
+     Signal.DIAGNOSTIC}
 )
 
 #: Signals that carry lifecycle facts (boot, reset, release) rather than faults.
@@ -233,11 +236,12 @@ class StepKind(StrEnum):
     CLEAR_REBOOT_REQUEST = "clear_reboot_request"
     MARK_REPLACEMENT = "mark_replacement"
     UNMARK_REPLACEMENT = "unmark_replacement"
+    RUN_DIAGNOSTIC = "run_diagnostic"
 
     @property
     def disruptive(self) -> bool:
         """Disruptive steps spend the cluster-wide budget; all others never wait for it."""
-        return self in {StepKind.EVICT, StepKind.RESET_GPU, StepKind.REBOOT_REQUEST}
+        return self in {StepKind.EVICT, StepKind.RESET_GPU, StepKind.REBOOT_REQUEST, StepKind.RUN_DIAGNOSTIC}
 
     @property
     def clearing(self) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from agent.diagnostics import DiagnosticOutcome, outcome_of
 from agent.drill import DRILL_PREFIX, DRILL_SECONDS, contain
 from agent.engine import EngineState, RuleSet, evaluate, restore, tick
 from agent.journal import Journal
@@ -159,6 +160,7 @@ class Pipeline:
         reset_settle_seconds: float = 10.0,
         reset_verify_seconds: float = 300.0,
         recovery_window_days: float = 30.0,
+        diagnose: bool = False,
         inline: bool = True,
         rng: random.Random | None = None,
         on_released: Callable[[Verdict], None] | None = None,
@@ -180,7 +182,8 @@ class Pipeline:
         self.engine = EngineState()
         self.history = AttemptHistory()
         self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
-                                    reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None)
+                                    reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None,
+                                    diagnose=diagnose)
         self.pods = pods
         self.replace_after_recoveries = replace_after_recoveries
         self.recovery_window_seconds = recovery_window_days * 86400.0
@@ -313,7 +316,20 @@ class Pipeline:
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator" and self.on_released:
             for verdict in verdicts:
                 self._safely("release_hook_failed", self.on_released, verdict)
-        return verdicts + self._verify_reset(observation, now)
+        return verdicts + self._verify_reset(observation, now) + self._diagnostic_passed(observation, now)
+
+    def _diagnostic_passed(self, observation: Observation, now: float) -> list[Verdict]:
+        """A passing diagnostic releases the GPU's faults that waited for one (recovery `diagnostic`)."""
+        if observation.signal is not Signal.DIAGNOSTIC or observation.value != 1:
+            return []
+        key = observation.gpu_key
+        verdicts: list[Verdict] = []
+        for (gpu_key, rule_id), fault in list(self.record.faults.items()):
+            if gpu_key == key and fault.recovery == "diagnostic":
+                release = Observation(Signal.OPERATOR_RELEASE, 1, now, "diagnostic", fault.gpu or observation.gpu,
+                                      frozen_attrs({"by": "a passing diagnostic", "rule": rule_id}))
+                verdicts += self._classify(release, now)
+        return verdicts
 
     # ---- GPU resets: verified by a clean poll, escalated when they fail ----
     def _verify_reset(self, observation: Observation, now: float) -> list[Verdict]:
@@ -336,6 +352,21 @@ class Pipeline:
         reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu,
                             frozen_attrs({"by": "a reset verified by a clean poll"}))
         return self._classify(reset, now)
+
+    def _diagnosed(self, action: ActionRecord, now: float) -> bool:
+        """A diagnostic that gave a verdict becomes a `diagnostic` observation: pass releases, fail is a fault."""
+        outcome = outcome_of(action.message)
+        if outcome is DiagnosticOutcome.INCONCLUSIVE:
+            return False
+        key = action.step.gpu_key
+        result = Observation(Signal.DIAGNOSTIC, 1 if outcome is DiagnosticOutcome.PASS else 0, now, "diagnostic",
+                             self.inventory.gpu_by_key(key), frozen_attrs({"message": action.message}))
+        with self._lock:
+            self.record.node.diagnosed.add(key)
+            verdicts = self._classify(result, now)
+            self._save()
+        self._pass_verdicts.extend(verdicts)
+        return bool(verdicts)
 
     def _reset_failed(self, gpu: GpuRef | None, now: float, message: str) -> list[Verdict]:
         failed = Observation(Signal.RESET_FAILED, 1, now, "remediation", gpu, frozen_attrs({"message": message}))
@@ -618,6 +649,8 @@ class Pipeline:
                     self.record.node.verifying[action.step.gpu_key] = now
                     self._save()
         for action in done:
+            if action.step.kind is StepKind.RUN_DIAGNOSTIC and action.result is StepResult.APPLIED:
+                progressed = self._diagnosed(action, now) or progressed
             if action.step.kind is StepKind.RESET_GPU and action.result is StepResult.FAILED:
                 gpu = self.inventory.gpu_by_key(action.step.gpu_key)
                 with self._lock:

@@ -332,10 +332,12 @@ def _repeating_application_faults() -> dict[str, Any]:
         "source": SOURCE.format(xid="13 and 31") + " and its Resolution Buckets sheet (WORKFLOW_XID_13, WORKFLOW_XID_31)",
         "reason": "One workload is one owner (its controller or image), never one process: a crash-looping job is "
         "one workload, and it is the application's (CHECK_APP/CUDA). Three different owners faulting on one GPU "
-        "within an hour is NVIDIA's repeat pattern: new work stays off the node without evicting anyone, and "
-        "only a passing diagnostic (dcgmi diag, then an operator release) lets it back - never a quiet timer.",
+        "within an hour is NVIDIA's repeat pattern: new work stays off the node without evicting anyone; once "
+        "the GPU is idle the configured diagnostic (remediation.diagnostic_command, e.g. dcgmi diag -r 2) runs, "
+        "bounded in time. A pass releases the GPU, a failure is gpu-diagnostic-failed; without a diagnostic an "
+        "operator releases it - never a quiet timer.",
         "window": {"count": 3, "seconds": 3600, "distinct": "workload"},
-        "recovery": {"kind": "operator"},
+        "recovery": {"kind": "diagnostic"},
     }
 
 
@@ -354,8 +356,9 @@ def _xid13_repeating_location() -> dict[str, Any]:
         "source": SOURCE.format(xid="13") + " and its Resolution Buckets sheet (WORKFLOW_XID_13)",
         "reason": "One crash prints a burst of Xid 13 lines from one process; the same GPC and TPC faulting under "
         "three different processes is NVIDIA's repeat pattern, a possible hardware issue. New work stays off "
-        "without evicting anyone until a diagnostic passes and an operator releases the GPU.",
-        "recovery": {"kind": "operator"},
+        "without evicting anyone; once the GPU is idle the configured diagnostic runs and its result decides: "
+        "a pass releases the GPU, a failure is gpu-diagnostic-failed (or an operator releases it).",
+        "recovery": {"kind": "diagnostic"},
     }
 
 

@@ -116,7 +116,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
                restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2,
                journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
-               api_client: Any = None) -> Agent:
+               api_client: Any = None, diagnose: Any = None) -> Agent:
     options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
                                                                "restore", "api_client"}}
     if populate_node:
@@ -129,7 +129,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
     stuck: list[str] = []
     actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{inventory.name}/test"),
                            evictor=evictor, reset=reset or (lambda uuid: (True, "fake reset")),
-                           on_stuck=stuck.append, opt_out_label="gpu-health-agent.io/opt-out")
+                           on_stuck=stuck.append, opt_out_label="gpu-health-agent.io/opt-out", diagnose=diagnose)
     # The GPUs each pod's processes run on, as NVML's process accounting tells the daemon's pod finder,
     # keyed by the UID the API server gave each pod (the real server assigns its own).
     by_key = {p.key: list(p.gpu_uuids) for p in inventory.pods}
@@ -145,7 +145,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
     pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode, dry_run=dry_run),
                         actuator=actuator, journal=opened, pods=side.pods.pods,
                         gate=budget, own_pod=side.own_pod, clock=lambda: 0.0,
-                        retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus)
+                        retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus, diagnose=diagnose is not None)
     if restore:
         pipeline.start()
     agent = Agent(inventory, pipeline, actuator, side, evictor, opened, cluster, server, options)

@@ -66,14 +66,15 @@ class Window(_Strict):
         return self
 
 
-RecoveryKind = Literal["quiet", "reset", "boot", "operator"]
+RecoveryKind = Literal["quiet", "reset", "boot", "operator", "diagnostic"]
 
 
 class Recovery(_Strict):
     """How an active fault clears.
 
     quiet: no match for `quiet_seconds` (and, for polled levels, a healthy reading since);
-    reset: a verified GPU reset or a new boot; boot: a new boot id; operator: only an operator release.
+    reset: a verified GPU reset or a new boot; boot: a new boot id; operator: only an operator release;
+    diagnostic: a passing diagnostic of the GPU (agent/diagnostics.py) or an operator release, never a timer.
     """
 
     kind: RecoveryKind

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.diagnostics import DiagnosticOutcome, DiagnosticRunner
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import EvictionOutcome, Evictor
@@ -29,6 +30,7 @@ _ACTIONS = {
     StepKind.TAINT: "Taint", StepKind.UNTAINT: "Untaint", StepKind.EVICT: "Evict", StepKind.RESET_GPU: "ResetGpu",
     StepKind.REBOOT_REQUEST: "RequestReboot", StepKind.CLEAR_REBOOT_REQUEST: "ClearRebootRequest",
     StepKind.MARK_REPLACEMENT: "MarkReplacement", StepKind.UNMARK_REPLACEMENT: "UnmarkReplacement",
+    StepKind.RUN_DIAGNOSTIC: "RunDiagnostic",
 }
 
 
@@ -59,6 +61,8 @@ class K8sActuator:
     reboot_sentinel: str = ""
     on_stuck: Callable[[str], None] = lambda pod: None
     opt_out_label: str = ""
+    #: Runs a GPU diagnostic (remediation.diagnostic_command); None: none configured.
+    diagnose: DiagnosticRunner | None = None
 
     def observe(self) -> NodeObservation:
         """One GET of the Node: the agent's marks, the mirrored record, a release request, the opt-out."""
@@ -102,6 +106,13 @@ class K8sActuator:
         if kind is StepKind.RESET_GPU:
             ok, message = self.reset(step.target)
             return (StepResult.APPLIED if ok else StepResult.FAILED), message
+        if kind is StepKind.RUN_DIAGNOSTIC:
+            if self.diagnose is None:
+                return StepResult.SKIPPED, "no diagnostic command configured"
+            outcome, summary = self.diagnose(step.target)
+            # Applied: the diagnostic gave a verdict (the message says which); failed: it decided nothing.
+            return (StepResult.FAILED if outcome is DiagnosticOutcome.INCONCLUSIVE else StepResult.APPLIED), \
+                f"{outcome}: {summary}"
         if kind is StepKind.REBOOT_REQUEST:
             return self._reboot(True, step.reason)
         if kind is StepKind.CLEAR_REBOOT_REQUEST:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config import Config
+from agent.diagnostics import command_runner
 from agent.k8s.actuator import K8sActuator, command_reset_runner
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import Apis
@@ -45,6 +46,8 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
         reboot_sentinel=settings.reboot_sentinel_path,
         on_stuck=on_stuck,
         opt_out_label=settings.opt_out_label,
+        diagnose=command_runner(settings.diagnostic_command, timeout_seconds=settings.diagnostic_timeout_seconds)
+        if settings.diagnostic_command else None,
     )
     budget = LeaseBudget(apis, node_name=config.node_name, namespace=settings.namespace,
                          max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,

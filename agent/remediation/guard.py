@@ -22,7 +22,7 @@ class Mode(StrEnum):
     REMEDIATE = "remediate"
 
 
-CAPPED_STEPS = frozenset({StepKind.RESET_GPU, StepKind.REBOOT_REQUEST})
+CAPPED_STEPS = frozenset({StepKind.RESET_GPU, StepKind.REBOOT_REQUEST, StepKind.RUN_DIAGNOSTIC})
 _ALLOWED_BY_MODE = {
     Mode.OBSERVE: frozenset({StepKind.EVENT}),
     Mode.QUARANTINE: frozenset(

@@ -120,6 +120,8 @@ class NodeState:
     #: GPUs reset (by the agent, or by someone else as the driver's log says) and when: the reset counts as
     #: verified only after a clean poll of that GPU; none within the deadline escalates to a reboot request.
     verifying: dict[str, float] = field(default_factory=dict)
+    #: GPUs whose diagnostic gave a verdict (pass or fail) for their current faults: not run again.
+    diagnosed: set[str] = field(default_factory=set)
 
     def apply(self, step: Step) -> None:
         """Record that a step took effect (or would have, in dry-run and local mode)."""
@@ -152,13 +154,14 @@ class NodeState:
         self.resets &= active_gpu_keys
         for key in set(self.verifying) - active_gpu_keys:
             del self.verifying[key]
+        self.diagnosed &= active_gpu_keys
 
     def to_json(self) -> dict[str, object]:
         return {"conditions": {k: {"status": v.status, "message": v.message} for k, v in self.conditions.items()},
                 "tainted": self.tainted, "evicted": {k: sorted(v) for k, v in self.evicted.items()},
                 "resets": sorted(self.resets), "reboot_requested": self.reboot_requested,
                 "replacement": sorted(self.replacement), "recoveries": self.recoveries.to_json(),
-                "verifying": dict(sorted(self.verifying.items()))}
+                "verifying": dict(sorted(self.verifying.items())), "diagnosed": sorted(self.diagnosed)}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> NodeState:
@@ -178,6 +181,8 @@ class NodeState:
         state.replacement = {str(r) for r in replacement} if isinstance(replacement, list) else set()
         state.reboot_requested = bool(data.get("reboot_requested"))
         state.recoveries = Recoveries.from_json(data.get("recoveries"))
+        diagnosed = data.get("diagnosed")
+        state.diagnosed = {str(d) for d in diagnosed} if isinstance(diagnosed, list) else set()
         verifying = data.get("verifying")
         if isinstance(verifying, dict):
             state.verifying = {str(k): float(v) for k, v in verifying.items() if isinstance(v, int | float)}
@@ -195,6 +200,8 @@ class PlanOptions:
     #: True when the pod list is read from the cluster: a pod stays "on the GPU" until it is really gone
     #: (an accepted eviction leaves it Terminating). Local mode has no live list and trusts its evictions.
     pods_live: bool = False
+    #: A diagnostic command is configured: faults whose recovery is `diagnostic` run it once the GPU is idle.
+    diagnose: bool = False
 
 
 def plan(
@@ -334,6 +341,10 @@ def _remedy_steps(
                    and now - fault.since >= options.reset_settle_seconds)
     if wants_reset and key != NODE_KEY and key not in node.resets and not _planned(planned, StepKind.RESET_GPU, key):
         steps.append(Step(StepKind.RESET_GPU, uuid, f"{fault.summary}", rule_id=fault.rule_id, gpu_key=key))
+    if fault.recovery == "diagnostic" and options.diagnose and uuid and key not in node.diagnosed and \
+            not _busy(fault, inventory, node, options) and not _planned(planned, StepKind.RUN_DIAGNOSTIC, key):
+        steps.append(Step(StepKind.RUN_DIAGNOSTIC, uuid, f"diagnostic for: {fault.summary}", rule_id=fault.rule_id,
+                          gpu_key=key))
     if fault.action is Action.REBOOT_NODE and not node.reboot_requested and not _planned(
         planned, StepKind.REBOOT_REQUEST, ""
     ):

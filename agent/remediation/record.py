@@ -146,4 +146,5 @@ class NodeObservation:
         return NodeState(conditions=dict(self.conditions), tainted=self.tainted,
                          evicted={k: set(v) for k, v in facts.evicted.items()}, resets=set(facts.resets),
                          reboot_requested=self.reboot_requested, replacement=set(self.replacement),
-                         recoveries=facts.recoveries.copy(), verifying=dict(facts.verifying))
+                         recoveries=facts.recoveries.copy(), verifying=dict(facts.verifying),
+                         diagnosed=set(facts.diagnosed))

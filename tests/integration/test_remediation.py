@@ -431,3 +431,27 @@ def test_a_contained_ecc_error_taints_noschedule_and_evicts_nobody(fake):
     assert our_conditions(node)["GpuDegraded"]["status"] == "True"
     assert not [p for p in cluster.pods_on("n1") if p["metadata"].get("deletionTimestamp")]
     assert len(cluster.pods_on("n1")) == 9
+
+
+def test_a_passing_diagnostic_releases_the_node_once_the_gpu_is_idle(fake):
+    """Three owners fault on GPU 2: NoSchedule, nobody evicted; its tenant finishes, the configured diagnostic
+    runs on the idle GPU, passes, and the taint goes."""
+    import sys
+
+    from agent.diagnostics import command_runner
+    from agent.model import frozen_attrs
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    ran = []
+    passing = command_runner([sys.executable, "-c", "print('| Memory | Pass |')"], timeout_seconds=30)
+    agent = make_agent(cluster, server, inventory, diagnose=lambda uuid: (ran.append(uuid), passing(uuid))[1])
+    for n, at in enumerate((1.0, 60.0, 120.0)):
+        agent.pipeline.handle(Observation(Signal.XID, 31, at, "kmsg", inventory.gpus[2],
+                                          frozen_attrs({"workload": f"ns/Deployment/app-{n}"})), at)
+    assert TAINT in [t["key"] for t in cluster.node("n1")["spec"]["taints"]]
+    assert ran == [] and len(cluster.pods_on("n1")) == 9  # the tenant still runs: nobody evicted
+    cluster.delete(resource("pods"), "ml", "n1-trainer-2")  # its job finished
+    grace_period_passes(cluster)
+    agent.pipeline.tick(500.0)
+    assert ran == ["GPU-n1-0002"]
+    assert TAINT not in [t["key"] for t in cluster.node("n1")["spec"].get("taints") or []]

@@ -323,3 +323,16 @@ def test_a_sped_up_scenario_runs_its_recovery_window_at_the_same_speed(tmp_path:
     kinds = [entry["kind"] for entry in journal.history() if entry["type"] == "verdict"]
     journal.close()
     assert kinds == ["fault", "cleared"]
+
+
+def test_explain_a_signal_shows_nvidia_s_guidance_beside_our_action():
+    """A changed non-Xid rule (recovery action 4) prints NVIDIA's guidance and ours side by side."""
+    output = invoke("explain", "--signal", "recovery_action", "--value", "4").output
+    assert "NVIDIA's action:  DRAIN_AND_RESET" in output
+    assert "our action:       degraded, quarantine_reset_when_idle" in output
+
+
+def test_explain_says_a_diagnostic_clears_the_repeat_pattern():
+    """xid-app-13-repeat-gpc-tpc clears by a passing diagnostic, never a timer."""
+    output = invoke("explain", "--xid", "13", "--attr", "sm_location_processes=3").output
+    assert "when the diagnostic run on the idle GPU passes" in output

@@ -24,8 +24,10 @@ def test_restart_app_neither_quarantines_nor_evicts():
     assert not Action.RESTART_APP.evicts
 
 
-def test_disruptive_steps_are_eviction_reset_and_reboot_request():
-    assert {k for k in StepKind if k.disruptive} == {StepKind.EVICT, StepKind.RESET_GPU, StepKind.REBOOT_REQUEST}
+def test_disruptive_steps_are_eviction_reset_reboot_request_and_diagnostic():
+    """A diagnostic holds the GPU and takes a budget slot like a reset."""
+    assert {k for k in StepKind if k.disruptive} == {StepKind.EVICT, StepKind.RESET_GPU, StepKind.REBOOT_REQUEST,
+                                                     StepKind.RUN_DIAGNOSTIC}
 
 
 def test_pci_ids_compare_whatever_the_printed_form():
