@@ -58,6 +58,7 @@ from agent.remediation import (
 from agent.remediation.planner import next_settled, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
 from agent.remediation.resets import reset_by_driver_log, unclean
+from agent.remediation.spread import APPLICATION_XIDS, WorkloadSpread
 from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
 from agent.sources.kmsg import cursor_value, newer_cursor
 
@@ -180,6 +181,7 @@ class Pipeline:
         self.sync_seconds = sync_seconds
         self.slot_renew_seconds = slot_renew_seconds
         self.engine = EngineState()
+        self.spread = WorkloadSpread()
         self.history = AttemptHistory()
         self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
                                     reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None,
@@ -302,6 +304,7 @@ class Pipeline:
             observation = dataclasses.replace(observation, gpu=self.inventory.resolve(observation.gpu))
         if self.metrics:
             self.metrics.observed(observation)
+        observation = self._not_the_gpus_if_elsewhere(observation)
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator":
             self.record.node.recoveries.release(observation.gpu_key)
         previous_boot = self.engine.boot_id
@@ -381,6 +384,25 @@ class Pipeline:
                 verdicts += self._reset_failed(self.inventory.gpu_by_key(key), now,
                                                f"no clean poll within {self.reset_verify_seconds:g}s of the reset")
         return verdicts
+
+    def _not_the_gpus_if_elsewhere(self, observation: Observation) -> Observation:
+        """NVIDIA's Xid 31 workflow: a repeat on one GPU points at the GPU only while the same workload does not
+        fault elsewhere. A workload whose application Xids hit another GPU within the hour is the application's:
+        it counts toward no GPU's distinct-workload window, and what it counted already is taken back."""
+        workload = observation.attrs.get("workload")
+        if observation.signal is not Signal.XID or int(observation.value) not in APPLICATION_XIDS or \
+                not isinstance(workload, str) or not workload:
+            return observation
+        elsewhere = self.spread.note(workload, observation.gpu_key, observation.at)
+        if not elsewhere:
+            return observation
+        for (gpu_key, rule_id), state in self.engine.rules.items():
+            rule = self.rules.get(rule_id)
+            if gpu_key in elsewhere and rule is not None and rule.window.distinct == "workload" and not state.active:
+                state.distinct.pop(workload, None)
+        attrs = {k: v for k, v in observation.attrs.items() if k != "workload"}
+        attrs["workload_elsewhere"] = workload
+        return dataclasses.replace(observation, attrs=frozen_attrs(attrs))
 
     def _drills_ended(self, now: float) -> list[Verdict]:
         """A drill's fault ends by itself once its alert has had time to fire: released, that fault only."""
