@@ -82,6 +82,7 @@ def test_the_new_record_shape_round_trips():
     state = NodeState()
     state.recoveries.add(KEY, FaultClass.INTERCONNECT, 5.0)
     state.verifying[KEY] = 7.0
+    state.diagnosed.add(KEY)
     again = NodeState.from_json(state.to_json())
     assert again.recoveries.to_json() == {KEY: {"interconnect": [5.0]}}
-    assert again.verifying == {KEY: 7.0}
+    assert (again.verifying, again.diagnosed) == ({KEY: 7.0}, {KEY})

@@ -120,7 +120,8 @@ def test_a_reset_by_someone_else_is_verified_by_the_next_clean_poll(shipped_rule
     p = pipeline(shipped_rules, actuator=LocalActuator())  # local mode: the agent's own reset only plans
     p.handle(obs(Signal.XID, 48, 1.0), 1.0)
     [line] = KernelLogProcessor().handle(RESET_DONE_LINE, 30.0)
-    p.handle(line.__class__(line.signal, line.value, 30.0, "kmsg", gpu(0), line.attrs), 30.0)
+    assert not line.gpu.uuid  # the kernel log names the GPU by PCI bus id only
+    p.handle(line, 30.0)
     assert p.node.verifying == {gpu(0).key: 30.0}
     cleared = p.handle(obs(Signal.GPU_POLLED, 1, 31.0, **CLEAN), 31.0)
     assert "xid-48" in [v.rule_id for v in cleared.verdicts]
