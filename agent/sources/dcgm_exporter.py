@@ -212,6 +212,10 @@ class DcgmTranslator:
             emit(Signal.RECOVERY_ACTION, v["recovery_action"])
         if gpu.ref.mig_gpu_instance is None:
             emit(Signal.SOURCE_UNREADABLE, 0)
+            # The scrape in one reading, what verifies a reset (no NVLink state from the exporter: not judged).
+            emit(Signal.GPU_POLLED, 1, recovery_action=_int(v.get("recovery_action")),
+                 remap_pending=_int(v.get("remap_pending")), retirement_pending=_int(v.get("retired_pending")),
+                 volatile_dbe=_int(v.get("dbe_vol")))
         return out
 
     def _threshold(self, gpu: ScrapedGpu, key: str) -> float | None:
@@ -300,3 +304,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
     return str(exc) or type(exc).__name__
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)

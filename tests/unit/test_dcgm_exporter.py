@@ -102,3 +102,11 @@ def test_an_unreachable_exporter_before_any_scrape_is_a_node_level_unknown():
         raise ConnectionRefusedError(111, "Connection refused")
     [observation] = ExporterReader("http://127.0.0.1:9", fetcher=refuse).read(0.0)
     assert (observation.signal, observation.gpu, observation.value) == (Signal.SOURCE_UNREADABLE, None, 1)
+
+
+def test_each_scraped_gpu_gives_the_poll_that_verifies_a_reset():
+    """A DCGM-only node can verify resets too: recovery action, pending remap of each GPU in one reading."""
+    polls = {o.gpu.index: o for o in reader_of(FAULTS).read(0.0) if o.signal is Signal.GPU_POLLED}
+    assert set(polls) == set(range(8))  # full GPUs only, never a MIG instance
+    assert (polls[2].attrs["remap_pending"], polls[7].attrs["recovery_action"]) == (1, 2)
+    assert (polls[0].attrs["remap_pending"], polls[0].attrs["retirement_pending"]) == (0, 0)
