@@ -80,7 +80,7 @@ class Action(StrEnum):
     @property
     def resets(self) -> bool:
         """True when this action resets the GPU (once no pod holds it)."""
-        return self in {Action.RESET_WHEN_IDLE, Action.QUARANTINE_RESET_WHEN_IDLE, Action.RESET_GPU}
+        return self in _RESETTING
 
     @property
     def evicts(self) -> bool:
@@ -89,6 +89,7 @@ class Action(StrEnum):
 
 
 _ACTION_RANK = {action: n for n, action in enumerate(Action)}  # once: `rank` is on the planner's hot path
+_RESETTING = frozenset({Action.RESET_WHEN_IDLE, Action.QUARANTINE_RESET_WHEN_IDLE, Action.RESET_GPU})
 
 
 class Signal(StrEnum):
