@@ -498,6 +498,8 @@ class Pipeline:
         with self._lock:
             self._adopt(observed)
             self.record.node = observed.actual(self.record.node)
+            if observed.devices is not None:
+                self._options = dataclasses.replace(self._options, devices=observed.devices)
         if observed.release:
             target = observed.release.split("@", 1)[0].strip() or "all"
             gpu = None if target in {"all", NODE_KEY} else GpuRef(uuid=target)
@@ -581,7 +583,7 @@ class Pipeline:
                           now=now)
         result: StepResult | None = decision.result
         message = decision.reason
-        if decision.proceed and step.kind.disruptive:
+        if decision.proceed and step.disruptive:
             if now < self._backoff_until:
                 return None  # backing off: not attempted, not recorded again
             result, message = self._take_slot()
@@ -612,7 +614,7 @@ class Pipeline:
         return None, ""
 
     def _apply(self, step: Step, now: float) -> tuple[StepResult, str]:
-        if step.kind.disruptive:
+        if step.disruptive:
             self.history.record(step, now)
         if step.kind is StepKind.EVICT:
             with self._lock:  # the intent first: the Event is owed whatever happens next
@@ -696,7 +698,7 @@ class Pipeline:
             self._safely("journal_action_failed", self.journal.record_action, self.inventory.name, record)
         if self.metrics:
             self.metrics.acted(record)
-            if step.kind is StepKind.TAINT and result is StepResult.APPLIED:
+            if step.kind in {StepKind.TAINT, StepKind.TAINT_DEVICE} and result is StepResult.APPLIED:
                 since = min((f.since if f.observed_at is None else f.observed_at
                              for f in self.record.faults.values() if f.action.quarantines), default=None)
                 if since is not None:
