@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 import structlog
@@ -22,6 +23,7 @@ from agent.remediation.planner import DeviceIsolation, DeviceMark
 
 log = structlog.get_logger("agent.k8s.isolation")
 Setting = Literal["device", "auto"]
+REDISCOVER_SECONDS = 300.0
 NO_RULE_API = ("the API server serves no DeviceTaintRules (resource.k8s.io absent, or the DeviceTaintRule API "
                "is off)")
 
@@ -31,7 +33,8 @@ class DeviceIsolator:
     each pass, and creates or deletes exactly the DeviceTaintRules the planner asks for."""
 
     def __init__(self, raw: RawApi, *, node_name: str, taint_key: str, setting: Setting = "auto",
-                 effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule", mark_degraded: bool = False) -> None:
+                 effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule", mark_degraded: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.raw = raw
         self.node = node_name
         self.key = taint_key
@@ -39,10 +42,14 @@ class DeviceIsolator:
         self.effect = effect
         self.mark_degraded = mark_degraded
         self.tainter: DeviceTainter | None = None
+        self.clock = clock
+        self._discover_after = 0.0
         self._devices: dict[str, tuple[DeviceRef, ...]] = {}
 
     def _tainter(self) -> DeviceTainter | None:
-        if self.tainter is None:
+        """The rule API's served version is discovered once; its absence is asked again every few minutes."""
+        if self.tainter is None and self.clock() >= self._discover_after:
+            self._discover_after = self.clock() + REDISCOVER_SECONDS
             version = discover_rule_version(self.raw)
             if version is not None:
                 log.info("device_isolation_version", version=version)
@@ -70,7 +77,10 @@ class DeviceIsolator:
         return DeviceIsolation(self._devices, effect=self.effect, mark_degraded=self.mark_degraded), _marks(rules)
 
     def _unavailable(self, why: str) -> DeviceIsolation:
-        return DeviceIsolation(unavailable=why, effect=self.effect, mark_degraded=self.mark_degraded)
+        """Node isolation this pass: with `device` the planner says why in an Event, with `auto` it is the
+        expected outcome on a node without DRA."""
+        return DeviceIsolation(unavailable=why, effect=self.effect, mark_degraded=self.mark_degraded,
+                               silent=self.setting == "auto")
 
     def apply(self, step: Step) -> tuple[StepResult, str]:
         tainter = self.tainter

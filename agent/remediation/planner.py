@@ -120,6 +120,8 @@ class DeviceIsolation:
     effect: str = "NoSchedule"
     #: A degraded-but-usable GPU gets a `None`-effect taint: visible on the device, nothing moves.
     mark_degraded: bool = False
+    #: `auto` on a node without DRA: node isolation is the expected choice, not worth an Event.
+    silent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +281,7 @@ def node_isolation(active: Iterable[ActiveFault], options: PlanOptions) -> str |
     if isolation is None or whole_node or len({f.gpu_key for f in faults}) > options.max_faulty_gpus:
         return ""
     if isolation.unavailable:
-        return isolation.unavailable
+        return "" if isolation.silent else isolation.unavailable
     missing = sorted({_gpu_text(f) for f in faults if not isolation.devices.get(f.gpu.uuid if f.gpu else "")})
     if missing:
         return f"{', '.join(missing)} not published in the node's ResourceSlices"

@@ -136,3 +136,12 @@ def test_the_durable_record_says_which_device_was_tainted():
                                                          "device": "gpu-1", "gpu": GPUS[1].uuid,
                                                          "effect": "NoSchedule"}]
     assert NodeRecord.from_json(document).node.device_taints == record.node.device_taints
+
+
+def test_auto_without_dra_taints_the_node_without_an_event():
+    """`auto` on a node without DRA (silent): the node taint, and no DeviceIsolationUnavailable Event."""
+    options = dataclasses.replace(DEVICE, devices=DeviceIsolation(unavailable="no DRA", silent=True))
+    v = fault(1)
+    steps = plan([v], active_of(v), NodeState(), NODE, options=options)
+    assert kinds(steps, StepKind.TAINT, StepKind.TAINT_DEVICE) == [(StepKind.TAINT, "node-1")]
+    assert not [s for s in steps if s.details.get("reason") == "DeviceIsolationUnavailable"]

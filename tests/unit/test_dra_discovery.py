@@ -1,0 +1,95 @@
+"""Which resource.k8s.io version the agent speaks, from recorded and derived discovery documents, and what per-GPU
+isolation it then offers the planner on each."""
+
+import json
+
+import pytest
+
+from agent.k8s.dra import discover_rule_version
+from agent.k8s.errors import Forbidden, NotFound
+from agent.k8s.isolation import NO_RULE_API, DeviceIsolator
+from tests.conftest import FIXTURES
+
+DISCOVERY = FIXTURES / "dra" / "discovery"
+SLICE = json.loads((FIXTURES / "dra" / "nvidia-8gpu-2mig.json").read_text())
+
+
+class RecordedServer:
+    """Answers GETs from one discovery document; a path it does not hold is a 404, as on the real server."""
+
+    def __init__(self, documents: dict[str, object], *, slices_forbidden: bool = False) -> None:
+        self.documents = documents
+        self.slices_forbidden = slices_forbidden
+        self.paths: list[str] = []
+
+    def get(self, path: str, *, query: dict[str, str] | None = None) -> dict[str, object]:
+        self.paths.append(path)
+        if path.endswith("/resourceslices"):
+            if self.slices_forbidden:
+                raise Forbidden("resourceslices is forbidden", status=403)
+            return {"items": [SLICE | {"spec": SLICE["spec"] | {"nodeName": "node-1"}}]}
+        if path.endswith("/devicetaintrules"):
+            return {"items": []}
+        if path not in self.documents:
+            raise NotFound(f"{path} not found", status=404)
+        return self.documents[path]  # type: ignore[return-value]
+
+
+def server(name: str, **kwargs: bool) -> RecordedServer:
+    return RecordedServer(json.loads((DISCOVERY / name).read_text()), **kwargs)
+
+
+@pytest.mark.parametrize(("document", "version"), [
+    ("1.37.2.json", "v1"),
+    ("1.36-derived.json", "v1beta2"),
+    ("1.35-alpha-derived.json", "v1alpha3"),
+    ("rule-api-off-derived.json", None),
+])
+def test_the_newest_version_serving_device_taint_rules_is_chosen(document, version):
+    """GA v1 on 1.37, beta v1beta2 on 1.36, alpha v1alpha3 before; None when the rule API is off."""
+    assert discover_rule_version(server(document)) == version  # type: ignore[arg-type]
+
+
+def test_a_server_without_dra_serves_no_rule_version():
+    """No resource.k8s.io group at all (404 on the group) is not an error: node isolation."""
+    assert discover_rule_version(RecordedServer({})) is None  # type: ignore[arg-type]
+
+
+def test_the_isolator_reads_slices_in_the_discovered_version():
+    """On a 1.36-like server the slices and rules are read under v1beta2."""
+    recorded = server("1.36-derived.json")
+    isolation, rules = DeviceIsolator(recorded, node_name="node-1", taint_key="k", setting="device").read()  # type: ignore[arg-type]
+    assert isolation is not None and not isolation.unavailable and rules == {}
+    assert "/apis/resource.k8s.io/v1beta2/resourceslices" in recorded.paths
+
+
+def test_device_isolation_without_a_rule_api_says_why():
+    """`isolation: device` on a server without DeviceTaintRules: node isolation, with the reason for the Event."""
+    isolation, _ = DeviceIsolator(server("rule-api-off-derived.json"), node_name="node-1", taint_key="k",  # type: ignore[arg-type]
+                                  setting="device").read()
+    assert isolation is not None and isolation.unavailable == NO_RULE_API and not isolation.silent
+
+
+def test_auto_isolation_without_dra_falls_back_silently():
+    """`isolation: auto` on a cluster without DRA: node isolation is the expected choice, no Event."""
+    isolation, _ = DeviceIsolator(RecordedServer({}), node_name="node-1", taint_key="k").read()  # type: ignore[arg-type]
+    assert isolation is not None and isolation.unavailable and isolation.silent
+
+
+def test_without_the_dra_grants_the_reason_names_the_manifests():
+    """The base grants nothing on resource.k8s.io: the reason points at daemonset/dra."""
+    isolation, _ = DeviceIsolator(server("1.37.2.json", slices_forbidden=True), node_name="node-1",  # type: ignore[arg-type]
+                                  taint_key="k", setting="device").read()
+    assert isolation is not None and "daemonset/dra" in isolation.unavailable
+
+
+def test_absent_dra_is_discovered_again_only_after_a_while():
+    """A node without DRA does not cost a discovery request every pass."""
+    recorded, now = RecordedServer({}), [0.0]
+    isolator = DeviceIsolator(recorded, node_name="node-1", taint_key="k", clock=lambda: now[0])  # type: ignore[arg-type]
+    isolator.read()
+    isolator.read()
+    assert recorded.paths == ["/apis/resource.k8s.io"]
+    now[0] = 301.0
+    isolator.read()
+    assert recorded.paths == ["/apis/resource.k8s.io"] * 2
