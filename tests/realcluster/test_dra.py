@@ -52,16 +52,18 @@ def publish_gpus(plane: ControlPlane, node: str) -> None:
             raise
 
 
-def claim_on(plane: ControlPlane, namespace: str, name: str, indexes: list[int]) -> None:
+def claim_on(plane: ControlPlane, namespace: str, name: str, indexes: list[int], *,
+             tolerations: list[dict[str, str]] | None = None) -> None:
     """A claim for one whole GPU among `indexes` (a CEL selector the real scheduler evaluates)."""
     plane.ensure_namespace(namespace)
     allowed = ", ".join(str(i) for i in indexes)
+    exactly: dict[str, Any] = {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression":
+        f"device.attributes['{DRIVER}'].type == 'gpu' && device.attributes['{DRIVER}'].index in [{allowed}]"}}]}
+    if tolerations:
+        exactly["tolerations"] = tolerations
     plane.rest("POST", f"{V1}/namespaces/{namespace}/resourceclaims", {
         "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": DRIVER, "selectors": [{"cel": {"expression":
-                f"device.attributes['{DRIVER}'].type == 'gpu' && device.attributes['{DRIVER}'].index in [{allowed}]"}}],
-        }}]}}})
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
     plane.forget("resource.k8s.io", "resourceclaims", namespace, name)
 
 
@@ -268,6 +270,18 @@ def test_the_pipeline_taints_one_device_and_a_later_claim_gets_another(control_p
     claim_on(control_plane, "ml", "later", [3, 5])
     pod_with_claim(control_plane, "ml", "later", "later")
     assert allocated_device(control_plane, "ml", "later") == "gpu-5"
+
+
+def test_a_claim_tolerating_the_agents_taint_is_allocated_the_tainted_device(control_plane, dra_node, real_server,
+                                                                             tmp_path):
+    """A diagnostics claim with the toleration of docs/remediation.md gets the faulty gpu-3."""
+    pipeline = dra_pipeline(control_plane, real_server, dra_node, tmp_path)
+    pipeline.start()
+    xid48(pipeline, 3)
+    toleration = {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
+    claim_on(control_plane, "ops", "diagnostics", [3], tolerations=[toleration])
+    pod_with_claim(control_plane, "ops", "diagnostics", "diagnostics")
+    assert allocated_device(control_plane, "ops", "diagnostics") == "gpu-3"
 
 
 def test_the_pipeline_evicts_only_the_pod_whose_claim_holds_the_faulty_gpu(control_plane, dra_node, real_server,
