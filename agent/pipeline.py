@@ -668,7 +668,8 @@ class Pipeline:
         node = self.record.node
         active = {k for k, _ in self.record.faults}
         acting = self.policy.mode is Mode.REMEDIATE and not self.policy.dry_run and not opted_out
-        disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active))
+        disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
+                                any(m.effect == "NoExecute" for m in node.device_taints.values()))
         try:
             if disrupted:
                 if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:

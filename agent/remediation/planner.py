@@ -312,12 +312,18 @@ def desired_device_taints(active: Iterable[ActiveFault], options: PlanOptions) -
 def _device_steps(active: Iterable[ActiveFault], node: NodeState, options: PlanOptions) -> list[Step]:
     faults = list(active)
     wanted = desired_device_taints(faults, options)
-    steps = []
+    steps: list[Step] = []
     for device, mark in sorted(wanted.items()):
-        if node.device_taints.get(device) != mark:
-            fault = next(f for f in faults if f.gpu and f.gpu.uuid == mark.gpu_uuid)
-            steps.append(Step(StepKind.TAINT_DEVICE, str(device), fault.summary, rule_id=fault.rule_id,
-                              gpu_key=fault.gpu_key, details=_device_details(device, mark)))
+        have = node.device_taints.get(device)
+        if have == mark:
+            continue
+        fault = next(f for f in faults if f.gpu and f.gpu.uuid == mark.gpu_uuid)
+        marks = [mark]
+        if mark.effect == "NoExecute" and (have is None or have.effect == "None"):
+            # NoExecute is disruptive and may wait for the mode or the budget; NoSchedule keeps new work off now.
+            marks.insert(0, DeviceMark(mark.gpu_uuid, "NoSchedule"))
+        steps.extend(Step(StepKind.TAINT_DEVICE, str(device), fault.summary, rule_id=fault.rule_id,
+                          gpu_key=fault.gpu_key, details=_device_details(device, m)) for m in marks)
     if options.devices is not None and not options.devices.unavailable:
         for device, mark in sorted(node.device_taints.items()):
             if device not in wanted:

@@ -115,11 +115,15 @@ def test_a_degraded_gpu_gets_a_none_effect_taint_only_when_asked():
 
 
 def test_no_execute_device_taint_needs_remediate_mode():
-    """The NoExecute opt-in deletes pods: quarantine mode skips it, remediate mode lets it through."""
+    """The NoExecute opt-in deletes pods: quarantine mode skips it, remediate mode lets it through; the
+    NoSchedule planned before it keeps new work off the GPU whatever becomes of it."""
     options = dataclasses.replace(DEVICE, devices=DeviceIsolation(DEVICES, effect="NoExecute"))
     v = fault(1)
-    [taint] = [s for s in plan([v], active_of(v), NodeState(), NODE, options=options)
-               if s.kind is StepKind.TAINT_DEVICE]
+    first, taint = [s for s in plan([v], active_of(v), NodeState(), NODE, options=options)
+                    if s.kind is StepKind.TAINT_DEVICE]
+    assert (first.details["effect"], taint.details["effect"]) == ("NoSchedule", "NoExecute")
+    assert decide(first, policy=GuardPolicy(mode=Mode.QUARANTINE), cluster=ClusterView(budget_available=False),
+                  history=AttemptHistory(), now=0.0).proceed
     args = {"cluster": ClusterView(), "history": AttemptHistory(), "now": 0.0}
     assert decide(taint, policy=GuardPolicy(mode=Mode.QUARANTINE), **args).result is StepResult.SKIPPED
     assert decide(taint, policy=GuardPolicy(mode=Mode.REMEDIATE), **args).proceed
