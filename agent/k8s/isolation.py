@@ -49,9 +49,10 @@ class DeviceIsolator:
     def _tainter(self) -> DeviceTainter | None:
         """The rule API's served version is discovered once; its absence is asked again every few minutes."""
         if self.tainter is None and self.clock() >= self._discover_after:
-            self._discover_after = self.clock() + REDISCOVER_SECONDS
-            version = discover_rule_version(self.raw)
-            if version is not None:
+            version = discover_rule_version(self.raw)  # an API error propagates: asked again next pass
+            if version is None:
+                self._discover_after = self.clock() + REDISCOVER_SECONDS
+            else:
                 log.info("device_isolation_version", version=version)
                 self.tainter = DeviceTainter(self.raw, node_name=self.node, taint_key=self.key, version=version)
         return self.tainter
@@ -62,10 +63,12 @@ class DeviceIsolator:
         try:
             tainter = self._tainter()
             if tainter is None:
+                self._devices = {}
                 return self._unavailable(NO_RULE_API), {}
             published = tainter.published()
             rules = tainter.owned()
         except Forbidden as exc:
+            self._devices = {}
             return self._unavailable(f"the agent may not read DRA objects (apply daemonset/dra): {exc}"), {}
         except K8sError as exc:
             log.warning("device_isolation_unreadable", error=str(exc))
@@ -99,9 +102,9 @@ class DeviceIsolator:
                     claimed: Mapping[tuple[str, str], list[tuple[str, str, str]]]) -> dict[tuple[str, str], set[str]]:
         """The GPU UUIDs each pod holds through DRA: its allocated ResourceClaims, and the devices the kubelet's
         PodResources lists for it; empty where DRA is not served or not readable."""
-        tainter = self._tainter_quietly()
-        if tainter is None:
-            return {}
+        tainter = self.tainter
+        if tainter is None or not self._devices:
+            return {}  # no rule API, or no GPU of this node published (as of the last pass): nothing to map
         by_device: dict[DeviceRef, set[str]] = {}
         for uuid, devices in self._devices.items():
             for device in devices:
@@ -115,12 +118,6 @@ class DeviceIsolator:
             log.warning("resource_claims_unreadable", error=str(exc))
         return {key: set().union(*(by_device.get(d, set()) for d in devices))
                 for key, devices in held.items() if devices}
-
-    def _tainter_quietly(self) -> DeviceTainter | None:
-        try:
-            return self._tainter()
-        except K8sError:
-            return None
 
 
 def _marks(rules: Iterable[JsonDocument]) -> dict[DeviceRef, DeviceMark]:

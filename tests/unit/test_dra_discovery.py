@@ -6,7 +6,7 @@ import json
 import pytest
 
 from agent.k8s.dra import discover_rule_version
-from agent.k8s.errors import Forbidden, NotFound
+from agent.k8s.errors import Forbidden, NotFound, Unavailable
 from agent.k8s.isolation import NO_RULE_API, DeviceIsolator
 from tests.conftest import FIXTURES
 
@@ -93,3 +93,38 @@ def test_absent_dra_is_discovered_again_only_after_a_while():
     now[0] = 301.0
     isolator.read()
     assert recorded.paths == ["/apis/resource.k8s.io"] * 2
+
+
+def test_a_failed_discovery_is_asked_again_at_the_next_pass():
+    """A 503 while discovering is not "no DRA": the next pass asks again instead of waiting minutes."""
+    recorded = server("1.37.2.json")
+    answers = recorded.get
+
+    def once_unavailable(path: str, *, query: dict[str, str] | None = None) -> dict[str, object]:
+        if not recorded.paths:
+            recorded.paths.append(path)
+            raise Unavailable("the server is currently unable to handle the request", status=503)
+        return answers(path, query=query)
+
+    recorded.get = once_unavailable  # type: ignore[method-assign]
+    isolator = DeviceIsolator(recorded, node_name="node-1", taint_key="k", setting="device",  # type: ignore[arg-type]
+                              clock=lambda: 0.0)
+    assert isolator.read() == (None, None)
+    isolation, _ = isolator.read()
+    assert isolation is not None and not isolation.unavailable
+
+
+def test_pods_holding_a_gpu_through_a_claim_or_podresources_are_named_by_uuid():
+    """An allocated claim reserved for a pod, and PodResources' dynamic resources, both map to GPU UUIDs."""
+    recorded = server("1.37.2.json")
+    isolator = DeviceIsolator(recorded, node_name="node-1", taint_key="k", setting="device")  # type: ignore[arg-type]
+    isolator.read()
+    pool = SLICE["spec"]["pool"]["name"]
+    claim = {"metadata": {"namespace": "ml", "name": "c"}, "status": {
+        "allocation": {"devices": {"results": [{"driver": "gpu.nvidia.com", "pool": pool, "device": "gpu-3"}]}},
+        "reservedFor": [{"resource": "pods", "name": "trainer", "uid": "u1"}]}}
+    recorded.documents["/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims"] = {"items": [claim]}
+    held = isolator.gpus_by_pod({"ml"}, {("ml", "other"): [("gpu.nvidia.com", pool, "gpu-6-mig-3g40gb-0")]})
+    assert held == {("ml", "trainer"): {"GPU-4d3c2b1a-0000-4000-8000-000000000003"},
+                    ("ml", "other"): {"MIG-9e8f7a6b-0006-4000-8000-000000000000",
+                                      "GPU-4d3c2b1a-0000-4000-8000-000000000006"}}
