@@ -23,6 +23,7 @@ from agent.remediation.planner import DeviceIsolation, DeviceMark
 
 log = structlog.get_logger("agent.k8s.isolation")
 Setting = Literal["device", "auto"]
+#: How long `auto` trusts "no DeviceTaintRule API" or "no GPU of this node in ResourceSlices" before asking again.
 REDISCOVER_SECONDS = 300.0
 NO_RULE_API = ("the API server serves no DeviceTaintRules (resource.k8s.io absent, or the DeviceTaintRule API "
                "is off)")
@@ -44,6 +45,8 @@ class DeviceIsolator:
         self.tainter: DeviceTainter | None = None
         self.clock = clock
         self._discover_after = 0.0
+        self._slices_after = 0.0
+        self._no_slices = f"no GPU of node {node_name} is published in ResourceSlices"
         self._devices: dict[str, tuple[DeviceRef, ...]] = {}
 
     def _tainter(self) -> DeviceTainter | None:
@@ -60,6 +63,8 @@ class DeviceIsolator:
     def read(self) -> tuple[DeviceIsolation | None, dict[DeviceRef, DeviceMark] | None]:
         """What the planner may isolate by device, and the agent's rules now; (None, None) when unreadable,
         so a passing API error keeps the last view instead of flipping the node between the two isolations."""
+        if self.setting == "auto" and not self._devices and self.clock() < self._slices_after:
+            return self._unavailable(self._no_slices), None  # auto, no GPU published: looked again in a while
         try:
             tainter = self._tainter()
             if tainter is None:
@@ -76,7 +81,8 @@ class DeviceIsolator:
         uuids = {p.uuid for p in published} | {p.parent_uuid for p in published if p.parent_uuid}
         self._devices = {uuid: tuple(devices_of_gpu(published, uuid)) for uuid in uuids}
         if not published and self.setting == "auto":
-            return self._unavailable(f"no GPU of node {self.node} is published in ResourceSlices"), _marks(rules)
+            self._slices_after = self.clock() + REDISCOVER_SECONDS
+            return self._unavailable(self._no_slices), _marks(rules)
         return DeviceIsolation(self._devices, effect=self.effect, mark_degraded=self.mark_degraded), _marks(rules)
 
     def _unavailable(self, why: str) -> DeviceIsolation:

@@ -128,3 +128,18 @@ def test_pods_holding_a_gpu_through_a_claim_or_podresources_are_named_by_uuid():
     assert held == {("ml", "trainer"): {"GPU-4d3c2b1a-0000-4000-8000-000000000003"},
                     ("ml", "other"): {"MIG-9e8f7a6b-0006-4000-8000-000000000000",
                                       "GPU-4d3c2b1a-0000-4000-8000-000000000006"}}
+
+
+def test_auto_on_a_node_without_published_gpus_lists_slices_again_only_after_a_while():
+    """A cluster serving DRA for other devices: `auto` on a GPU node without slices costs no request per pass."""
+    recorded, now = server("1.37.2.json"), [0.0]
+    isolator = DeviceIsolator(recorded, node_name="node-without-slices", taint_key="k",  # type: ignore[arg-type]
+                              clock=lambda: now[0])
+    first, _ = isolator.read()
+    asked = len(recorded.paths)
+    second, rules = isolator.read()
+    assert first is not None and first.silent and second == first and rules is None
+    assert len(recorded.paths) == asked
+    now[0] = 301.0
+    isolator.read()
+    assert len(recorded.paths) > asked
