@@ -90,6 +90,10 @@ class RemediationConfig(_Section):
     api_read_timeout_seconds: float = Field(default=10.0, gt=0)
     # node: taint the node; device: a DeviceTaintRule per faulty GPU (resource.k8s.io); auto: device where served.
     isolation: Literal["node", "device", "auto"] = "auto"
+    # The device taint where the node would be tainted; NoExecute (deletes pods, no PDB) only as an opt-in.
+    device_taint_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+    # A degraded-but-usable GPU gets a `None`-effect DeviceTaintRule (visibility only, nothing moves).
+    device_taint_degraded: bool = False
 
 
 class HttpConfig(_Section):

@@ -231,6 +231,8 @@ class StepKind(StrEnum):
     CLEAR_CONDITION = "clear_condition"
     TAINT = "taint"
     UNTAINT = "untaint"
+    TAINT_DEVICE = "taint_device"
+    UNTAINT_DEVICE = "untaint_device"
     EVICT = "evict"
     RESET_GPU = "reset_gpu"
     REBOOT_REQUEST = "reboot_request"
@@ -247,8 +249,8 @@ class StepKind(StrEnum):
     @property
     def clearing(self) -> bool:
         """Clearing steps undo what the agent set; nothing ever blocks them."""
-        return self in {StepKind.CLEAR_CONDITION, StepKind.UNTAINT, StepKind.CLEAR_REBOOT_REQUEST,
-                        StepKind.UNMARK_REPLACEMENT}
+        return self in {StepKind.CLEAR_CONDITION, StepKind.UNTAINT, StepKind.UNTAINT_DEVICE,
+                        StepKind.CLEAR_REBOOT_REQUEST, StepKind.UNMARK_REPLACEMENT}
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +263,12 @@ class Step:
     rule_id: str = ""
     gpu_key: str = ""
     details: Attrs = field(default_factory=frozen_attrs)
+
+    @property
+    def disruptive(self) -> bool:
+        """Its kind is disruptive, or it is a NoExecute device taint (which deletes the device's pods)."""
+        return self.kind.disruptive or (self.kind is StepKind.TAINT_DEVICE and
+                                        self.details.get("effect") == "NoExecute")
 
 
 class StepResult(StrEnum):
@@ -285,6 +293,18 @@ class ActionRecord:
 
 
 ANY_GPU = "*"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class DeviceRef:
+    """One device of a DRA driver's pool: what a DeviceTaintRule selects and a claim's allocation names."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
 
 
 @dataclass(frozen=True, slots=True)

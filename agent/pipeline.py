@@ -600,6 +600,8 @@ class Pipeline:
         with self._lock:
             self._adopt(observed)
             self.record.node = observed.actual(self.record.node)
+            if observed.devices is not None:
+                self._options = dataclasses.replace(self._options, devices=observed.devices)
         if observed.release:
             target = observed.release.split("@", 1)[0].strip() or "all"
             gpu = None if target in {"all", NODE_KEY} else GpuRef(uuid=target)
@@ -689,7 +691,7 @@ class Pipeline:
                           now=now)
         result: StepResult | None = decision.result
         message = decision.reason
-        if decision.proceed and step.kind.disruptive:
+        if decision.proceed and step.disruptive:
             if now < self._backoff_until:
                 return None  # backing off: not attempted, not recorded again
             result, message = self._take_slot()
@@ -720,7 +722,7 @@ class Pipeline:
         return None, ""
 
     def _apply(self, step: Step, now: float) -> tuple[StepResult, str]:
-        if step.kind.disruptive:
+        if step.disruptive:
             self.history.record(step, now)
         if step.kind is StepKind.EVICT:
             with self._lock:  # the intent first: the Event is owed whatever happens next
@@ -774,7 +776,8 @@ class Pipeline:
         node = self.record.node
         active = {k for k, _ in self.record.faults}
         acting = self.policy.mode is Mode.REMEDIATE and not self.policy.dry_run and not opted_out
-        disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active))
+        disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
+                                any(m.effect == "NoExecute" for m in node.device_taints.values()))
         try:
             if disrupted:
                 if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:
@@ -804,7 +807,7 @@ class Pipeline:
             self._safely("journal_action_failed", self.journal.record_action, self.inventory.name, record)
         if self.metrics:
             self.metrics.acted(record)
-            if step.kind is StepKind.TAINT and result is StepResult.APPLIED:
+            if step.kind in {StepKind.TAINT, StepKind.TAINT_DEVICE} and result is StepResult.APPLIED:
                 since = min((f.since if f.observed_at is None else f.observed_at
                              for f in self.record.faults.values() if f.action.quarantines), default=None)
                 if since is not None:

@@ -13,7 +13,9 @@ from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import Apis, client_for
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
+from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import NodeWriter
+from agent.k8s.raw import RawApi
 from agent.model import Observation, Signal, action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
@@ -80,6 +82,8 @@ class SimulationReport:
                         "count": e.get("series", {}).get("count", 1)} for e in self.cluster.events()],
             "pods": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}"
                            for p in self.cluster.pods_on(self.pipeline.inventory.name)),
+            "device_taint_rules": [{"name": r["metadata"]["name"], "device": r["spec"]["deviceSelector"],
+                                    "taint": r["spec"]["taint"]} for r in self.cluster.device_taint_rules()],
         }
 
 
@@ -91,16 +95,20 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
     clock = _VirtualClock()
     started = time.time()
     cluster = FakeCluster(clock=lambda: started + clock())
-    populate(cluster, inventory(scenario))
+    populate(cluster, inventory(scenario), dra=scenario.node.dra)
     server = FakeApiServer(cluster).start()
     try:
-        apis = Apis.of(client_for(server.url))
+        api_client = client_for(server.url)
+        apis = Apis.of(api_client)
         name = scenario.node.name
         writer = NodeWriter(apis.core, name, taint_key="gpu-health-agent.io/unhealthy")
         budget = LeaseBudget(apis, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
+        devices = DeviceIsolator(RawApi(api_client), node_name=name, taint_key=writer.taint_key,
+                                 setting="device") if scenario.node.dra else None
         actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{name}/simulate"),
                                evictor=Evictor(apis.core),
-                               reset=lambda uuid: (True, f"simulated reset of {uuid} (no GPU here)"))
+                               reset=lambda uuid: (True, f"simulated reset of {uuid} (no GPU here)"),
+                               devices=devices)
         report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal,
                           clock=clock)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from agent.diagnostics import DiagnosticOutcome, DiagnosticRunner
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import EvictionOutcome, Evictor
+from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import (
     CONDITION_REBOOT,
     REBOOT_ANNOTATION,
@@ -27,7 +29,8 @@ ResetRunner = Callable[[str], tuple[bool, str]]
 
 _ACTIONS = {
     StepKind.EVENT: "Record", StepKind.SET_CONDITION: "SetCondition", StepKind.CLEAR_CONDITION: "ClearCondition",
-    StepKind.TAINT: "Taint", StepKind.UNTAINT: "Untaint", StepKind.EVICT: "Evict", StepKind.RESET_GPU: "ResetGpu",
+    StepKind.TAINT: "Taint", StepKind.UNTAINT: "Untaint", StepKind.TAINT_DEVICE: "TaintDevice",
+    StepKind.UNTAINT_DEVICE: "UntaintDevice", StepKind.EVICT: "Evict", StepKind.RESET_GPU: "ResetGpu",
     StepKind.REBOOT_REQUEST: "RequestReboot", StepKind.CLEAR_REBOOT_REQUEST: "ClearRebootRequest",
     StepKind.MARK_REPLACEMENT: "MarkReplacement", StepKind.UNMARK_REPLACEMENT: "UnmarkReplacement",
     StepKind.RUN_DIAGNOSTIC: "RunDiagnostic",
@@ -63,10 +66,17 @@ class K8sActuator:
     opt_out_label: str = ""
     #: Runs a GPU diagnostic (remediation.diagnostic_command); None: none configured.
     diagnose: DiagnosticRunner | None = None
+    #: Per-GPU isolation through DRA; None with `remediation.isolation: node`.
+    devices: DeviceIsolator | None = None
 
     def observe(self) -> NodeObservation:
-        """One GET of the Node: the agent's marks, the mirrored record, a release request, the opt-out."""
-        return self.writer.read().observation(opt_out_label=self.opt_out_label)
+        """One GET of the Node (the agent's marks, the mirrored record, a release request, the opt-out), and
+        with per-GPU isolation the node's published GPUs and the agent's DeviceTaintRules."""
+        observed = self.writer.read().observation(opt_out_label=self.opt_out_label)
+        if self.devices is None:
+            return observed
+        isolation, rules = self.devices.read()
+        return dataclasses.replace(observed, devices=isolation, device_taints=rules)
 
     def mirror(self, document: Mapping[str, object]) -> None:
         self.writer.save_record(document)
@@ -101,6 +111,10 @@ class K8sActuator:
         if kind is StepKind.UNTAINT:
             changed = self.writer.set_taint(False)
             return StepResult.APPLIED, "taint removed" if changed else "no taint of ours"
+        if kind in {StepKind.TAINT_DEVICE, StepKind.UNTAINT_DEVICE}:
+            if self.devices is None:
+                return StepResult.SKIPPED, "per-GPU isolation is off (remediation.isolation: node)"
+            return self.devices.apply(step)
         if kind is StepKind.EVICT:
             return self._evict(step)
         if kind is StepKind.RESET_GPU:

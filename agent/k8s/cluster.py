@@ -15,8 +15,10 @@ from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import Apis
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
+from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter
 from agent.k8s.pods import PodFinder
+from agent.k8s.raw import RawApi
 
 
 @dataclass(slots=True)
@@ -37,6 +39,9 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
     apis = Apis.of(api_client)
     writer = NodeWriter(apis.core, config.node_name, taint_key=settings.taint_key,
                         taint_effect=settings.taint_effect, cordon=settings.cordon)
+    devices = None if settings.isolation == "node" else DeviceIsolator(
+        RawApi(api_client), node_name=config.node_name, taint_key=settings.taint_key, setting=settings.isolation,
+        effect=settings.device_taint_effect, mark_degraded=settings.device_taint_degraded)
     own_pod = f"{os.environ.get('POD_NAMESPACE', settings.namespace)}/{os.environ.get('POD_NAME', '')}"
     actuator = K8sActuator(
         writer=writer,
@@ -48,11 +53,13 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
         opt_out_label=settings.opt_out_label,
         diagnose=command_runner(settings.diagnostic_command, timeout_seconds=settings.diagnostic_timeout_seconds)
         if settings.diagnostic_command else None,
+        devices=devices,
     )
     budget = LeaseBudget(apis, node_name=config.node_name, namespace=settings.namespace,
                          max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
                          gpu_node_selector=settings.gpu_node_selector, clock=clock, on_usage=on_budget)
-    pods = PodFinder(apis.core, config.node_name, socket_path=settings.pod_resources_socket)
+    pods = PodFinder(apis.core, config.node_name, socket_path=settings.pod_resources_socket,
+                     dra_gpus=devices.gpus_by_pod if devices else None)
     return ClusterSide(actuator, budget, pods, writer, own_pod)
 
 

@@ -15,6 +15,10 @@ from typing import Any
 
 from agent.k8s.errors import Conflict, NotFound
 from agent.k8s.raw import JsonDocument, RawApi
+from agent.model import DeviceRef
+
+__all__ = ["DeviceRef", "DeviceTaintEffect", "DeviceTainter", "PublishedGpu", "claim_holders", "devices_of_gpu",
+           "discover_rule_version", "published_gpus", "rule_device"]
 
 GROUP = "resource.k8s.io"
 RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")  # newest first: GA in 1.37, beta in 1.36, alpha before
@@ -33,18 +37,6 @@ class DeviceTaintEffect(StrEnum):
     NONE = "None"
     NO_SCHEDULE = "NoSchedule"
     NO_EXECUTE = "NoExecute"
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class DeviceRef:
-    """One device of a DRA driver's pool: what a DeviceTaintRule selects and a claim's allocation names."""
-
-    driver: str
-    pool: str
-    device: str
-
-    def __str__(self) -> str:
-        return f"{self.driver}/{self.pool}/{self.device}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from agent.workloads import owner_key
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 log = structlog.get_logger("agent.k8s.pods")
+DraGpus = Callable[[set[str], dict[tuple[str, str], list[tuple[str, str, str]]]], dict[tuple[str, str], set[str]]]
 
 
 class PodFinder:
@@ -25,13 +26,17 @@ class PodFinder:
     def __init__(self, core: Any, node_name: str, *, socket_path: str = "",
                  pod_devices: Callable[[str], list[PodDevices]] = list_pod_devices,
                  gpus_by_pod_uid: Callable[[], dict[str, list[str]]] | None = None,
-                 mig_parents: Callable[[], dict[str, str]] | None = None) -> None:
+                 mig_parents: Callable[[], dict[str, str]] | None = None,
+                 dra_gpus: DraGpus | None = None) -> None:
         self.core = core
         self.node = node_name
         self.socket_path = socket_path
         self.pod_devices = pod_devices
         self.gpus_by_pod_uid = gpus_by_pod_uid
         self.mig_parents = mig_parents
+        #: GPUs held through DRA (allocated ResourceClaims, PodResources' dynamic resources), by pod.
+        self.dra_gpus = dra_gpus
+        self._claimed: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
         #: pod UID -> its workload (attribution.owner_key), as of the last listing; read by the kernel-log
         #: source to charge an Xid to a workload rather than to one pod or PID.
         self.owners: dict[str, str] = {}
@@ -43,6 +48,8 @@ class PodFinder:
         items = json.loads(response.data).get("items", [])
         devices = self._devices()
         by_process = self.gpus_by_pod_uid() if devices is None and self.gpus_by_pod_uid else {}
+        namespaces = {str(i.get("metadata", {}).get("namespace", "")) for i in items}
+        through_dra = self.dra_gpus(namespaces, self._claimed) if self.dra_gpus else {}
         pods = []
         owners: dict[str, str] = {}
         for item in items:
@@ -58,6 +65,8 @@ class PodFinder:
             elif _requests_gpu(spec):
                 # Without the kubelet: the GPUs its processes run on, else it may hold any GPU.
                 gpus = tuple(by_process.get(meta.get("uid", ""), ())) or (ANY_GPU,)
+            if key in through_dra:
+                gpus = tuple(sorted({*gpus, *through_dra[key]} - {ANY_GPU}))
             references = meta.get("ownerReferences") or []
             daemonset = any(o.get("kind") == "DaemonSet" and o.get("controller") for o in references)
             owner = _owner_of(key[0], references, spec)
@@ -80,6 +89,7 @@ class PodFinder:
         except OSError as exc:
             log.warning("pod_resources_unavailable", error=str(exc))
             return None
+        self._claimed = {(p.namespace, p.name): p.claimed for p in listed if p.claimed}
         return {(p.namespace, p.name): p.gpu_ids() for p in listed if p.gpu_ids()}
 
 

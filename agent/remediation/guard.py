@@ -26,7 +26,7 @@ CAPPED_STEPS = frozenset({StepKind.RESET_GPU, StepKind.REBOOT_REQUEST, StepKind.
 _ALLOWED_BY_MODE = {
     Mode.OBSERVE: frozenset({StepKind.EVENT}),
     Mode.QUARANTINE: frozenset(
-        {StepKind.EVENT, StepKind.SET_CONDITION, StepKind.TAINT, StepKind.MARK_REPLACEMENT}
+        {StepKind.EVENT, StepKind.SET_CONDITION, StepKind.TAINT, StepKind.TAINT_DEVICE, StepKind.MARK_REPLACEMENT}
     ),
     Mode.REMEDIATE: frozenset(StepKind),
 }
@@ -85,9 +85,11 @@ def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: At
         return Decision(step, None, "clearing is never blocked")
     if step.kind not in _ALLOWED_BY_MODE[policy.mode]:
         return Decision(step, StepResult.SKIPPED, f"mode {policy.mode} does not {step.kind}")
+    if step.disruptive and policy.mode is not Mode.REMEDIATE:
+        return Decision(step, StepResult.SKIPPED, f"mode {policy.mode} does not take pods off with NoExecute")
     if cluster.opted_out and step.kind is not StepKind.EVENT:
         return Decision(step, StepResult.SKIPPED, "node opted out of remediation by label")
-    if not step.kind.disruptive:
+    if not step.disruptive:
         return Decision(step, None)
     if cluster.paused:
         return Decision(step, StepResult.BLOCKED, "remediation paused cluster-wide")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from agent.model import (
     NODE_KEY,
     Action,
+    Attrs,
+    DeviceRef,
     FaultClass,
     GpuRef,
     NodeInventory,
@@ -101,6 +103,29 @@ class ActiveFault:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceMark:
+    """The agent's taint on one DRA device: which GPU it stands for and its effect (NoSchedule, None, NoExecute)."""
+
+    gpu_uuid: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceIsolation:
+    """Per-GPU isolation as the cluster allows it this pass: the devices each published GPU UUID (whole GPU or
+    MIG device) is exposed as, or why the node must be tainted instead (`unavailable`)."""
+
+    devices: Mapping[str, tuple[DeviceRef, ...]] = field(default_factory=dict)
+    unavailable: str = ""
+    #: NoSchedule, or NoExecute as an explicit opt-in (it deletes pods without a disruption budget).
+    effect: str = "NoSchedule"
+    #: A degraded-but-usable GPU gets a `None`-effect taint: visible on the device, nothing moves.
+    mark_degraded: bool = False
+    #: `auto` on a node without DRA: node isolation is the expected choice, not worth an Event.
+    silent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ConditionState:
     status: bool
     message: str = ""
@@ -122,6 +147,7 @@ class NodeState:
     verifying: dict[str, float] = field(default_factory=dict)
     #: GPUs whose diagnostic gave a verdict (pass or fail) for their current faults: not run again.
     diagnosed: set[str] = field(default_factory=set)
+    device_taints: dict[DeviceRef, DeviceMark] = field(default_factory=dict)
 
     def apply(self, step: Step) -> None:
         """Record that a step took effect (or would have, in dry-run and local mode)."""
@@ -133,6 +159,11 @@ class NodeState:
             self.tainted = True
         elif step.kind is StepKind.UNTAINT:
             self.tainted = False
+        elif step.kind is StepKind.TAINT_DEVICE:
+            self.device_taints[_device_of(step)] = DeviceMark(str(step.details.get("gpu_uuid", "")),
+                                                             str(step.details.get("effect", "")))
+        elif step.kind is StepKind.UNTAINT_DEVICE:
+            self.device_taints.pop(_device_of(step), None)
         elif step.kind is StepKind.EVICT:
             self.evicted.setdefault(step.gpu_key, set()).add(step.target)
         elif step.kind is StepKind.RESET_GPU:
@@ -161,7 +192,9 @@ class NodeState:
                 "tainted": self.tainted, "evicted": {k: sorted(v) for k, v in self.evicted.items()},
                 "resets": sorted(self.resets), "reboot_requested": self.reboot_requested,
                 "replacement": sorted(self.replacement), "recoveries": self.recoveries.to_json(),
-                "verifying": dict(sorted(self.verifying.items())), "diagnosed": sorted(self.diagnosed)}
+                "verifying": dict(sorted(self.verifying.items())), "diagnosed": sorted(self.diagnosed),
+                "device_taints": [{"driver": d.driver, "pool": d.pool, "device": d.device, "gpu": m.gpu_uuid,
+                                   "effect": m.effect} for d, m in sorted(self.device_taints.items())]}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> NodeState:
@@ -186,7 +219,17 @@ class NodeState:
         verifying = data.get("verifying")
         if isinstance(verifying, dict):
             state.verifying = {str(k): float(v) for k, v in verifying.items() if isinstance(v, int | float)}
+        taints = data.get("device_taints")
+        for entry in taints if isinstance(taints, list) else []:
+            if isinstance(entry, dict) and all(entry.get(k) for k in ("driver", "pool", "device")):
+                device = DeviceRef(str(entry["driver"]), str(entry["pool"]), str(entry["device"]))
+                state.device_taints[device] = DeviceMark(str(entry.get("gpu", "")), str(entry.get("effect", "")))
         return state
+
+
+def _device_of(step: Step) -> DeviceRef:
+    return DeviceRef(str(step.details.get("driver", "")), str(step.details.get("pool", "")),
+                     str(step.details.get("device", "")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +245,8 @@ class PlanOptions:
     pods_live: bool = False
     #: A diagnostic command is configured: faults whose recovery is `diagnostic` run it once the GPU is idle.
     diagnose: bool = False
+    #: None: isolate by node taint (the setting says `node`, or the cluster was not read yet).
+    devices: DeviceIsolation | None = None
 
 
 def plan(
@@ -215,11 +260,16 @@ def plan(
 ) -> list[Step]:
     """The steps that report the new verdicts and move the node to what the active faults call for."""
     steps: list[Step] = []
-    wants_taint = any(f.action.quarantines for f in active.values())
+    why_node = node_isolation(active.values(), options)
+    wants_taint = why_node is not None
     if wants_taint and not node.tainted:
         # First: keeping new work off a broken GPU is what protects the cluster; the reports follow.
         steps.append(Step(StepKind.TAINT, options.node_name, _worst_summary(active.values()),
                           rule_id=_worst(active.values()).rule_id))
+        if why_node:
+            steps.append(Step(StepKind.EVENT, options.node_name, f"node tainted instead of one device: {why_node}",
+                              details=frozen_attrs({"type": "Warning", "reason": "DeviceIsolationUnavailable"})))
+    steps.extend(_device_steps(active.values(), node, options))
     steps.extend(verdict_events(verdicts, inventory, options.node_name))
     steps.extend(_condition_steps(active.values(), node))
     if not wants_taint and node.tainted:
@@ -233,6 +283,73 @@ def plan(
     for key in sorted(node.replacement - still_replace):
         steps.append(Step(StepKind.UNMARK_REPLACEMENT, key, "the GPU was released or recovered", gpu_key=key))
     return steps
+
+
+def node_isolation(active: Iterable[ActiveFault], options: PlanOptions) -> str | None:
+    """Whether the node must be tainted: None when not, "" when by setting or escalation, else why device
+    isolation could not stand in (no DRA, the rule API off, the GPU not in the node's ResourceSlices)."""
+    faults = [f for f in active if f.action.quarantines]
+    if not faults:
+        return None
+    isolation = options.devices
+    whole_node = any(f.gpu_key == NODE_KEY or f.action in {Action.REBOOT_NODE, Action.REPLACE_GPU} for f in faults)
+    if isolation is None or whole_node or len({f.gpu_key for f in faults}) > options.max_faulty_gpus:
+        return ""
+    if isolation.unavailable:
+        return "" if isolation.silent else isolation.unavailable
+    missing = sorted({_gpu_text(f) for f in faults if not isolation.devices.get(f.gpu.uuid if f.gpu else "")})
+    if missing:
+        return f"{', '.join(missing)} not published in the node's ResourceSlices"
+    return None
+
+
+def desired_device_taints(active: Iterable[ActiveFault], options: PlanOptions) -> dict[DeviceRef, DeviceMark]:
+    """The devices the active faults take out: each quarantining GPU's devices with the configured effect, and
+    (when asked for) each degraded-but-usable GPU's with `None`; a GPU with both keeps the stronger."""
+    isolation = options.devices
+    wanted: dict[DeviceRef, DeviceMark] = {}
+    if isolation is None or isolation.unavailable:
+        return wanted
+    for fault in sorted(active, key=lambda f: (f.gpu_key, f.rule_id)):
+        uuid = fault.gpu.uuid if fault.gpu else ""
+        if fault.action.quarantines:
+            effect = isolation.effect
+        elif isolation.mark_degraded and fault.severity is Severity.DEGRADED:
+            effect = "None"
+        else:
+            continue
+        for device in isolation.devices.get(uuid, ()):
+            if wanted.get(device, DeviceMark(uuid, "None")).effect == "None":
+                wanted[device] = DeviceMark(uuid, effect)
+    return wanted
+
+
+def _device_steps(active: Iterable[ActiveFault], node: NodeState, options: PlanOptions) -> list[Step]:
+    faults = list(active)
+    wanted = desired_device_taints(faults, options)
+    steps: list[Step] = []
+    for device, mark in sorted(wanted.items()):
+        have = node.device_taints.get(device)
+        if have == mark:
+            continue
+        fault = next(f for f in faults if f.gpu and f.gpu.uuid == mark.gpu_uuid)
+        marks = [mark]
+        if mark.effect == "NoExecute" and (have is None or have.effect == "None"):
+            # NoExecute is disruptive and may wait for the mode or the budget; NoSchedule keeps new work off now.
+            marks.insert(0, DeviceMark(mark.gpu_uuid, "NoSchedule"))
+        steps.extend(Step(StepKind.TAINT_DEVICE, str(device), fault.summary, rule_id=fault.rule_id,
+                          gpu_key=fault.gpu_key, details=_device_details(device, m)) for m in marks)
+    if options.devices is not None and not options.devices.unavailable:
+        for device, mark in sorted(node.device_taints.items()):
+            if device not in wanted:
+                steps.append(Step(StepKind.UNTAINT_DEVICE, str(device), "no active fault calls for it",
+                                  details=_device_details(device, mark)))
+    return steps
+
+
+def _device_details(device: DeviceRef, mark: DeviceMark) -> Attrs:
+    return frozen_attrs({"driver": device.driver, "pool": device.pool, "device": device.device,
+                         "gpu_uuid": mark.gpu_uuid, "effect": mark.effect})
 
 
 def _whole_node_if_too_many(active: Iterable[ActiveFault], options: PlanOptions) -> list[ActiveFault]:

@@ -11,8 +11,8 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.model import GpuRef, Step, StepKind, frozen_attrs, gpu_from_dict, gpu_to_dict
-from agent.remediation.planner import ActiveFault, ConditionState, NodeState
+from agent.model import DeviceRef, GpuRef, Step, StepKind, frozen_attrs, gpu_from_dict, gpu_to_dict
+from agent.remediation.planner import ActiveFault, ConditionState, DeviceIsolation, DeviceMark, NodeState
 
 #: At most this many Events wait for delivery; the oldest are dropped (and counted) beyond it.
 MAX_OWED_EVENTS = 200
@@ -140,6 +140,10 @@ class NodeObservation:
     release: str = ""
     opted_out: bool = False
     holds_slot: bool = False
+    #: The agent's DeviceTaintRules for this node as the API lists them; None when not read (node isolation).
+    device_taints: Mapping[DeviceRef, DeviceMark] | None = None
+    #: What per-GPU isolation the cluster allows now; None when not read (node isolation, or unreadable).
+    devices: DeviceIsolation | None = None
 
     def actual(self, facts: NodeState) -> NodeState:
         """The record's remediation facts with what the Node itself shows in place of the marks."""
@@ -147,4 +151,5 @@ class NodeObservation:
                          evicted={k: set(v) for k, v in facts.evicted.items()}, resets=set(facts.resets),
                          reboot_requested=self.reboot_requested, replacement=set(self.replacement),
                          recoveries=facts.recoveries.copy(), verifying=dict(facts.verifying),
-                         diagnosed=set(facts.diagnosed))
+                         diagnosed=set(facts.diagnosed),
+                         device_taints=dict(facts.device_taints if self.device_taints is None else self.device_taints))

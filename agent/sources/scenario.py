@@ -46,6 +46,9 @@ class ScenarioNode(_Strict):
     gpus: int | list[ScenarioGpu] = 8
     model: str = DEFAULT_MODEL
     pods: Literal["one-per-gpu"] | list[ScenarioPod] = "one-per-gpu"
+    #: The GPUs are published in ResourceSlices (NVIDIA's DRA driver) and pods hold them through claims:
+    #: `simulate` isolates a faulty GPU by DeviceTaintRule instead of tainting the node.
+    dra: bool = False
 
 
 class ScenarioEvent(_Strict):

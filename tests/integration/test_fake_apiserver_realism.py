@@ -220,3 +220,39 @@ def test_a_complete_event_is_created(api):
     _, server, _ = api
     code, _ = request(server, "POST", "/apis/events.k8s.io/v1/namespaces/default/events", event())
     assert code == 201
+
+
+RULES_PATH = "/apis/resource.k8s.io/v1/devicetaintrules"
+
+
+def device_taint_rule(name: str = "gpu-health.n1.gpu-3", effect: str = "NoSchedule") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": name},
+            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-3"},
+                     "taint": {"key": "gpu-health-agent.io/unhealthy", "value": "true", "effect": effect}}}
+
+
+def test_resource_k8s_io_is_discovered_with_device_taint_rules_in_v1(api):
+    """The group document and v1's resource list, as the agent's version discovery reads them on 1.37."""
+    _, server, _ = api
+    status, group = request(server, "GET", "/apis/resource.k8s.io")
+    assert status == 200 and group["kind"] == "APIGroup" and group["preferredVersion"]["version"] == "v1"
+    names = {r["name"] for r in request(server, "GET", "/apis/resource.k8s.io/v1")[1]["resources"]}
+    assert {"resourceslices", "resourceclaims", "devicetaintrules"} <= names
+
+
+def test_a_device_taint_rule_with_an_unknown_effect_is_invalid(api):
+    """`PreferNoSchedule` is a node taint effect, not a device one: 422 Invalid naming spec.taint.effect."""
+    _, server, _ = api
+    status, body = request(server, "POST", RULES_PATH, device_taint_rule(effect="PreferNoSchedule"))
+    assert status == 422 and body["details"]["causes"][0]["field"] == "spec.taint.effect"
+
+
+def test_a_delete_with_a_stale_resource_version_precondition_is_a_conflict(api):
+    """A rule changed since it was read is not deleted: 409, and it stays."""
+    _, server, _ = api
+    created = request(server, "POST", RULES_PATH, device_taint_rule())[1]
+    stale = {"preconditions": {"resourceVersion": "1"}}
+    assert created["metadata"]["resourceVersion"] != "1"
+    assert request(server, "DELETE", f"{RULES_PATH}/gpu-health.n1.gpu-3", stale)[0] == 409
+    current = {"preconditions": {"resourceVersion": created["metadata"]["resourceVersion"]}}
+    assert request(server, "DELETE", f"{RULES_PATH}/gpu-health.n1.gpu-3", current)[0] == 200

@@ -6,17 +6,26 @@ from __future__ import annotations
 
 import copy
 import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.config import load_config
 from agent.k8s.client import Apis
+from agent.k8s.cluster import build_cluster_side
 from agent.k8s.dra import DeviceRef, DeviceTaintEffect, DeviceTainter, devices_of_gpu, discover_rule_version
 from agent.k8s.errors import Forbidden
 from agent.k8s.evictions import EvictionOutcome, Evictor
 from agent.k8s.raw import RawApi
+from agent.model import GpuRef, NodeInventory, Observation, Signal, StepKind, StepResult
+from agent.pipeline import Actuator, Outcome, Pipeline
+from agent.remediation.guard import GuardPolicy, Mode
+from agent.remediation.planner import DeviceMark
 from tests.conftest import FIXTURES
-from tests.k8s_helpers import TAINT
+from tests.k8s_helpers import RULES, TAINT
 from tests.realcluster.backend import RealServer
 from tests.realcluster.controlplane import REPO, ControlPlane, audit_events, wait_until
 from tests.realcluster.test_rbac_from_use import granted, used
@@ -43,16 +52,18 @@ def publish_gpus(plane: ControlPlane, node: str) -> None:
             raise
 
 
-def claim_on(plane: ControlPlane, namespace: str, name: str, indexes: list[int]) -> None:
+def claim_on(plane: ControlPlane, namespace: str, name: str, indexes: list[int], *,
+             tolerations: list[dict[str, str]] | None = None) -> None:
     """A claim for one whole GPU among `indexes` (a CEL selector the real scheduler evaluates)."""
     plane.ensure_namespace(namespace)
     allowed = ", ".join(str(i) for i in indexes)
+    exactly: dict[str, Any] = {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression":
+        f"device.attributes['{DRIVER}'].type == 'gpu' && device.attributes['{DRIVER}'].index in [{allowed}]"}}]}
+    if tolerations:
+        exactly["tolerations"] = tolerations
     plane.rest("POST", f"{V1}/namespaces/{namespace}/resourceclaims", {
         "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": DRIVER, "selectors": [{"cel": {"expression":
-                f"device.attributes['{DRIVER}'].type == 'gpu' && device.attributes['{DRIVER}'].index in [{allowed}]"}}],
-        }}]}}})
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
     plane.forget("resource.k8s.io", "resourceclaims", namespace, name)
 
 
@@ -192,3 +203,130 @@ def test_the_dra_grants_are_exactly_what_per_gpu_isolation_uses(control_plane, d
               if (e.get("objectRef") or {}).get("apiGroup") == "resource.k8s.io"]
     assert [e["requestURI"] for e in events if e["responseStatus"]["code"] == 403] == []
     assert used(events) == granted(REPO / "daemonset" / "dra" / "rbac.yaml")
+
+
+# ---- the agent's pipeline end to end: fault -> planner -> guard -> DeviceIsolator -> rule, eviction, recovery
+
+def gpu_inventory(node: str) -> NodeInventory:
+    """The node's GPUs as NVML names them: the same UUIDs the DRA driver published."""
+    return NodeInventory(node, tuple(GpuRef(i, f"GPU-4d3c2b1a-0000-4000-8000-00000000000{i}") for i in range(8)))
+
+
+def dra_pipeline(plane: ControlPlane, server: RealServer, node: str, tmp_path: Path, *,
+                 reset_settle_seconds: float = 600.0) -> Pipeline:
+    """The agent of `node` as the daemon assembles it, with `isolation: device`, in remediate mode."""
+    for device in range(8):
+        plane.forget("resource.k8s.io", "devicetaintrules", "", f"gpu-health.{node}.gpu-{device}")
+    config = load_config(None, env={"NODE_NAME": node, "GPU_HEALTH_REMEDIATION__ISOLATION": "device",
+                                    "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "journal.db")})
+    side = build_cluster_side(server.agent_client(node), config, on_stuck=lambda pod: None)
+    side.actuator.reset = lambda uuid: (True, f"reset {uuid}")
+    return Pipeline(rules=RULES, inventory=gpu_inventory(node), policy=GuardPolicy(mode=Mode.REMEDIATE),
+                    actuator=side.actuator, gate=side.gate, own_pod=side.own_pod, pods=side.pods.pods,
+                    reset_settle_seconds=reset_settle_seconds)
+
+
+def xid48(pipeline: Pipeline, index: int) -> Outcome:
+    gpu = pipeline.inventory.gpus[index]
+    return pipeline.handle(Observation(Signal.XID, 48, time.time(), "kmsg", gpu), time.time())
+
+
+def taken(outcome: Outcome) -> dict[tuple[StepKind, str], StepResult]:
+    return {(a.step.kind, a.step.target): a.result for a in outcome.actions}
+
+
+class KilledBeforeMirror:
+    """The agent's actuator, in a process killed before the record reached the Node (mirror never lands)."""
+
+    def __init__(self, actuator: Actuator) -> None:
+        self.actuator = actuator
+        self.apply = actuator.apply
+        self.observe = actuator.observe
+        self.consume_release = actuator.consume_release
+
+    def mirror(self, document: Mapping[str, object]) -> None:
+        raise RuntimeError("killed before the record reached the Node")
+
+
+@pytest.fixture
+def real_server(control_plane: ControlPlane):
+    server = RealServer(control_plane)
+    yield server
+    server.stop()
+
+
+def test_the_pipeline_taints_one_device_and_a_later_claim_gets_another(control_plane, dra_node, real_server,
+                                                                        tmp_path):
+    """Xid 48 on GPU 3: one DeviceTaintRule for gpu-3, no node taint; the scheduler gives a new claim gpu-5."""
+    pipeline = dra_pipeline(control_plane, real_server, dra_node, tmp_path)
+    assert pipeline.start()
+    outcome = xid48(pipeline, 3)
+    assert taken(outcome)[(StepKind.TAINT_DEVICE, f"{DRIVER}/{dra_node}/gpu-3")] is StepResult.APPLIED
+    assert (StepKind.TAINT, dra_node) not in taken(outcome)
+    [rule] = tainter_of(control_plane, dra_node).owned()
+    assert rule["spec"]["deviceSelector"]["device"] == "gpu-3"
+    assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+    assert not [t for t in control_plane.core.read_node(dra_node).spec.taints or [] if t.key == TAINT]
+    claim_on(control_plane, "ml", "later", [3, 5])
+    pod_with_claim(control_plane, "ml", "later", "later")
+    assert allocated_device(control_plane, "ml", "later") == "gpu-5"
+
+
+def test_a_claim_tolerating_the_agents_taint_is_allocated_the_tainted_device(control_plane, dra_node, real_server,
+                                                                             tmp_path):
+    """A diagnostics claim with the toleration of docs/remediation.md gets the faulty gpu-3."""
+    pipeline = dra_pipeline(control_plane, real_server, dra_node, tmp_path)
+    pipeline.start()
+    xid48(pipeline, 3)
+    toleration = {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
+    claim_on(control_plane, "ops", "diagnostics", [3], tolerations=[toleration])
+    pod_with_claim(control_plane, "ops", "diagnostics", "diagnostics")
+    assert allocated_device(control_plane, "ops", "diagnostics") == "gpu-3"
+
+
+def test_the_pipeline_evicts_only_the_pod_whose_claim_holds_the_faulty_gpu(control_plane, dra_node, real_server,
+                                                                             tmp_path):
+    """Pods on gpu-3 and gpu-4 through claims: the fault on GPU 3 evicts the first through the Eviction API."""
+    for index in (3, 4):
+        claim_on(control_plane, "ml", f"holds-{index}", [index])
+        pod_with_claim(control_plane, "ml", f"holds-{index}", f"holds-{index}")
+        assert allocated_device(control_plane, "ml", f"holds-{index}") == f"gpu-{index}"
+        control_plane.wait_running("ml", f"holds-{index}")
+    start = len(audit_events(control_plane.audit_log))
+    pipeline = dra_pipeline(control_plane, real_server, dra_node, tmp_path)
+    pipeline.start()
+    outcome = xid48(pipeline, 3)
+    assert taken(outcome)[(StepKind.EVICT, "ml/holds-3")] is StepResult.APPLIED
+    assert (StepKind.EVICT, "ml/holds-4") not in taken(outcome)
+    evictions = [e["objectRef"]["name"] for e in audit_events(control_plane.audit_log)[start:]
+                 if (e.get("objectRef") or {}).get("subresource") == "eviction"]
+    assert evictions == ["holds-3"]
+
+
+def test_verified_recovery_removes_the_rule(control_plane, dra_node, real_server, tmp_path):
+    """No pod holds GPU 3, so the agent resets it at once; the verified reset clears the fault, and the rule made
+    in the same pass is deleted."""
+    pipeline = dra_pipeline(control_plane, real_server, dra_node, tmp_path, reset_settle_seconds=0.0)
+    pipeline.start()
+    outcome = taken(xid48(pipeline, 3))
+    device = f"{DRIVER}/{dra_node}/gpu-3"
+    assert [outcome.get((kind, device)) for kind in (StepKind.TAINT_DEVICE, StepKind.UNTAINT_DEVICE)] == [
+        StepResult.APPLIED, StepResult.APPLIED]
+    assert outcome[(StepKind.RESET_GPU, GPU3)] is StepResult.APPLIED
+    assert tainter_of(control_plane, dra_node).owned() == []
+    assert pipeline.node.device_taints == {}
+
+
+def test_a_restart_between_the_rule_and_the_record_leaves_exactly_one_rule(control_plane, dra_node, real_server,
+                                                                           tmp_path):
+    """The first process made the rule but never recorded it; the next one sees the same fault and the rule
+    already there: no second rule, and the record names the device."""
+    first = dra_pipeline(control_plane, real_server, dra_node, tmp_path / "first")
+    first.start()
+    first.actuator = KilledBeforeMirror(first.actuator)
+    assert taken(xid48(first, 3))[(StepKind.TAINT_DEVICE, f"{DRIVER}/{dra_node}/gpu-3")] is StepResult.APPLIED
+    restarted = dra_pipeline(control_plane, real_server, dra_node, tmp_path / "second")
+    restarted.start()
+    assert (StepKind.TAINT_DEVICE, f"{DRIVER}/{dra_node}/gpu-3") not in taken(xid48(restarted, 3))
+    assert len(tainter_of(control_plane, dra_node).owned()) == 1
+    assert restarted.node.device_taints == {DeviceRef(DRIVER, dra_node, "gpu-3"): DeviceMark(GPU3, "NoSchedule")}

@@ -51,3 +51,24 @@ def test_install_upgrade_and_uninstall(helm, control_plane):
         with pytest.raises(ApiException) as gone:
             read()
         assert gone.value.status == 404
+
+
+def test_the_dra_switch_installs_and_removes_the_dra_grants_and_policy(helm, control_plane):
+    """dra.enabled installs daemonset/dra's ClusterRole, binding (to the release's account) and admission policy;
+    turning it off in an upgrade removes them."""
+    _, _, rbac = apis(control_plane)
+    admission = client.AdmissionregistrationV1Api(control_plane.admin)
+    helm("install", "gha", str(CHART), "--create-namespace", "--set", f"nameOverride={NAME}",
+         "--set", "dra.enabled=true")
+    role = rbac.read_cluster_role(f"{NAME}-dra")
+    assert {g for rule in role.rules for g in rule.api_groups} == {"resource.k8s.io"}
+    subject = rbac.read_cluster_role_binding(f"{NAME}-dra").subjects[0]
+    assert (subject.name, subject.namespace) == (NAME, NAMESPACE)
+    assert admission.read_validating_admission_policy(f"{NAME}-own-devices-only").spec.validations
+
+    helm("upgrade", "gha", str(CHART), "--reuse-values", "--set", "dra.enabled=false")
+    for read in (lambda: rbac.read_cluster_role(f"{NAME}-dra"),
+                 lambda: admission.read_validating_admission_policy(f"{NAME}-own-devices-only")):
+        with pytest.raises(ApiException) as gone:
+            read()
+        assert gone.value.status == 404

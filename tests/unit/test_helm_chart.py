@@ -98,6 +98,31 @@ def test_monitoring_objects_can_be_turned_off_where_the_operator_runs(helm):
     assert not {kind for kind, _ in rendered} & {"ServiceMonitor", "PrometheusRule"}
 
 
+def test_dra_enabled_renders_exactly_the_objects_of_daemonset_dra(helm):
+    """dra.enabled adds the DRA ClusterRole, its binding and the own-devices-only policy, field for field as
+    `kubectl apply -k daemonset/dra` would; off by default, and the policy only with admissionPolicy.enabled."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is installed by scripts/test")
+    out = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset" / "dra")], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    dra = {key: comparable(obj) for key, obj in objects(out).items()}
+    base = objects(render(helm).stdout)
+    enabled = {key: comparable(obj) for key, obj in objects(render(helm, "--set", "dra.enabled=true").stdout).items()
+               if key not in base}
+    assert enabled == dra
+    assert not set(dra) & set(base)
+    without_policy = objects(render(helm, "--set", "dra.enabled=true", "--set", "admissionPolicy.enabled=false").stdout)
+    assert {kind for kind, _ in set(without_policy) & set(dra)} == {"ClusterRole", "ClusterRoleBinding"}
+
+
+def test_dra_values_reach_the_agent_config(helm):
+    """dra.taintEffect and dra.taintDegraded become remediation.device_taint_effect and device_taint_degraded."""
+    rendered = objects(render(helm, "--set", "dra.taintEffect=NoExecute", "--set", "dra.taintDegraded=true").stdout)
+    config = yaml.safe_load(rendered[("ConfigMap", "gpu-health-agent-config")]["data"]["config.yaml"])
+    assert (config["remediation"]["device_taint_effect"], config["remediation"]["device_taint_degraded"]) == (
+        "NoExecute", True)
+
+
 def test_values_reach_the_agent_config_and_the_pod(helm):
     """Image, mode, budget, isolation, runtime class, node selector, tolerations and resources are honoured."""
     rendered = objects(render(helm, "--namespace", "gpu", "--set", "image.repository=registry.example/gha",
@@ -152,6 +177,8 @@ def test_the_values_schema_rejects_an_unknown_key(helm):
 @pytest.mark.parametrize("copy, source", [
     ("files/rbac.yaml", "daemonset/rbac.yaml"),
     ("files/admission-policy.yaml", "daemonset/admission-policy.yaml"),
+    ("files/dra/rbac.yaml", "daemonset/dra/rbac.yaml"),
+    ("files/dra/admission-policy.yaml", "daemonset/dra/admission-policy.yaml"),
     ("files/alerts/gpu-health-alerts.yaml", "daemonset/alerts/gpu-health-alerts.yaml"),
     *[(f"files/rules/{p.name}", f"rules/{p.name}") for p in sorted((REPO / "rules").glob("*.yaml"))],
 ])

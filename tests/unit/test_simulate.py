@@ -152,3 +152,19 @@ def test_a_gpu_missing_after_the_reboot_stays_a_fatal_fault():
     report = run("gpu-missing-after-boot")
     assert [f["rule_id"] for f in report["active_faults"]] == ["gpu-missing"]
     assert "mark_replacement" in {a["kind"] for a in report["actions"]}
+
+
+def test_the_dra_scenario_taints_one_device_and_evicts_only_its_pod():
+    """`simulate dra-device-isolation` on the fake cluster: one DeviceTaintRule for gpu-3, no node taint,
+    only ml/trainer-3 evicted."""
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.simulate import simulate_in_cluster
+
+    report = simulate_in_cluster(load_scenario("dra-device-isolation"), rules=load_rules(builtin_rules_dir()),
+                                 policy=REMEDIATE).to_json()
+    cluster = report["cluster"]
+    assert [r["device"]["device"] for r in cluster["device_taint_rules"]] == ["gpu-3"]
+    assert cluster["device_taint_rules"][0]["taint"]["effect"] == "NoSchedule"
+    assert cluster["node"]["taints"] == []
+    assert [a["target"] for a in report["actions"] if a["kind"] == "evict"] == ["ml/trainer-3"]
+    assert "ml/trainer-3" not in cluster["pods"] and len(cluster["pods"]) == 8

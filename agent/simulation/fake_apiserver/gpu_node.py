@@ -7,11 +7,15 @@ from typing import Any
 from agent.model import NodeInventory
 from agent.simulation.fake_apiserver.server import RESOURCES, FakeCluster, now_rfc3339
 
+DRA_DRIVER = "gpu.nvidia.com"
 _NAMESPACES = next(r for r in RESOURCES if r.plural == "namespaces")
 
 
-def populate(cluster: FakeCluster, node: NodeInventory, *, gpu_label: str = "nvidia.com/gpu.present") -> None:
-    """The node (Ready, with its GPUs as capacity) and every pod of the inventory, Running and Ready."""
+def populate(cluster: FakeCluster, node: NodeInventory, *, gpu_label: str = "nvidia.com/gpu.present",
+             dra: bool = False) -> None:
+    """The node (Ready, with its GPUs as capacity) and every pod of the inventory, Running and Ready. With `dra`
+    the GPUs are published in a ResourceSlice as NVIDIA's DRA driver does, and each pod holds its GPUs through
+    a ResourceClaim allocated and reserved for it, as the scheduler leaves it."""
     cluster.add("nodes", {
         "metadata": {"name": node.name, "labels": {gpu_label: "true", "kubernetes.io/hostname": node.name}},
         "spec": {},
@@ -32,9 +36,39 @@ def populate(cluster: FakeCluster, node: NodeInventory, *, gpu_label: str = "nvi
         cluster.add("daemonsets", {"metadata": {"name": owner[1], "namespace": owner[0]},
                                    "spec": {"selector": {"matchLabels": {"app": owner[1]}}}},
                     group="apps", namespace=owner[0])
+    if dra:
+        _publish(cluster, node)
     for pod in node.pods:
-        cluster.add("pods", _pod(node.name, pod.namespace, pod.name, pod.uid, pod.gpu_uuids, pod.daemonset),
-                    namespace=pod.namespace)
+        manifest = _pod(node.name, pod.namespace, pod.name, pod.uid, () if dra else pod.gpu_uuids, pod.daemonset)
+        if dra and pod.gpu_uuids:
+            _claim(cluster, node, pod.namespace, pod.name, pod.uid, pod.gpu_uuids)
+            manifest["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": f"{pod.name}-gpu"}]
+            manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        cluster.add("pods", manifest, namespace=pod.namespace)
+
+
+def _publish(cluster: FakeCluster, node: NodeInventory) -> None:
+    devices = [{"name": f"gpu-{g.index}", "attributes": {
+        "type": {"string": "gpu"}, "uuid": {"string": g.uuid}, "index": {"int": g.index},
+        "productName": {"string": g.model}, "pcieBusID": {"string": g.pci_bus_id}}} for g in node.gpus]
+    cluster.add("resourceslices", {
+        "metadata": {"name": f"{node.name}-{DRA_DRIVER}"},
+        "spec": {"driver": DRA_DRIVER, "nodeName": node.name,
+                 "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+    }, group="resource.k8s.io")
+
+
+def _claim(cluster: FakeCluster, node: NodeInventory, namespace: str, pod: str, uid: str,
+           gpus: tuple[str, ...]) -> None:
+    results = [{"request": "gpu", "driver": DRA_DRIVER, "pool": node.name, "device": f"gpu-{g.index}"}
+               for g in node.gpus if g.uuid in gpus]
+    cluster.add("resourceclaims", {
+        "metadata": {"name": f"{pod}-gpu", "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER,
+                                                                      "count": len(results)}}]}},
+        "status": {"allocation": {"devices": {"results": results}},
+                   "reservedFor": [{"resource": "pods", "name": pod, "uid": uid}]},
+    }, group="resource.k8s.io", namespace=namespace)
 
 
 def _pod(node: str, namespace: str, name: str, uid: str, gpus: tuple[str, ...], daemonset: bool) -> dict[str, Any]:

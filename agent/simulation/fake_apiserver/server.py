@@ -6,8 +6,10 @@ pods (list with field selectors, graceful deletion: a deleted or evicted pod kee
 until its grace period has passed on the cluster's clock, or `finish_termination`); pods/eviction with
 PodDisruptionBudget semantics (429 when no disruption is allowed, the bare 500 for a pod under two
 budgets); events.k8s.io/v1 events (validated as on creation); coordination.k8s.io/v1 leases; apps/v1
-daemonsets; and injected faults (5xx, latency, downtime, conflicts). Objects live in memory. What still
-differs from a real server is listed in docs/testing.md.
+daemonsets; resource.k8s.io/v1 DeviceClasses, ResourceSlices, ResourceClaims and DeviceTaintRules (stored
+and listed, rules validated, deletion preconditions honoured; no scheduler allocates claims); and injected
+faults (5xx, latency, downtime, conflicts). Objects live in memory. What still differs from a real server is
+listed in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from agent.simulation.fake_apiserver.patch import PatchError, json_merge_patch, json_patch, strategic_merge_patch
-from agent.simulation.fake_apiserver.validation import FieldError, validate_event, validate_node
+from agent.simulation.fake_apiserver.validation import (
+    FieldError,
+    validate_device_taint_rule,
+    validate_event,
+    validate_node,
+)
 
 #: A pod's terminationGracePeriodSeconds when its spec gives none (the API server's default).
 DEFAULT_GRACE_SECONDS = 30
@@ -59,6 +66,10 @@ RESOURCES = [
     Resource("events.k8s.io", "v1", "events", "Event", True, (), ("ev",)),
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource("apps", "v1", "daemonsets", "DaemonSet", True, ("status",), ("ds",)),
+    Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+    Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False),
+    Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, ("status",)),
+    Resource("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, ("status",)),
 ]
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
@@ -324,6 +335,9 @@ class FakeCluster:
         self.finish_terminations()
         return self.list_objects(_BY_PATH[("", "v1", "pods")], None, field_selector=f"spec.nodeName={node}")
 
+    def device_taint_rules(self) -> list[dict[str, Any]]:
+        return self.list_objects(next(r for r in RESOURCES if r.plural == "devicetaintrules"), None)
+
     def events(self) -> list[dict[str, Any]]:
         return self.list_objects(_BY_PATH[("events.k8s.io", "v1", "events")], None)
 
@@ -353,10 +367,22 @@ def _validate(resource: Resource, namespace: str, obj: dict[str, Any]) -> None:
         errors = validate_node(obj)
     elif resource.kind == "Event" and resource.group == "events.k8s.io":
         errors = validate_event(obj, namespace)
+    elif resource.kind == "DeviceTaintRule":
+        errors = validate_device_taint_rule(obj)
     else:
         return
     if errors:
         raise invalid_object(resource.kind, name, errors)
+
+
+def _check_preconditions(current: dict[str, Any], options: Any) -> None:
+    """DeleteOptions.preconditions: a resourceVersion or uid that no longer matches is a 409, as on a real server."""
+    wanted = (options or {}).get("preconditions") if isinstance(options, dict) else None
+    for field_name in ("resourceVersion", "uid"):
+        value = (wanted or {}).get(field_name)
+        if value and value != (current.get("metadata") or {}).get(field_name):
+            raise ApiError(409, "Conflict", f"Precondition failed: {field_name} in precondition: {value}, "
+                                            f"{field_name} in object meta: {current['metadata'].get(field_name)}")
 
 
 def _grace_period(pod: dict[str, Any], asked: int | None) -> int:
@@ -529,6 +555,14 @@ def _discovery(path: str) -> dict[str, Any] | None:
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
             {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
              "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}} for g, v in groups]}
+    group_only = re.match(r"^/apis/([^/]+)$", path)
+    if group_only:
+        versions = sorted({r.version for r in RESOURCES if r.group == group_only.group(1)})
+        if not versions:
+            return None
+        served = [{"groupVersion": f"{group_only.group(1)}/{v}", "version": v} for v in versions]
+        return {"kind": "APIGroup", "apiVersion": "v1", "name": group_only.group(1), "versions": served,
+                "preferredVersion": served[0]}
     match = re.match(r"^/(?:api/(v1)|apis/([^/]+)/([^/]+))$", path)
     if not match:
         return None
@@ -669,6 +703,7 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                 content_type = self.headers.get("Content-Type", "")
                 return 200, cluster.patch(resource, namespace, name, content_type, body, sub)
             if method == "DELETE" and name:
+                _check_preconditions(cluster.get(resource, namespace, name), body)
                 deleted = cluster.delete(resource, namespace, name,
                                          grace_seconds=_asked_grace(body if isinstance(body, dict) else None, query))
                 if resource.kind == "Pod":

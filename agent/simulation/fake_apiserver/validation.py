@@ -1,4 +1,4 @@
-"""The request validation a real kube-apiserver does on the objects the agent writes (Nodes, Events)."""
+"""The validation a real kube-apiserver does on what the agent writes (Nodes, Events, DeviceTaintRules)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 TAINT_EFFECTS = ("NoExecute", "NoSchedule", "PreferNoSchedule")
+DEVICE_TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 EVENT_TYPES = ("Normal", "Warning")
 #: Namespaces where an Event about a cluster-scoped object (no regarding.namespace) may live.
 CLUSTER_EVENT_NAMESPACES = ("default", "kube-system")
@@ -133,4 +134,23 @@ def validate_event(event: dict[str, Any], namespace: str) -> list[FieldError]:
     for deprecated in ("deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount"):
         if event.get(deprecated):
             errors.append(invalid(deprecated, "", "needs to be unset"))
+    return errors
+
+
+def validate_device_taint_rule(rule: dict[str, Any]) -> list[FieldError]:
+    """resource.k8s.io DeviceTaintRule: a DNS-subdomain name, a taint with a qualified key and a known effect."""
+    errors = validate_metadata(rule)
+    name = str((rule.get("metadata") or {}).get("name", ""))
+    if name and not _DNS_SUBDOMAIN.match(name):
+        errors.append(invalid("metadata.name", name, "a lowercase RFC 1123 subdomain must consist of lower case "
+                                                      "alphanumeric characters, '-' or '.'"))
+    taint = (rule.get("spec") or {}).get("taint")
+    if not isinstance(taint, dict):
+        return [*errors, required("spec.taint")]
+    if not taint.get("key"):
+        errors.append(required("spec.taint.key"))
+    else:
+        errors.extend(qualified_name("spec.taint.key", str(taint["key"])))
+    if taint.get("effect") not in DEVICE_TAINT_EFFECTS:
+        errors.append(unsupported("spec.taint.effect", taint.get("effect"), DEVICE_TAINT_EFFECTS))
     return errors

@@ -37,6 +37,8 @@ app.kubernetes.io/name: {{ include "gpu-health-agent.name" . }}
     "budget_max_nodes" .Values.budget.maxNodes
     "budget_max_percent" .Values.budget.maxPercent
     "isolation" .Values.isolation
+    "device_taint_effect" .Values.dra.taintEffect
+    "device_taint_degraded" .Values.dra.taintDegraded
     "namespace" .Release.Namespace)
   "http" (dict "port" .Values.metricsPort)
   "log" .Values.log -}}
