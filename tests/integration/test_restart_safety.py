@@ -26,6 +26,7 @@ def test_a_killed_and_restarted_agent_leaves_the_cluster_right(scenario, seed, t
             result.events_missing, result.events_duplicated) == (0, 0, 0, 0, 0, 0), result
 
 
+@pytest.mark.timeout(600)  # 4 virtual hours of 20 agents: ~80 s alone, up to 150 s on a loaded 2-core machine
 def test_a_fleet_with_killed_agents_and_aging_slots_stays_within_its_budget(tmp_path: Path):
     """20 faulty nodes, a budget of 2, slots older than their lifetime, agents killed: never more than 2
     nodes disrupted, every node remediated in turn, a blocked node cheap for the API server."""

@@ -20,7 +20,7 @@ from agent.k8s.dra import DeviceRef, DeviceTaintEffect, DeviceTainter, devices_o
 from agent.k8s.errors import Forbidden
 from agent.k8s.evictions import EvictionOutcome, Evictor
 from agent.k8s.raw import RawApi
-from agent.model import GpuRef, NodeInventory, Observation, Signal, StepKind, StepResult
+from agent.model import GpuRef, NodeInventory, Observation, Signal, StepKind, StepResult, frozen_attrs
 from agent.pipeline import Actuator, Outcome, Pipeline
 from agent.remediation.guard import GuardPolicy, Mode
 from agent.remediation.planner import DeviceMark
@@ -231,6 +231,14 @@ def xid48(pipeline: Pipeline, index: int) -> Outcome:
     return pipeline.handle(Observation(Signal.XID, 48, time.time(), "kmsg", gpu), time.time())
 
 
+def clean_poll(pipeline: Pipeline, index: int) -> Outcome:
+    """One complete, clean NVML poll of the GPU after its reset: what verifies the reset."""
+    attrs = {"recovery_action": 0, "remap_pending": 0, "retirement_pending": 0, "volatile_dbe": 0, "links_down": 0}
+    now = time.time()
+    return pipeline.handle(Observation(Signal.GPU_POLLED, 1, now, "nvml", pipeline.inventory.gpus[index],
+                                       frozen_attrs(attrs)), now)
+
+
 def taken(outcome: Outcome) -> dict[tuple[StepKind, str], StepResult]:
     return {(a.step.kind, a.step.target): a.result for a in outcome.actions}
 
@@ -304,15 +312,16 @@ def test_the_pipeline_evicts_only_the_pod_whose_claim_holds_the_faulty_gpu(contr
 
 
 def test_verified_recovery_removes_the_rule(control_plane, dra_node, real_server, tmp_path):
-    """No pod holds GPU 3, so the agent resets it at once; the verified reset clears the fault, and the rule made
-    in the same pass is deleted."""
+    """No pod holds GPU 3, so the agent resets it at once; the clean poll after the reset verifies it, the fault
+    clears and the rule is deleted."""
     pipeline = dra_pipeline(control_plane, real_server, dra_node, tmp_path, reset_settle_seconds=0.0)
     pipeline.start()
     outcome = taken(xid48(pipeline, 3))
     device = f"{DRIVER}/{dra_node}/gpu-3"
-    assert [outcome.get((kind, device)) for kind in (StepKind.TAINT_DEVICE, StepKind.UNTAINT_DEVICE)] == [
-        StepResult.APPLIED, StepResult.APPLIED]
+    assert outcome.get((StepKind.TAINT_DEVICE, device)) is StepResult.APPLIED
     assert outcome[(StepKind.RESET_GPU, GPU3)] is StepResult.APPLIED
+    assert tainter_of(control_plane, dra_node).owned() != []
+    assert taken(clean_poll(pipeline, 3)).get((StepKind.UNTAINT_DEVICE, device)) is StepResult.APPLIED
     assert tainter_of(control_plane, dra_node).owned() == []
     assert pipeline.node.device_taints == {}
 
