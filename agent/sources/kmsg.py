@@ -70,8 +70,11 @@ Count = Callable[[str, int], None]
 Owners = Callable[[], Mapping[str, str]]
 
 
+_NO_OWNERS: Mapping[str, str] = MappingProxyType({})
+
+
 def _no_owners() -> Mapping[str, str]:
-    return {}
+    return _NO_OWNERS
 
 
 def _no_count(name: str, amount: int) -> None:
@@ -213,7 +216,8 @@ class KernelLogProcessor:
                 attrs["pod_uid"] = pod.pod_uid
                 if pod.container_id:
                     attrs["container_id"] = pod.container_id
-            attrs["workload"] = workload_key(pod=pod, owners=self.owners(), process=record.process)
+            owners = self.owners() if pod is not None else _NO_OWNERS  # only a pod has an owner to look up
+            attrs["workload"] = workload_key(pod=pod, owners=owners, process=record.process)
         if record.process is not None:
             attrs["process"] = record.process
         if record.prefix.seq is not None:
