@@ -338,7 +338,8 @@ def _process_name(rest: str) -> tuple[str | None, str]:
 def _finished(code: int, whole: str, pci: str, pid: int | None, process: str | None, rest: str,
               extras: dict[str, Any], prefix: Prefix, line_no: int) -> KernelRecord:
     # Structured fields are read from the driver's end of the whole line: a process name cannot move them.
-    extras.update(_xid_extras(code, whole.rstrip()))
+    if code in _STRUCTURED_CODES:
+        extras.update(_xid_extras(code, whole.rstrip()))
     return KernelRecord("xid", line_no, code, pci, pid, process, rest.strip()[:MAX_MESSAGE], extras, prefix)
 
 
@@ -360,6 +361,10 @@ def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     for found in pattern.finditer(text):  # noqa: B007 - the last match is the driver's, not the process name's
         pass
     return found
+
+
+#: The Xids whose lines carry structured fields that _xid_extras reads.
+_STRUCTURED_CODES = frozenset({13, 45, 74, 154, *range(144, 151)})
 
 
 def _xid_extras(code: int, text: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ _POD_CACHE_SIZE = 4096
 #: storm of records from ever-new pids the rest are charged to their process name instead of stalling the source.
 ATTRIBUTIONS_PER_SECOND = 1000.0
 _GPU_CACHE_SIZE = 256
+_ATTR_TYPES = (str, int, float, bool)
 _RECORD_SIGNALS = {"xid": Signal.XID, "sxid": Signal.SXID, "gpu_lost": Signal.GPU_LOST}
 
 
@@ -223,7 +224,7 @@ class KernelLogProcessor:
         if record.prefix.seq is not None:
             attrs["kmsg_seq"] = record.prefix.seq
         for key, value in record.extras.items():
-            if isinstance(value, str | int | float | bool):
+            if isinstance(value, _ATTR_TYPES):
                 attrs[key] = value
         signal = _RECORD_SIGNALS[record.kind]
         if signal is Signal.SXID:
