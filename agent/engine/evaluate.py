@@ -169,6 +169,8 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
             observation = _with_prior(observation, prior)
     if not candidates.rules:
         return []
+    if candidates.unconditional:
+        return _on_matches(candidates.unconditional, observation, gpu_key, state, now)
     model = observation.gpu.model if observation.gpu else ""
     level = not signal.is_event
     primary: list[Rule] = []
@@ -190,11 +192,7 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
             else:
                 primary.append(rule)
     matched = primary or [r for r in fallbacks if r.code is not None] or fallbacks
-    verdicts: list[Verdict] = []
-    for rule in matched:
-        verdict = _on_match(rule, observation, gpu_key, state, now)
-        if verdict is not None:
-            verdicts.append(verdict)
+    verdicts = _on_matches(matched, observation, gpu_key, state, now)
     if level:
         matched_ids = {rule.id for rule in matched}
         for rule in enabled:
@@ -275,6 +273,16 @@ def _all_hold(conditions: Iterable[Condition], obs: Observation) -> bool:
         if not _holds(cond, obs):
             return False
     return True
+
+
+def _on_matches(matched: Iterable[Rule], obs: Observation, gpu_key: str, state: EngineState,
+                now: float) -> list[Verdict]:
+    verdicts: list[Verdict] = []
+    for rule in matched:
+        verdict = _on_match(rule, obs, gpu_key, state, now)
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts
 
 
 def _on_match(rule: Rule, obs: Observation, gpu_key: str, state: EngineState, now: float) -> Verdict | None:
