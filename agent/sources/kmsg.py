@@ -238,9 +238,12 @@ def _from_user_space(line: str) -> bool:
     """True when the record's own prefix (raw /dev/kmsg `PRI,seq,...;` or `<PRI>`) names a facility other
     than the kernel's; a line without either (a plain text log) cannot tell and is admitted."""
     if line[:1].isdigit():
-        head, sep, _ = line.partition(";")
-        priority = head.partition(",")[0]
-        return bool(sep) and priority.isdigit() and int(priority) >> 3 != KERNEL_FACILITY
+        end = line.find(";")  # found without copying the rest of the line: this runs for every driver line
+        if end < 0:
+            return False
+        comma = line.find(",", 0, end)
+        priority = line[:comma if comma >= 0 else end]
+        return priority.isdigit() and int(priority) >> 3 != KERNEL_FACILITY
     if line.startswith("<"):
         end = line.find(">", 1, 5)
         priority = line[1:end] if end > 0 else ""
