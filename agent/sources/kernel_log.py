@@ -320,12 +320,16 @@ _KMSG_XID = re.compile(r"(?P<pri>\d{1,3}),(?P<seq>\d{1,20}),(?P<ts>\d{1,20}),[^;
 
 
 def _kmsg_xid_record(match: re.Match[str], line: str, line_no: int) -> KernelRecord:
-    priority, seq, timestamp, pci, code = match.group("pri", "seq", "ts", "pci", "code")
-    value = int(priority)
-    prefix = Prefix(int(seq), int(timestamp), value >> 3, value & 7)
+    priority, seq, timestamp, pci, code, pid = match.group("pri", "seq", "ts", "pci", "code", "pid")
+    value, number = int(priority), int(code)
+    prefix = _new_prefix(Prefix, (int(seq), int(timestamp), value >> 3, value & 7))
     process, rest = _process_name(line[match.end():].strip())
-    whole = line[match.start("whole"):].strip()
-    return _finished(int(code), whole, pci.lower(), int(match.group("pid")), process, rest, {}, prefix, line_no)
+    whole = line[match.start("whole"):].strip() if number in _STRUCTURED_CODES else ""
+    return _finished(number, whole, pci.lower(), int(pid), process, rest, {}, prefix, line_no)
+
+
+#: Builds a Prefix from a tuple of its four fields without the named tuple's Python-level __new__.
+_new_prefix = tuple.__new__
 
 
 def _process_name(rest: str) -> tuple[str | None, str]:
