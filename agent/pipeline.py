@@ -10,7 +10,6 @@ tests run it inline after each change, so what a scenario shows is what the agen
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import random
@@ -497,7 +496,7 @@ class Pipeline:
         """The planner's steps; not planned again while its inputs (faults, node state, inventory) are those of
         the last plan that called for nothing and no settling reset came due: that plan would be the same."""
         faults = self._resolved_faults()
-        inputs = (faults, copy.deepcopy(self.record.node), self.inventory, self._options)
+        inputs = (faults, self.record.node.to_json(), self.inventory, self._options)
         quiet = self._quiet_plan
         if quiet is not None and quiet[0] == inputs and now < quiet[1]:
             return []
