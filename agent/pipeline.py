@@ -201,6 +201,8 @@ class Pipeline:
         self._renewed_at: float | None = None
         self._passes = 0
         self._pass_verdicts: list[Verdict] = []
+        #: What the last plan that called for nothing was made from, and until when time cannot change it.
+        self._quiet_plan: tuple[tuple[object, ...], float] | None = None
         self._metrics_primed = False
         self._log = structlog.get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
@@ -569,8 +571,7 @@ class Pipeline:
             actions = self._deliver_owed(now, opted_out)
             for _ in range(_ROUNDS):
                 with self._lock:
-                    steps = plan([], self._resolved_faults(), self.record.node, self.inventory,
-                                 options=self._options, now=now)
+                    steps = self._plan(now)
                 done = [record for step in steps if (record := self._carry_out(step, now, opted_out)) is not None]
                 actions += done
                 if not self._progressed(done, now):
@@ -592,6 +593,19 @@ class Pipeline:
             self._passes += 1
             self._update_metrics(bool(actions))
             return Outcome(self._pass_verdicts, actions)
+
+    def _plan(self, now: float) -> list[Step]:
+        """The planner's steps; not planned again while its inputs (faults, node state, inventory) are those of
+        the last plan that called for nothing and no settling reset came due: that plan would be the same."""
+        faults = self._resolved_faults()
+        inputs = (faults, self.record.node.to_json(), self.inventory, self._options)
+        quiet = self._quiet_plan
+        if quiet is not None and quiet[0] == inputs and now < quiet[1]:
+            return []
+        steps = plan([], faults, self.record.node, self.inventory, options=self._options, now=now)
+        settled = next_settled(faults.values(), self.record.node, self._options, now)
+        self._quiet_plan = None if steps else (inputs, settled if settled is not None else float("inf"))
+        return steps
 
     def _observe_and_adopt(self, now: float) -> NodeObservation | None:
         observed = self._safely("node_unreadable", self.actuator.observe)

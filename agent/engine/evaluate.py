@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -168,6 +169,8 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
             observation = _with_prior(observation, prior)
     if not candidates.rules:
         return []
+    if candidates.unconditional:
+        return _on_matches(candidates.unconditional, observation, gpu_key, state, now)
     model = observation.gpu.model if observation.gpu else ""
     level = not signal.is_event
     primary: list[Rule] = []
@@ -182,18 +185,14 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
                 continue
             if level:
                 enabled.append(rule)
-            if rule.when and not all(_holds(cond, observation) for cond in rule.when):
+            if rule.when and not _all_hold(rule.when, observation):
                 continue
             if rule.fallback:
                 fallbacks.append(rule)
             else:
                 primary.append(rule)
     matched = primary or [r for r in fallbacks if r.code is not None] or fallbacks
-    verdicts: list[Verdict] = []
-    for rule in matched:
-        verdict = _on_match(rule, observation, gpu_key, state, now)
-        if verdict is not None:
-            verdicts.append(verdict)
+    verdicts = _on_matches(matched, observation, gpu_key, state, now)
     if level:
         matched_ids = {rule.id for rule in matched}
         for rule in enabled:
@@ -269,6 +268,23 @@ def _clear_where(
     return verdicts
 
 
+def _all_hold(conditions: Iterable[Condition], obs: Observation) -> bool:
+    for cond in conditions:  # noqa: SIM110 - all() over a generator costs a frame per rule on the storm path
+        if not _holds(cond, obs):
+            return False
+    return True
+
+
+def _on_matches(matched: Iterable[Rule], obs: Observation, gpu_key: str, state: EngineState,
+                now: float) -> list[Verdict]:
+    verdicts: list[Verdict] = []
+    for rule in matched:
+        verdict = _on_match(rule, obs, gpu_key, state, now)
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts
+
+
 def _on_match(rule: Rule, obs: Observation, gpu_key: str, state: EngineState, now: float) -> Verdict | None:
     st = state.rules.get((gpu_key, rule.id)) or state.state(gpu_key, rule.id, obs.gpu)
     if obs.gpu is not None and gpu_key != OVERFLOW_GPU_KEY:
@@ -279,8 +295,16 @@ def _on_match(rule: Rule, obs: Observation, gpu_key: str, state: EngineState, no
         st.sustain_since = now
     if st.active:
         return None
-    _record_hit(rule, st, obs, now)
-    if not _window_met(rule, st) or now - st.sustain_since < rule.sustain_seconds:
+    window = rule.window
+    if window.distinct:
+        _record_distinct(window.distinct, window.count, window.seconds, st, obs, now)
+        if len(st.distinct) < window.count:
+            return None
+    else:
+        _record_hit(rule, st, obs, now)
+        if st.hit_total < window.count:
+            return None
+    if now - st.sustain_since < rule.sustain_seconds:
         return None
     st.active = True
     st.since = now
@@ -308,19 +332,27 @@ def _on_healthy_reading(rule: Rule, gpu_key: str, state: EngineState, now: float
         st.clear_hits()
 
 
+def _record_distinct(attr: str, count: int, seconds: float, st: RuleState, obs: Observation, now: float) -> None:
+    """O(1) amortised: the last time of each distinct value, oldest first, at most `count` of them."""
+    value = obs.attrs.get(attr)
+    key = "" if value is None else value if type(value) is str else str(value)
+    distinct = st.distinct
+    if key:
+        if key in distinct:
+            distinct.move_to_end(key)
+        distinct[key] = now
+    while len(distinct) > count:
+        distinct.popitem(last=False)
+    if seconds:
+        while distinct and now - next(iter(distinct.values())) > seconds:
+            distinct.popitem(last=False)
+
+
 def _record_hit(rule: Rule, st: RuleState, obs: Observation, now: float) -> None:
     """O(1) amortised: each hit is added once and dropped once; storms cost constant memory."""
     window = rule.window
     if window.distinct:
-        value = obs.attrs.get(window.distinct)
-        key = "" if value is None else str(value)
-        if key:
-            st.distinct.pop(key, None)
-            st.distinct[key] = now
-        distinct = st.distinct
-        while distinct and (len(distinct) > window.count or
-                            (window.seconds and now - next(iter(distinct.values())) > window.seconds)):
-            distinct.popitem(last=False)
+        _record_distinct(window.distinct, window.count, window.seconds, st, obs, now)
         return
     hits = st.hits
     hits.append((now, obs.count))
@@ -331,12 +363,6 @@ def _record_hit(rule: Rule, st: RuleState, obs: Observation, now: float) -> None
     # Keep only as many hits as the window needs.
     while len(hits) > 1 and st.hit_total - hits[0][1] >= window.count:
         st.hit_total -= hits.popleft()[1]
-
-
-def _window_met(rule: Rule, st: RuleState) -> bool:
-    if rule.window.distinct:
-        return len(st.distinct) >= rule.window.count
-    return st.hit_total >= rule.window.count
 
 
 def _quiet_recovered(rule: Rule, st: RuleState, now: float) -> bool:
@@ -427,7 +453,11 @@ def _ordered(op: str, actual: AttrValue, expected: AttrValue) -> bool:
         return False
     if isinstance(expected, bool) or not isinstance(expected, int | float):
         return False
-    return {"gt": actual > expected, "ge": actual >= expected, "lt": actual < expected, "le": actual <= expected}[op]
+    return _ORDERINGS[op](actual, expected)
+
+
+_ORDERINGS: Mapping[str, Callable[[float, float], bool]] = {
+    "gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le}
 
 
 class _FormatDict(dict[str, object]):

@@ -25,6 +25,9 @@ class Candidates:
     needs_prior_xid: bool = False
     primary: tuple[Rule, ...] = ()
     fallback: tuple[Rule, ...] = ()
+    #: For an event, the rules it matches whatever it carries (every primary rule enabled, without conditions
+    #: or per-model overrides, so the fallbacks are never reached); empty when that needs looking at the event.
+    unconditional: tuple[Rule, ...] = ()
 
 
 _NONE = Candidates(())
@@ -85,4 +88,6 @@ def _index_signal(rules: tuple[Rule, ...]) -> SignalRules:
 def _candidates(rules: tuple[Rule, ...]) -> Candidates:
     needs = any(cond.field in DERIVED_XID_FIELDS or cond.ref in DERIVED_XID_FIELDS
                 for rule in rules for cond in rule.when) or any("{prior_xid" in rule.summary for rule in rules)
-    return Candidates(rules, needs, tuple(r for r in rules if not r.fallback), tuple(r for r in rules if r.fallback))
+    primary = tuple(r for r in rules if not r.fallback)
+    plain = all(r.signal.is_event and r.enabled and not r.when and not r.overrides for r in primary)
+    return Candidates(rules, needs, primary, tuple(r for r in rules if r.fallback), primary if plain else ())

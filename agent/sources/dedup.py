@@ -51,18 +51,21 @@ class Deduplicator:
 
     def offer(self, key: Hashable, observation: Observation, now: float) -> list[Observation]:
         """What to emit now for this observation (plus any bursts whose window has closed)."""
-        out = self.flush(now)
-        burst = self._bursts.get(key)
+        out = self.flush(now) if now >= self._next_due else []
+        bursts = self._bursts
+        burst = bursts.get(key)
         if burst is not None:
             burst.pending += observation.count
             burst.last = observation
             return out
-        self._bursts[key] = _Burst(now, observation)
+        bursts[key] = _Burst(now, observation)
         out.append(observation)
-        while len(self._bursts) > self.max_keys:
-            _, oldest = self._bursts.popitem(last=False)
-            out.extend(_aggregate(oldest))
-        self._due_from_oldest()
+        if len(bursts) == 1 or len(bursts) > self.max_keys:  # the oldest burst is another one now
+            while len(bursts) > self.max_keys:
+                _, oldest = bursts.popitem(last=False)
+                if oldest.pending:
+                    out.extend(_aggregate(oldest))
+            self._due_from_oldest()
         return out
 
     def flush(self, now: float, *, force: bool = False) -> list[Observation]:

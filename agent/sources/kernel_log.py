@@ -14,7 +14,7 @@ import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.sources.nvlink5 import decode
 
@@ -78,9 +78,9 @@ KERNEL_FACILITY = 0
 USER_FACILITY = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Prefix:
-    """What the log prefix said: the raw-kmsg sequence, time and facility, or a `<N>` priority."""
+class Prefix(NamedTuple):
+    """What the log prefix said: the raw-kmsg sequence, time and facility, or a `<N>` priority (a named
+    tuple: one is built per driver line, and a tuple costs a fifth of a frozen dataclass)."""
 
     seq: int | None = None
     timestamp_us: int | None = None
@@ -196,7 +196,11 @@ class KernelLogParser:
             return None
 
     def _feed(self, line: str, line_no: int) -> KernelRecord | None:
-        if line.lstrip().startswith("{"):
+        fast = _KMSG_XID.match(line)
+        if fast:
+            self._lost_pci = None
+            return self._with_sm_repeats(_kmsg_xid_record(fast, line, line_no))
+        if line[:1] == "{" or (line[:1].isspace() and line.lstrip().startswith("{")):
             entry = journal_entry(line)
             if entry is None:
                 return None
@@ -219,10 +223,7 @@ class KernelLogParser:
         match = _XID.match(body)
         if match:
             self._lost_pci = None
-            record = _xid_record(match, prefix, line_no)
-            if "sm_location" in record.extras:
-                record.extras["sm_location_processes"] = self._sm_repeats(record)
-            return record
+            return self._with_sm_repeats(_xid_record(match, prefix, line_no))
         if _XID_START.match(body):
             self.skipped += 1  # an Xid whose code cannot be read (missing, or an absurdly long number)
             return None
@@ -247,6 +248,11 @@ class KernelLogParser:
             if self._lost_lines >= 3:
                 self._lost_pci = None
         return None
+
+    def _with_sm_repeats(self, record: KernelRecord) -> KernelRecord:
+        if "sm_location" in record.extras:
+            record.extras["sm_location_processes"] = self._sm_repeats(record)
+        return record
 
     def _sm_repeats(self, record: KernelRecord) -> int:
         """How many distinct processes hit Xid 13 on this GPU's GPC/TPC, this one included (NVIDIA's
@@ -301,16 +307,44 @@ def _xid_record(match: re.Match[str], prefix: Prefix, line_no: int) -> KernelRec
         rest = rest[pid_match.end():]
         name_match = _NAME.match(rest)
         if name_match:
-            rest = rest[name_match.end():]
-            cut = rest.find(", ")
-            name, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut + 2:])
-            process = None if name.strip("'") in {"<unknown>", ""} else name
-    message = rest.strip()[:MAX_MESSAGE]
+            process, rest = _process_name(rest[name_match.end():])
     extras = _address_extras(match.group("addr"))
     pci = str(extras.pop("pci", ""))
+    return _finished(code, whole, pci, pid, process, rest, extras, prefix, line_no)
+
+
+# The driver's own form of an Xid record read from /dev/kmsg, in one pattern (the storm's fast path): what it
+# matches is read exactly as strip_prefix + _XID + _PID + _NAME read it; anything else takes that longer way.
+_KMSG_XID = re.compile(r"(?P<pri>\d{1,3}),(?P<seq>\d{1,20}),(?P<ts>\d{1,20}),[^;]{0,16};NVRM: Xid \(PCI:(?P<pci>"
+                       + _PCI + r")\): (?P<code>\d{1,6}), (?P<whole>pid=(?P<pid>\d{1,10}), name=\s*)")
+
+
+def _kmsg_xid_record(match: re.Match[str], line: str, line_no: int) -> KernelRecord:
+    priority, seq, timestamp, pci, code, pid = match.group("pri", "seq", "ts", "pci", "code", "pid")
+    value, number = int(priority), int(code)
+    prefix = _new_prefix(Prefix, (int(seq), int(timestamp), value >> 3, value & 7))
+    process, rest = _process_name(line[match.end():].strip())
+    whole = line[match.start("whole"):].strip() if number in _STRUCTURED_CODES else ""
+    return _finished(number, whole, pci.lower(), int(pid), process, rest, {}, prefix, line_no)
+
+
+#: Builds a Prefix from a tuple of its four fields without the named tuple's Python-level __new__.
+_new_prefix = tuple.__new__
+
+
+def _process_name(rest: str) -> tuple[str | None, str]:
+    """The process name that opens `rest` (up to ", "), and what follows it."""
+    cut = rest.find(", ")
+    name, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut + 2:])
+    return (None if name.strip("'") in {"<unknown>", ""} else name), rest
+
+
+def _finished(code: int, whole: str, pci: str, pid: int | None, process: str | None, rest: str,
+              extras: dict[str, Any], prefix: Prefix, line_no: int) -> KernelRecord:
     # Structured fields are read from the driver's end of the whole line: a process name cannot move them.
-    extras.update(_xid_extras(code, whole.rstrip()))
-    return KernelRecord("xid", line_no, code, pci, pid, process, message, extras, prefix)
+    if code in _STRUCTURED_CODES:
+        extras.update(_xid_extras(code, whole.rstrip()))
+    return KernelRecord("xid", line_no, code, pci, pid, process, rest.strip()[:MAX_MESSAGE], extras, prefix)
 
 
 def _address_extras(address: str) -> dict[str, Any]:
@@ -331,6 +365,10 @@ def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     for found in pattern.finditer(text):  # noqa: B007 - the last match is the driver's, not the process name's
         pass
     return found
+
+
+#: The Xids whose lines carry structured fields that _xid_extras reads.
+_STRUCTURED_CODES = frozenset({13, 45, 74, 154, *range(144, 151)})
 
 
 def _xid_extras(code: int, text: str) -> dict[str, Any]:

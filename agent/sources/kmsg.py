@@ -35,6 +35,7 @@ _POD_CACHE_SIZE = 4096
 #: storm of records from ever-new pids the rest are charged to their process name instead of stalling the source.
 ATTRIBUTIONS_PER_SECOND = 1000.0
 _GPU_CACHE_SIZE = 256
+_ATTR_TYPES = (str, int, float, bool)
 _RECORD_SIGNALS = {"xid": Signal.XID, "sxid": Signal.SXID, "gpu_lost": Signal.GPU_LOST}
 
 
@@ -70,8 +71,11 @@ Count = Callable[[str, int], None]
 Owners = Callable[[], Mapping[str, str]]
 
 
+_NO_OWNERS: Mapping[str, str] = MappingProxyType({})
+
+
 def _no_owners() -> Mapping[str, str]:
-    return {}
+    return _NO_OWNERS
 
 
 def _no_count(name: str, amount: int) -> None:
@@ -213,13 +217,14 @@ class KernelLogProcessor:
                 attrs["pod_uid"] = pod.pod_uid
                 if pod.container_id:
                     attrs["container_id"] = pod.container_id
-            attrs["workload"] = workload_key(pod=pod, owners=self.owners(), process=record.process)
+            owners = self.owners() if pod is not None else _NO_OWNERS  # only a pod has an owner to look up
+            attrs["workload"] = workload_key(pod=pod, owners=owners, process=record.process)
         if record.process is not None:
             attrs["process"] = record.process
         if record.prefix.seq is not None:
             attrs["kmsg_seq"] = record.prefix.seq
         for key, value in record.extras.items():
-            if isinstance(value, str | int | float | bool):
+            if isinstance(value, _ATTR_TYPES):
                 attrs[key] = value
         signal = _RECORD_SIGNALS[record.kind]
         if signal is Signal.SXID:
@@ -233,9 +238,12 @@ def _from_user_space(line: str) -> bool:
     """True when the record's own prefix (raw /dev/kmsg `PRI,seq,...;` or `<PRI>`) names a facility other
     than the kernel's; a line without either (a plain text log) cannot tell and is admitted."""
     if line[:1].isdigit():
-        head, sep, _ = line.partition(";")
-        priority = head.partition(",")[0]
-        return bool(sep) and priority.isdigit() and int(priority) >> 3 != KERNEL_FACILITY
+        end = line.find(";")  # found without copying the rest of the line: this runs for every driver line
+        if end < 0:
+            return False
+        comma = line.find(",", 0, end)
+        priority = line[:comma if comma >= 0 else end]
+        return priority.isdigit() and int(priority) >> 3 != KERNEL_FACILITY
     if line.startswith("<"):
         end = line.find(">", 1, 5)
         priority = line[1:end] if end > 0 else ""

@@ -138,3 +138,26 @@ def test_a_level_reading_that_no_longer_matches_resets_its_rule():
     fired(obs(Signal.TEMPERATURE, 95, 0.0), state=state)
     fired(obs(Signal.TEMPERATURE, 50, 5.0), state=state)
     assert state.rules[(gpu().key, "hot")].last_nonmatch == 5.0
+
+
+PLAIN = load_rule_texts([("p.yaml", """
+rules:
+- {id: off-31, signal: xid, code: 31, enabled: false, severity: warning, action: notify, fault_class: driver,
+   summary: s, source: t, recovery: {kind: quiet, quiet_seconds: 60}}
+- {id: mmu-43, signal: xid, code: 43, severity: warning, action: notify, fault_class: driver,
+   overrides: [{models: ["*A100*"], enabled: false}], summary: s, source: t,
+   recovery: {kind: quiet, quiet_seconds: 60}}
+- {id: unknown, signal: xid, fallback: true, severity: warning, action: notify, fault_class: driver,
+   summary: "unknown Xid {code}", source: t, recovery: {kind: quiet, quiet_seconds: 60}}
+""")])
+
+
+def test_a_disabled_rule_without_conditions_never_matches():
+    """A rule that needs no look at the event (the engine's shortcut) still counts only when enabled."""
+    assert fired(obs(Signal.XID, 31), rules=PLAIN) == ["unknown"]
+
+
+def test_a_per_model_override_applies_to_a_rule_without_conditions():
+    """Disabled for A100s by an override: an A100's Xid 43 reaches the fallback, an H100's the rule."""
+    assert fired(obs(Signal.XID, 43, gpu_ref=gpu(0, model="NVIDIA A100-SXM4-80GB")), rules=PLAIN) == ["unknown"]
+    assert fired(obs(Signal.XID, 43, gpu_ref=gpu(0)), rules=PLAIN) == ["mmu-43"]

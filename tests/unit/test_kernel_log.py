@@ -171,6 +171,27 @@ def test_near_miss_records_never_raise(text):
     KernelLogParser().feed(text)
 
 
+def _read(line):
+    record = KernelLogParser().feed(line)
+    return None if record is None else {k: v for k, v in record.to_json().items() if k != "seq"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["0000:3B:00", "0000:3b:00.0", "3b:00.0", "PCI:0000:3b:00", "0000:3b:00 GPU-I:05"]),
+       st.lists(st.sampled_from(["13", "31", "74", "1234567"]), min_size=1, max_size=1),
+       st.lists(st.sampled_from([", pid=", ",pid=", ", pid = ", " pid="]), min_size=1, max_size=1),
+       st.lists(st.sampled_from(["1234", "12345678901", "'<unknown>'", "<unknown>"]), min_size=1, max_size=1),
+       st.lists(st.sampled_from([", name=", ",name=", ", name= ", ", name = ", "  "]), min_size=1, max_size=1),
+       st.lists(st.sampled_from(["python3", "pt main", "'", "<unknown>", ", ", ",", " ", "\t", "\n", "x",
+                                 "(GPC 1, TPC 2, SM 0)", "link 3 (0x1, 0x2, 0x0, 0x0, 0x0)", "caused by Xid 79"]),
+                max_size=8))
+def test_a_raw_kmsg_xid_reads_as_its_priority_form_does(address, code, pid, pid_value, name, tail):
+    """The raw /dev/kmsg form of an Xid (read by one pattern when it is the driver's own) gives the same record
+    as the same body behind a `<4>` prefix (read the long way)."""
+    body = f"NVRM: Xid (PCI:{address.removeprefix('PCI:')}): " + "".join([*code, *pid, *pid_value, *name, *tail])
+    assert _read("4,7,9,-;" + body) == _read("<4>" + body)
+
+
 def test_xid_74_registers_are_classified_by_nvidias_workflow():
     from agent.sources.kernel_log import nvlink_error_class
     assert nvlink_error_class([1 << 0 | 1 << 23, 0, 0, 0, 0, 0, 0]) == "IGNORE"

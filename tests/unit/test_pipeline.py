@@ -126,3 +126,43 @@ def test_a_drill_fault_ends_by_itself_but_one_that_came_again_is_kept(shipped_ru
             p.handle(obs(Signal.XID, 79, 5.0, gpu_ref=gpu(1)), 5.0)
         p.tick(1.0 + DRILL_SECONDS)
         assert p.gpu_statuses()[gpu(1).key] == ("fatal" if again else "healthy")
+
+
+
+def _converged(rules, monkeypatch) -> tuple[Pipeline, list[int]]:
+    """A pipeline that reconciles on every observation, converged on an Xid 79, and its count of plans
+    (through the seam agent.pipeline.plan)."""
+    import agent.pipeline
+    calls: list[int] = []
+    real = agent.pipeline.plan
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(agent.pipeline, "plan", counted)
+    p = Pipeline(rules=rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), sync_seconds=0.0,
+                 clock=lambda: 100.0)
+    p.handle(obs(Signal.XID, 79, 1.0), 1.0)
+    p.handle(obs(Signal.XID, 79, 2.0), 2.0)
+    assert calls
+    return p, calls
+
+
+def test_an_observation_that_changes_nothing_is_not_planned(shipped_rules, monkeypatch):
+    """Once the node is converged, repeats of an active fault reconcile (every pass is due) but never plan."""
+    p, calls = _converged(shipped_rules, monkeypatch)
+    planned = len(calls)
+    for at in range(3, 50):
+        assert p.handle(obs(Signal.XID, 79, float(at)), float(at)).actions == []
+    assert len(calls) == planned
+
+
+def test_a_changed_node_state_is_planned_again(shipped_rules, monkeypatch):
+    """A taint gone from the node (the node's state changed) is planned, and put back, on the next pass."""
+    p, calls = _converged(shipped_rules, monkeypatch)
+    planned = len(calls)
+    p.record.node.tainted = False
+    outcome = p.handle(obs(Signal.XID, 79, 3.0), 3.0)
+    assert len(calls) > planned
+    assert [a.step.kind for a in outcome.actions] == [StepKind.TAINT]
