@@ -10,10 +10,11 @@ from agent.engine import RuleSet
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
-from agent.k8s.client import Apis, client_for
+from agent.k8s.client import client_for
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.node import NodeWriter
+from agent.k8s.raw import RawApi
 from agent.model import Observation, Signal, action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
@@ -94,12 +95,12 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
     populate(cluster, inventory(scenario))
     server = FakeApiServer(cluster).start()
     try:
-        apis = Apis.of(client_for(server.url))
+        raw = RawApi(client_for(server.url))
         name = scenario.node.name
-        writer = NodeWriter(apis.core, name, taint_key="gpu-health-agent.io/unhealthy")
-        budget = LeaseBudget(apis, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
-        actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{name}/simulate"),
-                               evictor=Evictor(apis.core),
+        writer = NodeWriter(raw, name, taint_key="gpu-health-agent.io/unhealthy")
+        budget = LeaseBudget(raw, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
+        actuator = K8sActuator(writer=writer, events=EventRecorder(raw, instance=f"{name}/simulate"),
+                               evictor=Evictor(raw),
                                reset=lambda uuid: (True, f"simulated reset of {uuid} (no GPU here)"))
         report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal,
                           clock=clock)

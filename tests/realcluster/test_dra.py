@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.client import Apis
 from agent.k8s.dra import DeviceRef, DeviceTaintEffect, DeviceTainter, devices_of_gpu, discover_rule_version
 from agent.k8s.errors import Forbidden
 from agent.k8s.evictions import EvictionOutcome, Evictor
@@ -125,7 +124,7 @@ def test_a_pod_holding_the_faulty_device_through_a_claim_is_found_and_evicted(co
     holders = [h for h in tainter.claim_holders(["ml"]) if faulty & set(h.devices)]
 
     assert [(h.namespace, h.name) for h in holders] == [("ml", "on-gpu-3")]
-    evictor = Evictor(Apis.of(RealServer(control_plane).agent_client(dra_node)).core)
+    evictor = Evictor(RawApi(RealServer(control_plane).agent_client(dra_node)))
     assert evictor.evict("ml", "on-gpu-3").outcome is EvictionOutcome.EVICTED
 
 
