@@ -30,15 +30,20 @@ def operator_sets_taints(cluster: Any, name: str, taints: list[dict[str, str]]) 
     cluster.replace(NODES, "", name, node)
 
 
-def test_a_fault_taints_a_node_already_read_with_one_patch_and_no_get(fake):
-    """After the pass's read, the taint is one PATCH: the writer does not GET the Node again first."""
+def requests_of(fake: Any, name: str, writes: Any) -> list[str]:
+    """The requests `writes(writer)` makes on a Node the writer has just read."""
     cluster, _ = fake
-    writer = writer_on(fake, "nw-one-patch")
+    writer = writer_on(fake, name)
     writer.read()
     start = len(cluster.log)
-    assert writer.set_taint(True)
-    assert requests_since(cluster, start) == ["PATCH"]
-    assert [t["key"] for t in cluster.node("nw-one-patch")["spec"]["taints"]] == [TAINT]
+    writes(writer)
+    return requests_since(cluster, start)
+
+
+def test_a_fault_taints_a_node_already_read_with_one_patch_and_no_get(fake):
+    """After the pass's read, the taint is one PATCH: the writer does not GET the Node again first."""
+    assert requests_of(fake, "nw-one-patch", lambda writer: writer.set_taint(True)) == ["PATCH"]
+    assert [t["key"] for t in fake[0].node("nw-one-patch")["spec"]["taints"]] == [TAINT]
 
 
 def test_a_taint_added_by_someone_after_the_read_is_kept_when_the_agent_taints(fake):
@@ -63,11 +68,9 @@ def test_a_taint_removed_by_someone_after_the_read_is_put_back(fake):
 
 def test_conditions_and_annotations_after_a_taint_need_no_read(fake):
     """Each write's answer is the next write's observation: taint, condition and record are three PATCHes."""
-    cluster, _ = fake
-    writer = writer_on(fake, "nw-chain")
-    writer.read()
-    start = len(cluster.log)
-    assert writer.set_taint(True)
-    assert writer.set_condition("GpuFatalFault", status=True, reason="Xid79", message="fell off the bus")
-    assert writer.save_record({"generation": 1})
-    assert requests_since(cluster, start) == ["PATCH", "PATCH", "PATCH"]
+    def writes(writer: NodeWriter) -> None:
+        assert writer.set_taint(True)
+        assert writer.set_condition("GpuFatalFault", status=True, reason="Xid79", message="fell off the bus")
+        assert writer.save_record({"generation": 1})
+
+    assert requests_of(fake, "nw-chain", writes) == ["PATCH", "PATCH", "PATCH"]
