@@ -8,7 +8,7 @@ from typing import Any
 from agent.k8s.node import NodeWriter
 from agent.k8s.raw import RawApi
 from agent.simulation.fake_apiserver.server import RESOURCES
-from tests.k8s_helpers import TAINT, agent_client, gpu_node, populate_any
+from tests.k8s_helpers import TAINT, agent_client, gpu_node, make_agent, populate_any
 
 NODES = next(r for r in RESOURCES if r.plural == "nodes")
 
@@ -74,3 +74,15 @@ def test_conditions_and_annotations_after_a_taint_need_no_read(fake):
         assert writer.save_record({"generation": 1})
 
     assert requests_of(fake, "nw-chain", writes) == ["PATCH", "PATCH", "PATCH"]
+
+
+def test_a_fatal_fault_taints_before_the_pod_list_and_the_events_are_read_or_sent(fake):
+    """The pass's first write is the taint: the pod list and the fault's Events come after it."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("nw-order"))
+    start = len(cluster.log)
+    agent.fault(3)
+    calls = [(str(method).upper(), path) for method, path, _ in cluster.log[start:]]
+    taint = calls.index(("PATCH", "/api/v1/nodes/nw-order"))
+    later = [i for i, (method, path) in enumerate(calls) if path.endswith("/pods") or "/events" in path]
+    assert later and taint < min(later)
