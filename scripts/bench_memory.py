@@ -102,54 +102,40 @@ def settled_rss(folder: Path, exporter_url: str, settle: float, kubeconfig: Path
     return rss, peak, mode[:200]
 
 
-def import_costs(top: int = 12) -> list[tuple[str, float]]:
-    """The packages of the agent's cluster mode by the RSS their import adds, each measured in the order the
-    agent first loads them (a package's figure includes what it loads that nothing loaded before)."""
-    script = f"""
-import sys, json
-def rss():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmRSS:'):
-            return int(line.split()[1]) / 1024
-before = set(sys.modules)
-base = rss()
-import importlib
-order = []
-for name in {AGENT_MODULES!r}:
-    importlib.import_module(name)
-for name in sys.modules:
-    if name not in before and sys.modules[name] is not None:
-        top = name.split('.')[0]
-        if top not in order:
-            order.append(top)
-print(json.dumps(order))
-"""
-    order = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+RSS_OF_SELF = ("def rss():\n    for line in open('/proc/self/status'):\n        if line.startswith('VmRSS:'):\n"
+               "            return int(line.split()[1]) / 1024\n")
+
+
+#: As agent.logs does before structlog is imported: the dev tools structlog would load are marked absent.
+KEEP_DEV_TOOLS_OUT = "import sys\nsys.modules['rich'] = None\nsys.modules['better_exceptions'] = None\n"
+
+
+def import_costs(top: int = 12) -> list[tuple[str, float, float]]:
+    """The top-level packages the agent's cluster mode loads: (name, RSS its import adds in the agent's own
+    load order, RSS it adds alone to a bare interpreter with its dependencies), largest first by the former."""
+    listing = (f"{KEEP_DEV_TOOLS_OUT}import importlib\nbefore = set(sys.modules)\nfor name in {AGENT_MODULES!r}:\n"
+               "    importlib.import_module(name)\norder = []\n"
+               "for n in sys.modules:\n    top = n.split('.')[0]\n"
+               "    if n not in before and sys.modules[n] is not None and not top.startswith('_') and top not in order:\n"
+               "        order.append(top)\nprint(' '.join(order))")
+    names = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, cwd=REPO,
+                           check=True).stdout.split()
+    in_order = (f"{RSS_OF_SELF}{KEEP_DEV_TOOLS_OUT}import importlib, json\nlast = rss()\ncosts = {{}}\n"
+                f"for name in {names!r}:\n    importlib.import_module(name)\n    now = rss()\n"
+                "    costs[name] = now - last\n    last = now\n"
+                f"for name in {AGENT_MODULES!r}:\n    importlib.import_module(name)\n"
+                "costs['agent'] = costs.get('agent', 0) + rss() - last\nprint(json.dumps(costs))")
+    added = json.loads(subprocess.run([sys.executable, "-c", in_order], capture_output=True, text=True, cwd=REPO,
                                       check=True).stdout)
-    measure = f"""
-import sys, json, importlib
-def rss():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmRSS:'):
-            return int(line.split()[1]) / 1024
-costs = []
-last = rss()
-for name in {order!r}:
-    try:
-        importlib.import_module(name)
-    except Exception:
-        continue
-    now = rss()
-    costs.append((name, now - last))
-    last = now
-for name in {AGENT_MODULES!r}:
-    importlib.import_module(name)
-costs.append(("(agent modules)", rss() - last))
-print(json.dumps(costs))
-"""
-    costs = json.loads(subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, cwd=REPO,
-                                      check=True).stdout)
-    return sorted(((str(n), float(c)) for n, c in costs), key=lambda item: -item[1])[:top]
+
+    def rss_after(statement: str) -> float:
+        code = f"{RSS_OF_SELF}{KEEP_DEV_TOOLS_OUT}{statement}\nprint(rss())"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
+        return float(done.stdout.strip() or "nan")
+
+    bare = rss_after("")
+    ranked = sorted(names, key=lambda n: -float(added.get(n, 0.0)))[:top]
+    return [(name, float(added.get(name, 0.0)), rss_after(f"import {name}") - bare) for name in ranked]
 
 
 def main() -> None:
@@ -173,9 +159,10 @@ def main() -> None:
         finally:
             plane.stop()
     exporter.shutdown()
-    print("import cost by package (RSS added, in the order the agent loads them):")
-    for package, cost in import_costs():
-        print(f"  {cost:6.1f} MiB  {package}")
+    print("import cost by package, MiB: added in the agent's load order / alone in a bare interpreter "
+          "(alone includes its dependencies, so those figures overlap)")
+    for package, added, alone in import_costs():
+        print(f"  {added:6.1f} / {alone:6.1f}  {package}")
     loaded = subprocess.run([sys.executable, "-c", "import sys; " + "; ".join(f"import {m}" for m in AGENT_MODULES)
                              + "; print(' '.join(sorted(n for n in ('kubernetes', 'rich', 'pygments', "
                              "'import_linter', 'pytest') if sys.modules.get(n) is not None)))"],
