@@ -98,8 +98,8 @@ def settled_rss(folder: Path, exporter_url: str, settle: float, kubeconfig: Path
         agent.terminate()
         agent.wait(15)
         os.close(keep_open)
-    mode = next((line for line in log.read_text().splitlines() if '"mode"' in line or "cluster" in line), "")
-    return rss, peak, mode[:200]
+    start = next((line for line in log.read_text().splitlines() if line.startswith("gpu-health-agent: node")), "")
+    return rss, peak, start
 
 
 RSS_OF_SELF = ("def rss():\n    for line in open('/proc/self/status'):\n        if line.startswith('VmRSS:'):\n"
@@ -145,7 +145,8 @@ def main() -> None:
     exporter, url = _exporter()
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        rss, peak, _ = settled_rss(folder, url, settle, None)
+        rss, peak, start = settled_rss(folder, url, settle, None)
+        print(f"  {start}")
         print(f"local mode, 8 GPUs, kmsg+NVML+DCGM: RSS {rss:.1f} MiB (peak {peak:.1f}) - target <= 48 MiB")
         plane = ControlPlane(folder / "controlplane").start()
         try:
@@ -153,7 +154,8 @@ def main() -> None:
             plane.add_gpu_node(NODE, 8)
             plane.agent_pod(NODE)
             kubeconfig = plane.agent_kubeconfig(NODE)
-            rss, peak, _ = settled_rss(folder, url, settle, kubeconfig)
+            rss, peak, start = settled_rss(folder, url, settle, kubeconfig)
+            print(f"  {start}")
             print(f"cluster mode (real kube-apiserver 1.37.2, the agent's ServiceAccount token), 8 GPUs, "
                   f"kmsg+NVML+DCGM: RSS {rss:.1f} MiB (peak {peak:.1f}) - target <= 64 MiB")
         finally:
