@@ -7,6 +7,8 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+from agent.k8s.errors import K8sError
+
 JsonDocument = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -62,5 +64,8 @@ class RawApi:
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         text = self.api_client.request(method, path, query=query, body=data, content_type=content_type,
                                        read_timeout=self.timeout_seconds)
-        document = json.loads(text) if text else {}
+        try:
+            document = json.loads(text) if text else {}
+        except ValueError:
+            raise K8sError(f"{method} {path}: the API server's answer is not JSON") from None
         return document if isinstance(document, dict) else {}

@@ -9,7 +9,7 @@ import yaml
 
 from agent.k8s import retry
 from agent.k8s.client import Timeouts, client_for, load_api_client
-from agent.k8s.errors import ApiTimeout, ClientConfigError, Unavailable
+from agent.k8s.errors import ApiTimeout, ClientConfigError, K8sError, Unavailable
 from agent.k8s.raw import RawApi
 from tests.conftest import FIXTURES
 from tests.net_helpers import refused_url, silent_server
@@ -159,3 +159,28 @@ def test_a_rotated_service_account_token_is_sent_from_the_next_request_on(tmp_pa
     assert api_client._authorization() == "Bearer first-token"
     (tmp_path / "token").write_text("second-token-after-rotation")
     assert api_client._authorization() == "Bearer second-token-after-rotation"
+
+
+def test_an_answer_that_is_not_json_is_one_error_line():
+    """A proxy's HTML page where the API's JSON was expected is a K8sError naming the request."""
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "15")
+            self.end_headers()
+            self.wfile.write(b"<html>hi</html>")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with client_for(f"http://127.0.0.1:{server.server_address[1]}") as api, pytest.raises(K8sError) as caught:
+            RawApi(api).get("/api/v1/nodes/n1")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(caught.value) == "GET /api/v1/nodes/n1: the API server's answer is not JSON"
