@@ -184,3 +184,34 @@ def test_an_answer_that_is_not_json_is_one_error_line():
         server.shutdown()
         server.server_close()
     assert str(caught.value) == "GET /api/v1/nodes/n1: the API server's answer is not JSON"
+
+
+def kubeconfig_with_user(folder, user: dict, cluster: dict) -> str:
+    path = folder / "config"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": cluster}], "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return str(path)
+
+
+def test_an_exec_credential_plugin_is_refused_in_one_line(tmp_path):
+    """exec plugins (cloud CLIs) are not run by the agent: the kubeconfig is unusable, said in one line."""
+    path = kubeconfig_with_user(tmp_path, {"exec": {"command": "aws", "apiVersion": "x"}},
+                                {"server": "https://10.0.0.1:6443"})
+    with pytest.raises(ClientConfigError) as caught:
+        load_api_client(kubeconfig=path)
+    assert "\n" not in str(caught.value) and "exec" in str(caught.value)
+
+
+def test_an_inline_ca_and_a_token_file_make_a_working_kubeconfig(tmp_path):
+    """certificate-authority-data is decoded, and tokenFile is read relative to the kubeconfig."""
+    import base64
+
+    (tmp_path / "token").write_text("file-token\n")
+    ca = base64.b64encode((FIXTURES / "k8s" / "ca.crt").read_bytes()).decode()
+    path = kubeconfig_with_user(tmp_path, {"tokenFile": "token"},
+                                {"server": "https://10.0.0.1:6443", "certificate-authority-data": ca})
+    api_client, how = load_api_client(kubeconfig=path)
+    assert how == f"kubeconfig {path}" and api_client.host == "https://10.0.0.1:6443"
+    assert api_client._authorization() == "Bearer file-token"
