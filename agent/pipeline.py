@@ -565,10 +565,11 @@ class Pipeline:
             now = self.clock() if now is None else now
             self._pass_verdicts = []
             observed = self._observe_and_adopt(now)
+            opted_out = observed.opted_out if observed is not None else False
+            # The taint first: it keeps new work off the GPU and needs neither the pod list nor the Events.
+            actions = self._taint_first(now, opted_out)
             if self.pods is not None and self._wants_pods():
                 self.refresh_pods()
-            opted_out = observed.opted_out if observed is not None else False
-            actions = self._deliver_owed(now, opted_out)
             for _ in range(_ROUNDS):
                 with self._lock:
                     steps = self._plan(now)
@@ -606,6 +607,17 @@ class Pipeline:
         settled = next_settled(faults.values(), self.record.node, self._options, now)
         self._quiet_plan = None if steps else (inputs, settled if settled is not None else float("inf"))
         return steps
+
+    def _taint_first(self, now: float, opted_out: bool) -> list[ActionRecord]:
+        """The plan's taint step (plan() puts it first) carried out before the slower reads and reports."""
+        with self._lock:
+            faults = self._resolved_faults()
+            if self.record.node.tainted or not any(f.action.quarantines for f in faults.values()):
+                return []  # no taint is due: nothing to plan twice
+            steps = plan([], faults, self.record.node, self.inventory, options=self._options, now=now)
+        first = steps[0] if steps and steps[0].kind is StepKind.TAINT else None
+        record = self._carry_out(first, now, opted_out) if first is not None else None
+        return [record] if record is not None else []
 
     def _observe_and_adopt(self, now: float) -> NodeObservation | None:
         observed = self._safely("node_unreadable", self.actuator.observe)

@@ -10,7 +10,7 @@ from agent.engine import RuleSet
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
-from agent.k8s.client import Apis, client_for
+from agent.k8s.client import client_for
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.isolation import DeviceIsolator
@@ -99,14 +99,14 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
     server = FakeApiServer(cluster).start()
     try:
         api_client = client_for(server.url)
-        apis = Apis.of(api_client)
+        raw = RawApi(api_client)
         name = scenario.node.name
-        writer = NodeWriter(apis.core, name, taint_key="gpu-health-agent.io/unhealthy")
-        budget = LeaseBudget(apis, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
-        devices = DeviceIsolator(RawApi(api_client), node_name=name, taint_key=writer.taint_key,
+        writer = NodeWriter(raw, name, taint_key="gpu-health-agent.io/unhealthy")
+        budget = LeaseBudget(raw, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
+        devices = DeviceIsolator(raw, node_name=name, taint_key=writer.taint_key,
                                  setting="device") if scenario.node.dra else None
-        actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{name}/simulate"),
-                               evictor=Evictor(apis.core),
+        actuator = K8sActuator(writer=writer, events=EventRecorder(raw, instance=f"{name}/simulate"),
+                               evictor=Evictor(raw),
                                reset=lambda uuid: (True, f"simulated reset of {uuid} (no GPU here)"),
                                devices=devices)
         report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal,

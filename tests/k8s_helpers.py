@@ -12,12 +12,13 @@ from agent.engine import builtin_rules_dir, load_rules
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
-from agent.k8s.client import Apis, client_for
+from agent.k8s.client import client_for
 from agent.k8s.cluster import ClusterSide
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.node import NodeWriter
 from agent.k8s.pods import PodFinder
+from agent.k8s.raw import RawApi
 from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal, frozen_attrs
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode
@@ -121,13 +122,13 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                                                                "restore", "api_client"}}
     if populate_node:
         populate_any(cluster, inventory)
-    apis = Apis.of(api_client if api_client is not None else agent_client(server, inventory.name))
-    writer = NodeWriter(apis.core, inventory.name, taint_key=TAINT)
-    evictor = Evictor(apis.core, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
+    apis = RawApi(api_client if api_client is not None else agent_client(server, inventory.name))
+    writer = NodeWriter(apis, inventory.name, taint_key=TAINT)
+    evictor = Evictor(apis, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
                          max_percent=max_percent, **({"clock": budget_clock} if budget_clock else {}))
     stuck: list[str] = []
-    actuator = K8sActuator(writer=writer, events=EventRecorder(apis.events, instance=f"{inventory.name}/test"),
+    actuator = K8sActuator(writer=writer, events=EventRecorder(apis, instance=f"{inventory.name}/test"),
                            evictor=evictor, reset=reset or (lambda uuid: (True, "fake reset")),
                            on_stuck=stuck.append, opt_out_label="gpu-health-agent.io/opt-out", diagnose=diagnose)
     # The GPUs each pod's processes run on, as NVML's process accounting tells the daemon's pod finder,
@@ -139,7 +140,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
         pods = {f"{m['namespace']}/{m['name']}": m["uid"] for m in listed}
         return {uid: by_key[key] for key, uid in pods.items() if key in by_key}
 
-    side = ClusterSide(actuator, budget, PodFinder(apis.core, inventory.name, gpus_by_pod_uid=held), writer,
+    side = ClusterSide(actuator, budget, PodFinder(apis, inventory.name, gpus_by_pod_uid=held), writer,
                        f"gpu-health/gpu-health-agent-{inventory.name}")
     opened = Journal(journal) if journal is not None else None
     pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode, dry_run=dry_run),

@@ -25,8 +25,9 @@ from typing import Any
 
 from agent.engine import RuleSet
 from agent.k8s.budget import LeaseBudget
-from agent.k8s.client import Apis, client_for
+from agent.k8s.client import client_for
 from agent.k8s.cluster import request_release
+from agent.k8s.raw import RawApi
 from agent.model import GpuRef, NodeInventory, Observation, Signal, frozen_attrs
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster
 from tests.k8s_helpers import RULES, TAINT, Agent, gpu_node, make_agent
@@ -121,16 +122,16 @@ class Backend:
     def client(self, tripwire: Tripwire) -> Any:
         """An API client whose every request counts on the tripwire once the server answered it."""
         api = client_for(self.server.url)
-        original = api.call_api
+        original = api.request
 
-        def call_api(resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        def request(method: str, path: str, **kwargs: Any) -> bytes:
             tripwire.requests += 1
             try:
-                return original(resource_path, method, *args, **kwargs)
+                return original(method, path, **kwargs)
             finally:
-                tripwire.hit(_label(method, resource_path))
+                tripwire.hit(_label(method, path))
 
-        api.call_api = call_api
+        api.request = request  # type: ignore[method-assign]
         return api
 
     def evictions(self) -> list[tuple[str, int]]:
@@ -537,7 +538,7 @@ def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, st
                           random.Random(seed * 1000 + index), options={"max_nodes": budget, "max_percent": 0})
             world.start_agent(first=True)
             worlds.append(world)
-        observer = LeaseBudget(Apis.of(client_for(backend.server.url)), node_name="observer", namespace="gpu-health",
+        observer = LeaseBudget(RawApi(client_for(backend.server.url)), node_name="observer", namespace="gpu-health",
                                max_nodes=budget, max_percent=0, clock=lambda: now)
         reboot_at: dict[str, float] = {}
         faulty_at = {w.name: rng.uniform(0, 300) for w in worlds}

@@ -13,10 +13,10 @@ import json
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
-from agent.k8s.errors import Conflict, NotFound, api_call
+from agent.k8s.errors import Conflict, NotFound
 from agent.k8s.node import DISRUPTION_LABEL
+from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 
 BUDGET_LEASE = "gpu-health-disruption-budget"
@@ -38,11 +38,12 @@ def budget_limit(*, gpu_nodes: int, max_nodes: int, max_percent: float) -> int:
 class LeaseBudget:
     """ClusterGate for the pipeline: the pause Lease and the budget Lease."""
 
-    def __init__(self, apis: Any, *, node_name: str, namespace: str, max_nodes: int, max_percent: float,
+    def __init__(self, raw: RawApi, *, node_name: str, namespace: str, max_nodes: int, max_percent: float,
                  gpu_node_selector: str = "nvidia.com/gpu.present=true", ttl_seconds: float = 7200.0,
                  count_seconds: float = 300.0, clock: Callable[[], float] = time.time,
                  on_usage: Callable[[int, int], None] = lambda in_use, limit: None) -> None:
-        self.apis = apis
+        self.raw = raw
+        self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=namespace)
         self.node = node_name
         self.namespace = namespace
         self.max_nodes = max_nodes
@@ -57,7 +58,7 @@ class LeaseBudget:
 
     def paused(self) -> bool:
         try:
-            api_call(self.apis.coordination.read_namespaced_lease, PAUSE_LEASE, self.namespace)
+            self.raw.get(f"{self.leases}/{PAUSE_LEASE}")
         except NotFound:
             return False
         return True
@@ -93,8 +94,10 @@ class LeaseBudget:
         now = self.clock()
         if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
             return
-        nodes = with_retries(lambda: api_call(self.apis.core.list_node, label_selector=self.selector))
-        self._limit = budget_limit(gpu_nodes=len(nodes.items), max_nodes=self.max_nodes, max_percent=self.max_percent)
+        nodes = with_retries(lambda: self.raw.get(api_path("", "v1", "nodes"),
+                                                  query={"labelSelector": self.selector}))
+        self._limit = budget_limit(gpu_nodes=len(nodes.get("items") or []), max_nodes=self.max_nodes,
+                                   max_percent=self.max_percent)
         self._counted_at = now
 
     def release(self) -> None:
@@ -102,7 +105,7 @@ class LeaseBudget:
 
         def attempt() -> None:
             try:
-                lease = api_call(self.apis.coordination.read_namespaced_lease, BUDGET_LEASE, self.namespace)
+                lease = self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
             except NotFound:
                 return
             holders = self._live(lease)
@@ -115,38 +118,40 @@ class LeaseBudget:
         on_conflict(attempt)
         self._label(False)
 
-    def _read_or_create(self) -> Any:
+    def _read_or_create(self) -> JsonDocument:
         try:
-            return api_call(self.apis.coordination.read_namespaced_lease, BUDGET_LEASE, self.namespace)
+            return self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
         except NotFound:
             body = {"metadata": {"name": BUDGET_LEASE, "namespace": self.namespace,
                                  "annotations": {HOLDERS_ANNOTATION: "{}"}},
                     "spec": {"holderIdentity": "gpu-health-agent", "leaseDurationSeconds": int(self.ttl)}}
             try:
-                return api_call(self.apis.coordination.create_namespaced_lease, self.namespace, body)
+                return self.raw.create(self.leases, body)
             except Conflict:
-                return api_call(self.apis.coordination.read_namespaced_lease, BUDGET_LEASE, self.namespace)
+                return self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
 
-    def _live(self, lease: Any) -> dict[str, float]:
+    def _live(self, lease: JsonDocument) -> dict[str, float]:
+        annotations = lease.get("metadata", {}).get("annotations") or {}
         try:
-            raw = json.loads((lease.metadata.annotations or {}).get(HOLDERS_ANNOTATION, "{}"))
+            raw = json.loads(annotations.get(HOLDERS_ANNOTATION, "{}"))
         except ValueError:
             raw = {}
         now = self.clock()
         return {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float) and now - float(v) < self.ttl}
 
-    def _write(self, lease: Any, holders: dict[str, float]) -> None:
-        body = {"metadata": {"resourceVersion": lease.metadata.resource_version,
+    def _write(self, lease: JsonDocument, holders: dict[str, float]) -> None:
+        body = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"],
                              "annotations": {HOLDERS_ANNOTATION: json.dumps(holders, sort_keys=True)}},
                 "spec": {"renewTime": _micro(self.clock())}}
-        api_call(self.apis.coordination.patch_namespaced_lease, BUDGET_LEASE, self.namespace, body)
+        self.raw.merge_patch(f"{self.leases}/{BUDGET_LEASE}", body)
 
     def _label(self, holding: bool) -> None:
         labels = {DISRUPTION_LABEL: "active" if holding else None}
-        node = api_call(self.apis.core.read_node, self.node)
-        current = (node.metadata.labels or {}).get(DISRUPTION_LABEL)
+        path = api_path("", "v1", "nodes", name=self.node)
+        node = self.raw.get(path)
+        current = (node.get("metadata", {}).get("labels") or {}).get(DISRUPTION_LABEL)
         if current != labels[DISRUPTION_LABEL]:
-            api_call(self.apis.core.patch_node, self.node, {"metadata": {"labels": labels}})
+            self.raw.strategic_patch(path, {"metadata": {"labels": labels}})
 
 
 def _micro(at: float) -> str:

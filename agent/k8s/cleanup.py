@@ -8,16 +8,12 @@ agent's annotation, the opt-out label, the pause Lease (an operator's switch, re
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client
-
 from agent.k8s.budget import BUDGET_LEASE, PAUSE_LEASE
-from agent.k8s.client import Apis
-from agent.k8s.errors import NotFound, api_call
+from agent.k8s.errors import NotFound
 from agent.k8s.node import (
     AGENT_CONDITIONS,
     CORDONED_ANNOTATION,
@@ -28,6 +24,7 @@ from agent.k8s.node import (
     REPLACEMENT_LABEL,
     STATE_ANNOTATION,
 )
+from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict
 
 AGENT_LABELS = (REPLACEMENT_LABEL, DISRUPTION_LABEL)
@@ -66,19 +63,19 @@ class Cleaner:
 
     @classmethod
     def connect(cls, api_client: Any, scope: Scope) -> Cleaner:
-        return cls(Apis.of(api_client), client.CustomObjectsApi(api_client), scope)
+        return cls(RawApi(api_client), scope)
 
-    def __init__(self, apis: Any, custom: Any, scope: Scope) -> None:
-        self.apis = apis
-        self.custom = custom
+    def __init__(self, raw: RawApi, scope: Scope) -> None:
+        self.raw = raw
         self.scope = scope
+        self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=scope.namespace)
 
     # ---- finding ----
     def agent_pods(self) -> list[str]:
         """Agent pods still running in its namespace: they would put their marks straight back."""
-        pods = api_call(self.apis.core.list_namespaced_pod, self.scope.namespace,
-                        label_selector="app.kubernetes.io/name=gpu-health-agent")
-        return [p.metadata.name for p in pods.items]
+        pods = self.raw.get(api_path("", "v1", "pods", namespace=self.scope.namespace),
+                            query={"labelSelector": "app.kubernetes.io/name=gpu-health-agent"})
+        return [str(p["metadata"]["name"]) for p in pods.get("items") or []]
 
     def find(self, *, progress: Callable[[str], None] = lambda line: None) -> list[Mark]:
         nodes = self._nodes()
@@ -92,27 +89,25 @@ class Cleaner:
 
     def pause_lease_present(self) -> bool:
         try:
-            api_call(self.apis.coordination.read_namespaced_lease, PAUSE_LEASE, self.scope.namespace)
+            self.raw.get(f"{self.leases}/{PAUSE_LEASE}")
         except NotFound:
             return False
         return True
 
-    def _nodes(self) -> list[dict[str, Any]]:
+    def _nodes(self) -> list[JsonDocument]:
         if self.scope.nodes:
             return [self._raw_node(name) for name in self.scope.nodes]
-        response = api_call(self.apis.core.list_node, _preload_content=False)
-        return list(json.loads(response.data).get("items") or [])
+        return list(self.raw.get(api_path("", "v1", "nodes")).get("items") or [])
 
-    def _raw_node(self, name: str) -> dict[str, Any]:
-        response = api_call(self.apis.core.read_node, name, _preload_content=False)
-        return dict(json.loads(response.data))
+    def _raw_node(self, name: str) -> JsonDocument:
+        return self.raw.get(api_path("", "v1", "nodes", name=name))
 
     def _device_taint_rules(self) -> Iterator[Mark]:
         version = self.device_taint_version()
         if version is None:
             return
-        listed = api_call(self.custom.list_cluster_custom_object, DEVICE_TAINT_GROUP, version, "devicetaintrules",
-                          label_selector=MANAGED_BY)
+        listed = self.raw.get(api_path(DEVICE_TAINT_GROUP, version, "devicetaintrules"),
+                              query={"labelSelector": MANAGED_BY})
         for item in listed.get("items") or []:
             yield Mark("devicetaintrule", f"devicetaintrule/{item['metadata']['name']}", item["metadata"]["name"],
                        f"{DEVICE_TAINT_GROUP}/{version}")
@@ -121,8 +116,7 @@ class Cleaner:
         """The served resource.k8s.io version with DeviceTaintRules, or None (DRA device taints are off)."""
         for version in DEVICE_TAINT_VERSIONS:
             try:
-                api_call(self.custom.list_cluster_custom_object, DEVICE_TAINT_GROUP, version, "devicetaintrules",
-                         limit=1)
+                self.raw.get(api_path(DEVICE_TAINT_GROUP, version, "devicetaintrules"), query={"limit": "1"})
             except NotFound:
                 continue
             return version
@@ -130,7 +124,7 @@ class Cleaner:
 
     def _leases(self) -> Iterator[Mark]:
         try:
-            api_call(self.apis.coordination.read_namespaced_lease, BUDGET_LEASE, self.scope.namespace)
+            self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
         except NotFound:
             return
         yield Mark("lease", f"lease/{self.scope.namespace}/{BUDGET_LEASE}", BUDGET_LEASE, "the disruption budget")
@@ -139,11 +133,11 @@ class Cleaner:
     def remove(self, mark: Mark) -> bool:
         """Remove one mark; False when it was already gone (someone else, or the agent, cleared it)."""
         if mark.kind == "devicetaintrule":
-            return self._delete(lambda: api_call(self.custom.delete_cluster_custom_object, DEVICE_TAINT_GROUP,
-                                                 mark.detail.rsplit("/", 1)[1], "devicetaintrules", mark.name))
+            version = mark.detail.rsplit("/", 1)[1]
+            return self._delete(lambda: self.raw.delete(api_path(DEVICE_TAINT_GROUP, version, "devicetaintrules",
+                                                                 name=mark.name)))
         if mark.kind == "lease":
-            return self._delete(lambda: api_call(self.apis.coordination.delete_namespaced_lease, mark.name,
-                                                 self.scope.namespace))
+            return self._delete(lambda: self.raw.delete(f"{self.leases}/{mark.name}"))
         node_name = mark.target.removeprefix("node/")
         return bool(on_conflict(lambda: self._patch_node(node_name, mark)))
 
@@ -154,7 +148,7 @@ class Cleaner:
         precondition = {"resourceVersion": node["metadata"]["resourceVersion"]}
         if mark.kind == "condition":
             patch = {"metadata": precondition, "status": {"conditions": [{"type": mark.name, "$patch": "delete"}]}}
-            api_call(self.apis.core.patch_node_status, node_name, patch)
+            self.raw.strategic_patch(api_path("", "v1", "nodes", name=node_name, subresource="status"), patch)
             return True
         body: dict[str, Any] = {"metadata": dict(precondition)}
         if mark.kind == "taint":
@@ -165,7 +159,7 @@ class Cleaner:
             body["metadata"]["annotations"] = {CORDONED_ANNOTATION: None}
         else:
             body["metadata"][f"{mark.kind}s"] = {mark.name: None}
-        api_call(self.apis.core.patch_node, node_name, body)
+        self.raw.strategic_patch(api_path("", "v1", "nodes", name=node_name), body)
         return True
 
     @staticmethod

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import ssl
+import tempfile
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
-import urllib3.exceptions
+import urllib3
 import yaml
-from kubernetes import client, config
-from kubernetes.config.config_exception import ConfigException
-from kubernetes.config.incluster_config import InClusterConfigLoader
 
 from agent.k8s.detect import kubeconfig_path
-from agent.k8s.errors import ClientConfigError, translate
+from agent.k8s.errors import ClientConfigError, Unavailable, status_error, translate
 from agent.k8s.retry import remaining_seconds
 
 #: Where the kubelet mounts a pod's service-account token and the cluster's CA bundle.
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+#: Connections kept open to the API server: the pipeline, the node sync and the HTTP server's threads.
+POOL_SIZE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,92 +41,219 @@ class Timeouts:
         return min(self.connect, left), min(self.read, left)
 
 
-class BoundedApiClient(client.ApiClient):
-    """An ApiClient that puts a connect and read timeout on every request it sends.
-
-    The generated client sends a request without any timeout unless `_request_timeout` is given to that
-    call; urllib3 then waits for ever on a server that accepted the connection and never answers.
-    """
-
-    def __init__(self, configuration: Any, *, timeouts: Timeouts) -> None:
-        super().__init__(configuration)
-        self.timeouts = timeouts
-
-    def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
-                 post_params: Any = None, _request_timeout: Any = None) -> Any:
-        bound = _request_timeout or self.timeouts.within(remaining_seconds())
-        try:
-            return super().call_api(method, url, header_params, body, post_params, _request_timeout=bound)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise translate(exc, request=f"{method} {urlsplit(url).path}", timeout=bound) from exc
-
-
 @dataclass(frozen=True, slots=True)
-class Apis:
-    """The API groups the agent uses, sharing one connection pool."""
+class Credentials:
+    """How the agent proves who it is: a bearer token (fixed, or a file re-read when it rotates), or nothing
+    beyond the client certificate of the TLS context."""
 
-    core: Any
-    events: Any
-    coordination: Any
+    token: str = ""
+    token_file: str = ""
+    basic: str = ""  # "user:password" from a kubeconfig
 
-    @classmethod
-    def of(cls, api_client: Any) -> Apis:
-        return cls(client.CoreV1Api(api_client), client.EventsV1Api(api_client),
-                   client.CoordinationV1Api(api_client))
+
+class ApiClient:
+    """One API server over one keep-alive connection pool; answers are (status, body bytes), failures the
+    agent's K8sError family. No generated classes: callers speak JSON on paths (agent.k8s.raw.RawApi)."""
+
+    def __init__(self, host: str, *, ssl_context: ssl.SSLContext | None = None,
+                 credentials: Credentials = Credentials(), timeouts: Timeouts = Timeouts(),
+                 server_name: str = "") -> None:
+        self.host = host.rstrip("/")
+        self.timeouts = timeouts
+        self.credentials = credentials
+        parts = urlsplit(self.host)
+        self._prefix = parts.path.rstrip("/")
+        options: dict[str, Any] = {"maxsize": POOL_SIZE, "block": False, "retries": False}
+        if parts.scheme == "https":
+            options["ssl_context"] = ssl_context or ssl.create_default_context()
+            if server_name:
+                options["server_hostname"] = server_name
+        self.pool = urllib3.connectionpool.connection_from_url(f"{parts.scheme}://{parts.netloc}", **options)
+        self._token_lock = threading.Lock()
+        self._token = credentials.token
+        self._token_stamp: tuple[int, int] | None = None
+
+    def request(self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: bytes | None = None,
+                content_type: str = "application/json", read_timeout: float | None = None) -> bytes:
+        """One request; the body of a 2xx answer, else K8sError (NotFound, Conflict, Unavailable, ...)."""
+        url = self._prefix + path + (f"?{urlencode(dict(query))}" if query else "")
+        connect, read = self.timeouts.within(remaining_seconds())
+        if read_timeout is not None:
+            read = min(read, read_timeout)
+        headers = {"Accept": "application/json", "User-Agent": "gpu-health-agent"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        authorization = self._authorization()
+        if authorization:
+            headers["Authorization"] = authorization
+        try:
+            response = self.pool.urlopen(method, url, body=body, headers=headers, retries=False, redirect=False,
+                                         timeout=urllib3.Timeout(connect=connect, read=read), preload_content=True)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise translate(exc, request=f"{method} {path}", timeout=(connect, read),
+                            server=f"{self.pool.host}:{self.pool.port}") from None
+        data: bytes = response.data or b""
+        if not 200 <= response.status <= 299:
+            raise status_error(response.status, response.reason or "", data.decode("utf-8", errors="replace"))
+        return data
+
+    def _authorization(self) -> str:
+        credentials = self.credentials
+        if credentials.token_file:
+            return f"Bearer {self._current_token(credentials.token_file)}"
+        if credentials.token:
+            return f"Bearer {credentials.token}"
+        if credentials.basic:
+            return "Basic " + base64.b64encode(credentials.basic.encode()).decode()
+        return ""
+
+    def _current_token(self, path: str) -> str:
+        """The token file's content, re-read when the kubelet rotated it (its mtime or size changed)."""
+        try:
+            stat = os.stat(path)
+            stamp = (stat.st_mtime_ns, stat.st_size)
+            with self._token_lock:
+                if stamp != self._token_stamp:
+                    self._token = Path(path).read_text().strip()
+                    self._token_stamp = stamp
+                return self._token
+        except OSError as exc:
+            raise Unavailable(f"API credentials could not be refreshed: token file {path}: "
+                              f"{exc.strerror or type(exc).__name__}") from None
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def load_api_client(*, kubeconfig: str | None = None, timeouts: Timeouts | None = None,
-                    service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> tuple[Any, str]:
+                    service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> tuple[ApiClient, str]:
     """(ApiClient, how it was found); ClientConfigError when a configured cluster cannot be used.
 
     Whether a cluster is configured at all is `agent.k8s.detect.cluster_configured`'s question: this is
     asked only where one is, so a failure here is a broken pod or kubeconfig, never local mode.
     """
-    configuration = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        loader = InClusterConfigLoader(token_filename=str(service_account_dir / "token"),
-                                       cert_filename=str(service_account_dir / "ca.crt"))  # type: ignore[no-untyped-call]
-        try:
-            loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
-        except (ConfigException, OSError, ValueError) as exc:
-            raise ClientConfigError(f"in-cluster configuration ({service_account_dir}) is unusable: "
-                                    f"{_one_line(exc)}") from None
-        how = "in-cluster service account"
-    else:
-        path = kubeconfig_path(kubeconfig)
-        try:
-            config.load_kube_config(config_file=str(path), client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
-            raise ClientConfigError(f"kubeconfig {path} is unusable: {_one_line(exc)}") from None
-        how = f"kubeconfig {path}"
-    _check_tls_files(configuration)
-    return _bounded(configuration, timeouts or Timeouts()), how
-
-
-def client_for(url: str, *, timeouts: Timeouts | None = None) -> Any:
-    """An ApiClient for a server URL with no credentials (the fake API server)."""
-    configuration = client.Configuration()
-    configuration.host = url
-    return _bounded(configuration, timeouts or Timeouts())
-
-
-def _bounded(configuration: Any, timeouts: Timeouts) -> Any:
-    configuration.retries = 0  # retries belong to agent.k8s.retry, under a deadline
-    return BoundedApiClient(configuration, timeouts=timeouts)
-
-
-def _check_tls_files(configuration: Any) -> None:
-    """A CA bundle or client certificate that cannot be loaded fails now, not at the first API call."""
-    ca, cert, key = configuration.ssl_ca_cert, configuration.cert_file, configuration.key_file
+        return _in_cluster(service_account_dir, timeouts or Timeouts()), "in-cluster service account"
+    path = kubeconfig_path(kubeconfig)
     try:
-        context = ssl.create_default_context(cafile=ca) if ca else None
-    except (ssl.SSLError, OSError) as exc:
-        raise ClientConfigError(f"CA bundle {ca} is unusable: {_one_line(exc)}") from None
-    if cert and context is not None:
+        client = _from_kubeconfig(path, timeouts or Timeouts())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as exc:
+        raise ClientConfigError(f"kubeconfig {path} is unusable: {_one_line(exc)}") from None
+    return client, f"kubeconfig {path}"
+
+
+def client_for(url: str, *, timeouts: Timeouts | None = None) -> ApiClient:
+    """An ApiClient for a server URL with no credentials (the fake API server)."""
+    return ApiClient(url, timeouts=timeouts or Timeouts())
+
+
+def _in_cluster(folder: Path, timeouts: Timeouts) -> ApiClient:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST", ""), os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not port:
+        raise ClientConfigError("in-cluster configuration is unusable: KUBERNETES_SERVICE_HOST is set "
+                                "but KUBERNETES_SERVICE_PORT is not")
+    token = folder / "token"
+    try:
+        if not token.read_text().strip():
+            raise ClientConfigError(f"in-cluster configuration ({folder}) is unusable: the token file is empty")
+    except OSError as exc:
+        raise ClientConfigError(f"in-cluster configuration ({folder}) is unusable: token file {token}: "
+                                f"{exc.strerror or type(exc).__name__}") from None
+    context = _tls_context(ca_file=str(folder / "ca.crt"))
+    address = f"[{host}]" if ":" in host else host
+    return ApiClient(f"https://{address}:{port}", ssl_context=context,
+                     credentials=Credentials(token_file=str(token)), timeouts=timeouts)
+
+
+def _from_kubeconfig(path: Path, timeouts: Timeouts) -> ApiClient:
+    """The current context's server, CA and user (token, token file, client certificate, basic auth)."""
+    document = yaml.safe_load(path.read_text())
+    if not isinstance(document, dict):
+        raise ValueError("not a kubeconfig (no mapping at the top)")
+    context_name = document.get("current-context") or ""
+    context = _named(document, "contexts", context_name, "context")
+    cluster = _named(document, "clusters", str(context.get("cluster", "")), "cluster")
+    user = _named(document, "users", str(context.get("user", "")), "user") if context.get("user") else {}
+    if user.get("exec") or user.get("auth-provider"):
+        raise ValueError("exec and auth-provider credentials are not supported: use a token or a client certificate")
+    server = str(cluster.get("server") or "")
+    if not server:
+        raise ValueError(f"cluster {context.get('cluster')!r} has no server")
+    folder = path.parent
+
+    def file_or_data(key: str) -> tuple[str, bytes]:
+        data = cluster.get(f"{key}-data") if key == "certificate-authority" else user.get(f"{key}-data")
+        if data:
+            return "", base64.b64decode(data)
+        name = cluster.get(key) if key == "certificate-authority" else user.get(key)
+        return (str(folder / name) if name else ""), b""
+
+    context_tls = None
+    if server.startswith("https://"):
+        ca_file, ca_data = file_or_data("certificate-authority")
+        cert_file, cert_data = file_or_data("client-certificate")
+        key_file, key_data = file_or_data("client-key")
+        context_tls = _tls_context(ca_file=ca_file, ca_data=ca_data, cert_file=cert_file, cert_data=cert_data,
+                                   key_file=key_file, key_data=key_data,
+                                   insecure=bool(cluster.get("insecure-skip-tls-verify")))
+    token = str(user.get("token") or "")
+    token_file = str(folder / user["tokenFile"]) if user.get("tokenFile") else ""
+    basic = f"{user['username']}:{user.get('password', '')}" if user.get("username") else ""
+    return ApiClient(server, ssl_context=context_tls, credentials=Credentials(token, token_file, basic),
+                     timeouts=timeouts, server_name=str(cluster.get("tls-server-name") or ""))
+
+
+def _named(document: dict[str, Any], section: str, name: str, field: str) -> dict[str, Any]:
+    entries = [e for e in document.get(section) or [] if isinstance(e, dict)]
+    if not name and section == "contexts" and len(entries) == 1:
+        entries = entries[:1]
+    else:
+        entries = [e for e in entries if e.get("name") == name]
+    if not entries:
+        raise ValueError(f"no {field} named {name!r}" if name else "no current-context")
+    value = entries[0].get(field)
+    return value if isinstance(value, dict) else {}
+
+
+def _tls_context(*, ca_file: str = "", ca_data: bytes = b"", cert_file: str = "", cert_data: bytes = b"",
+                 key_file: str = "", key_data: bytes = b"", insecure: bool = False) -> ssl.SSLContext:
+    """The TLS context of every connection; a CA bundle or client certificate that cannot be loaded fails
+    now, not at the first API call."""
+    try:
+        context = ssl.create_default_context(cafile=ca_file or None,
+                                             cadata=ca_data.decode() if ca_data else None)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ClientConfigError(f"CA bundle {ca_file or '(inline data)'} is unusable: {_one_line(exc)}") from None
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cert_file or cert_data:
         try:
-            context.load_cert_chain(cert, key)
+            _load_cert_chain(context, cert_file, cert_data, key_file, key_data)
         except (ssl.SSLError, OSError) as exc:
-            raise ClientConfigError(f"client certificate {cert} is unusable: {_one_line(exc)}") from None
+            raise ClientConfigError(f"client certificate {cert_file or '(inline data)'} is unusable: "
+                                    f"{_one_line(exc)}") from None
+    return context
+
+
+def _load_cert_chain(context: ssl.SSLContext, cert_file: str, cert_data: bytes, key_file: str,
+                     key_data: bytes) -> None:
+    """ssl loads a certificate and key from files only: inline data passes through a private temporary file
+    that is gone again once loaded."""
+    with tempfile.TemporaryDirectory(prefix="gpu-health-tls-") as folder:
+        if cert_data:
+            cert_file = os.path.join(folder, "client.crt")
+            Path(cert_file).write_bytes(cert_data)
+        if key_data:
+            key_file = os.path.join(folder, "client.key")
+            Path(key_file).write_bytes(key_data)
+        context.load_cert_chain(cert_file, key_file or None)
 
 
 def _one_line(exc: BaseException) -> str:

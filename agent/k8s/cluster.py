@@ -12,7 +12,6 @@ from agent.config import Config
 from agent.diagnostics import command_runner
 from agent.k8s.actuator import K8sActuator, command_reset_runner
 from agent.k8s.budget import LeaseBudget
-from agent.k8s.client import Apis
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.isolation import DeviceIsolator
@@ -36,17 +35,17 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
                        on_budget: Callable[[int, int], None] = lambda in_use, limit: None,
                        clock: Callable[[], float] = time.time) -> ClusterSide:
     settings = config.remediation
-    apis = Apis.of(api_client)
-    writer = NodeWriter(apis.core, config.node_name, taint_key=settings.taint_key,
+    raw = RawApi(api_client)
+    writer = NodeWriter(raw, config.node_name, taint_key=settings.taint_key,
                         taint_effect=settings.taint_effect, cordon=settings.cordon)
     devices = None if settings.isolation == "node" else DeviceIsolator(
-        RawApi(api_client), node_name=config.node_name, taint_key=settings.taint_key, setting=settings.isolation,
+        raw, node_name=config.node_name, taint_key=settings.taint_key, setting=settings.isolation,
         effect=settings.device_taint_effect, mark_degraded=settings.device_taint_degraded)
     own_pod = f"{os.environ.get('POD_NAMESPACE', settings.namespace)}/{os.environ.get('POD_NAME', '')}"
     actuator = K8sActuator(
         writer=writer,
-        events=EventRecorder(apis.events, instance=f"{config.node_name}/{os.environ.get('POD_NAME', 'agent')}"),
-        evictor=Evictor(apis.core, deadline_seconds=settings.eviction_deadline_seconds),
+        events=EventRecorder(raw, instance=f"{config.node_name}/{os.environ.get('POD_NAME', 'agent')}"),
+        evictor=Evictor(raw, deadline_seconds=settings.eviction_deadline_seconds),
         reset=command_reset_runner(settings.reset_command, timeout_seconds=settings.reset_timeout_seconds),
         reboot_sentinel=settings.reboot_sentinel_path,
         on_stuck=on_stuck,
@@ -55,15 +54,15 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
         if settings.diagnostic_command else None,
         devices=devices,
     )
-    budget = LeaseBudget(apis, node_name=config.node_name, namespace=settings.namespace,
+    budget = LeaseBudget(raw, node_name=config.node_name, namespace=settings.namespace,
                          max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
                          gpu_node_selector=settings.gpu_node_selector, clock=clock, on_usage=on_budget)
-    pods = PodFinder(apis.core, config.node_name, socket_path=settings.pod_resources_socket,
+    pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
                      dra_gpus=devices.gpus_by_pod if devices else None)
     return ClusterSide(actuator, budget, pods, writer, own_pod)
 
 
 def request_release(api_client: Any, node_name: str, gpu: str = "all") -> None:
     """What `gpu-health-agent release` does: annotate the Node; its agent consumes the annotation."""
-    writer = NodeWriter(Apis.of(api_client).core, node_name, taint_key="")
+    writer = NodeWriter(RawApi(api_client), node_name, taint_key="")
     writer.set_metadata(annotations={RELEASE_ANNOTATION: f"{gpu}@{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"})

@@ -7,8 +7,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from agent.errors import AgentError
 
@@ -70,21 +68,24 @@ class ClientConfigError(AgentError):
 MULTIPLE_PDBS = "more than one PodDisruptionBudget"
 
 
-def translate(exc: BaseException, *, request: str = "", timeout: tuple[float, float] | None = None) -> K8sError:
-    """The one place a client exception becomes an agent error; `request` ("GET /api/v1/...") and
-    `timeout` (connect, read) name what failed."""
-    if isinstance(exc, ApiException):
-        status = int(exc.status or 0)
-        message, reason = _status_message(exc)
-        kind: type[K8sError] = {409: Conflict, 404: NotFound, 429: TooManyRequests, 401: Forbidden,
-                                403: Forbidden, 400: Invalid, 415: Invalid, 422: Invalid}.get(status, K8sError)
-        if status >= 500 or status == 0:
-            kind = EvictionRefused if status == 500 and MULTIPLE_PDBS in message else Unavailable
-        return kind(message, status=status, reason=reason)
-    if isinstance(exc, ConfigException):  # the service-account token could not be re-read for this call
-        return Unavailable(f"API credentials could not be refreshed: {_one_line(exc)}")
+def status_error(status: int, reason: str, body: str) -> K8sError:
+    """The one place an HTTP status answer becomes an agent error; `body` is the API's Status (JSON)."""
+    message, why = _status_message(status, reason, body)
+    kind: type[K8sError] = {409: Conflict, 404: NotFound, 429: TooManyRequests, 401: Forbidden,
+                            403: Forbidden, 400: Invalid, 415: Invalid, 422: Invalid}.get(status, K8sError)
+    if status >= 500 or status == 0:
+        kind = EvictionRefused if status == 500 and MULTIPLE_PDBS in message else Unavailable
+    return kind(message, status=status, reason=why)
+
+
+def translate(exc: BaseException, *, request: str = "", timeout: tuple[float, float] | None = None,
+              server: str = "") -> K8sError:
+    """The one place a transport exception becomes an agent error; `request` ("GET /api/v1/..."), `timeout`
+    (connect, read) and `server` (host:port) name what failed."""
+    if isinstance(exc, K8sError):
+        return exc
     cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason else exc
-    server = _server_of(exc)
+    server = server or _server_of(exc)
     what = f" ({request})" if request else ""
     if isinstance(cause, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
         return Unavailable(f"API server {server} refused the connection{what}")
@@ -109,15 +110,15 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _status_message(exc: ApiException) -> tuple[str, str]:
+def _status_message(status: int, reason: str, body: str) -> tuple[str, str]:
     try:
-        body = json.loads(exc.body or "{}")
+        document = json.loads(body or "{}")
     except (TypeError, ValueError):
-        body = {}
-    if isinstance(body, dict) and body.get("message"):
-        reason = str(body.get("reason") or "")
-        return " ".join(f"{f'{exc.status} {reason}'.strip()}: {body['message']}".split()), reason
-    return " ".join(f"{exc.status} {exc.reason}".split()), str(exc.reason or "")
+        document = {}
+    if isinstance(document, dict) and document.get("message"):
+        why = str(document.get("reason") or "")
+        return " ".join(f"{f'{status} {why}'.strip()}: {document['message']}".split()), why
+    return " ".join(f"{status} {reason}".split()), reason
 
 
 def api_call(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -126,5 +127,5 @@ def api_call(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return func(*args, **kwargs)
     except K8sError:
         raise
-    except (ApiException, urllib3.exceptions.HTTPError, OSError, ConfigException) as exc:
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise translate(exc) from exc

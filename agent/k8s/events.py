@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
-from agent.k8s.errors import Conflict, api_call
+from agent.k8s.errors import Conflict
+from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
 
 CONTROLLER = "gpu-health-agent.io/agent"
@@ -33,9 +33,9 @@ class EventRecorder:
     An Event owed in the durable record carries an id: it is created under a name made from it, so sending
     it again after a crash finds the first one (409 AlreadyExists) and creates no second."""
 
-    def __init__(self, events_api: Any, *, instance: str, namespace: str = "default",
+    def __init__(self, raw: RawApi, *, instance: str, namespace: str = "default",
                  fold_seconds: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.api = events_api
+        self.raw = raw
         self.instance = instance
         self.namespace = namespace
         self.fold_seconds = fold_seconds
@@ -53,7 +53,8 @@ class EventRecorder:
         if series is not None and now - series.first < self.fold_seconds:
             series.count += 1
             body = {"series": {"count": series.count, "lastObservedTime": micro_time()}}
-            with_retries(lambda: api_call(self.api.patch_namespaced_event, series.name, series.namespace, body))
+            path = api_path("events.k8s.io", "v1", "events", namespace=series.namespace, name=series.name)
+            with_retries(lambda: self.raw.merge_patch(path, body))
             return series.name
         metadata = {"name": f"{regarding.get('name', 'gpu')}.{event_id}"[:253]} if event_id else \
             {"generateName": f"{regarding.get('name', 'gpu')}-"}  # a '.' at the end is refused (422)
@@ -64,8 +65,9 @@ class EventRecorder:
             "action": action, "reason": reason, "type": type_, "note": note, "regarding": regarding,
         }
         try:
-            created = with_retries(lambda: api_call(self.api.create_namespaced_event, namespace, event))
-            name = str(created.metadata.name)
+            created = with_retries(lambda: self.raw.create(api_path("events.k8s.io", "v1", "events",
+                                                                    namespace=namespace), event))
+            name = str(created["metadata"]["name"])
         except Conflict:
             name = str(metadata["name"])  # sent before the crash that kept it owed: delivered once
             if not event_id:

@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
-from agent.k8s.errors import EvictionRefused, NotFound, TooManyRequests, api_call
+from agent.k8s.errors import EvictionRefused, NotFound, TooManyRequests
+from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
 
 
@@ -29,9 +29,9 @@ class Evictor:
     """One eviction attempt per call; a 429 is retried by the caller until the pod's deadline, then STUCK.
     A refusal that retrying cannot lift (a pod under more than one PodDisruptionBudget) is STUCK at once."""
 
-    def __init__(self, core: Any, *, deadline_seconds: float = 600.0,
+    def __init__(self, raw: RawApi, *, deadline_seconds: float = 600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.core = core
+        self.raw = raw
         self.deadline = deadline_seconds
         self.clock = clock
         self._first_refused: dict[str, float] = {}
@@ -41,7 +41,8 @@ class Evictor:
         key = f"{namespace}/{name}"
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         try:
-            with_retries(lambda: api_call(self.core.create_namespaced_pod_eviction, name, namespace, body))
+            path = api_path("", "v1", "pods", namespace=namespace, name=name, subresource="eviction")
+            with_retries(lambda: self.raw.create(path, body))
         except NotFound:
             self._first_refused.pop(key, None)
             return EvictionResult(EvictionOutcome.GONE, "the pod is already gone")

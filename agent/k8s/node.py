@@ -1,19 +1,21 @@
 """The agent's own marks on its Node: conditions, its taint, its cordon, labels and the state annotation.
 
-Every write is read-compare-patch with the resourceVersion precondition, retried on conflict; nothing
-is written when the Node already says what it should; taints and cordons the agent did not set are
-never touched.
+Every write is compare-patch against the Node as last observed (the previous GET or the answer of the
+previous write), under that observation's resourceVersion: a 409 reads the Node again and retries, so a
+fault costs one PATCH and no GET. Nothing is written when a fresh read says the Node already is as it
+should be; taints and cordons the agent did not set are never touched.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.k8s.errors import api_call
+from agent.k8s.errors import Conflict
+from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 from agent.remediation.planner import ConditionState
 from agent.remediation.record import NodeObservation
@@ -59,17 +61,24 @@ class NodeView:
             holds_slot=DISRUPTION_LABEL in self.labels)
 
 
-class NodeWriter:
-    """Reads and patches one Node."""
+#: A patch built from the Node as observed, or None when the Node already is as wanted.
+PatchBuilder = Callable[[JsonDocument], JsonDocument | None]
 
-    def __init__(self, core: Any, node_name: str, *, taint_key: str, taint_effect: str = "NoSchedule",
+
+class NodeWriter:
+    """Reads and patches one Node; remembers the Node as the last read or write left it."""
+
+    def __init__(self, raw: RawApi, node_name: str, *, taint_key: str, taint_effect: str = "NoSchedule",
                  cordon: bool = False, deadline_seconds: float | None = None) -> None:
-        self.core = core
+        self.raw = raw
         self.name = node_name
         self.taint_key = taint_key
         self.taint_effect = taint_effect
         self.cordon = cordon
         self.deadline = deadline_seconds
+        self.path = api_path("", "v1", "nodes", name=node_name)
+        #: The Node as the last GET or PATCH answered it (None: not seen yet, or a write found it stale).
+        self._last: JsonDocument | None = None
 
     def read(self) -> NodeView:
         body = self._raw()
@@ -83,47 +92,42 @@ class NodeWriter:
             taint_key=self.taint_key,
         )
 
-    def _raw(self) -> dict[str, Any]:
-        response = with_retries(lambda: api_call(self.core.read_node, self.name, _preload_content=False),
-                                deadline_seconds=self.deadline)
-        return dict(json.loads(response.data))
+    def _raw(self) -> JsonDocument:
+        node = with_retries(lambda: self.raw.get(self.path), deadline_seconds=self.deadline)
+        self._last = node
+        return node
 
     # ---- conditions ----
     def set_condition(self, kind: str, *, status: bool, reason: str, message: str) -> bool:
         """Set one problem condition; keep lastTransitionTime while the status holds. False: nothing to do."""
 
-        def attempt() -> bool:
-            node = self._raw()
+        def build(node: JsonDocument) -> JsonDocument | None:
             current = next((c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == kind),
                            None)
             wanted = "True" if status else "False"
             if current is None and not status:
-                return False
+                return None
             if current is not None and (current.get("status"), current.get("reason"), current.get("message")) == (
                     wanted, reason, message):
-                return False
+                return None
             now = rfc3339()
             transition = current.get("lastTransitionTime") if current and current.get("status") == wanted else now
             condition = {"type": kind, "status": wanted, "reason": reason, "message": message[:1024],
                          "lastHeartbeatTime": now, "lastTransitionTime": transition or now}
-            patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
-                     "status": {"conditions": [condition]}}
-            api_call(self.core.patch_node_status, self.name, patch)
-            return True
+            return {"status": {"conditions": [condition]}}
 
-        return self._write(attempt)
+        return self._write(build, status=True)
 
     # ---- taint and cordon ----
     def set_taint(self, present: bool, *, value: str = "gpu-fault") -> bool:
         """Add or remove the agent's own taint (and cordon, when configured); other taints stay."""
 
-        def attempt() -> bool:
-            node = self._raw()
+        def build(node: JsonDocument) -> JsonDocument | None:
             spec = node.get("spec", {})
             taints = list(spec.get("taints") or [])
             ours = [t for t in taints if t.get("key") == self.taint_key]
             annotations = node["metadata"].get("annotations") or {}
-            patch: dict[str, Any] = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {}}
+            patch: dict[str, Any] = {"metadata": {}, "spec": {}}
             if present and not ours:
                 patch["spec"]["taints"] = [*taints, {"key": self.taint_key, "value": value,
                                                      "effect": self.taint_effect, "timeAdded": rfc3339()}]
@@ -137,19 +141,17 @@ class NodeWriter:
                 patch["spec"]["unschedulable"] = None
                 patch["metadata"]["annotations"] = {CORDONED_ANNOTATION: None}
             if not patch["spec"] and "annotations" not in patch["metadata"]:
-                return False
-            api_call(self.core.patch_node, self.name, patch)
-            return True
+                return None
+            return patch
 
-        return self._write(attempt)
+        return self._write(build)
 
     # ---- labels and annotations ----
     def set_metadata(self, *, labels: dict[str, str | None] | None = None,
                      annotations: dict[str, str | None] | None = None) -> bool:
         """Set (or, with None, remove) labels and annotations; nothing is written when they already match."""
 
-        def attempt() -> bool:
-            node = self._raw()
+        def build(node: JsonDocument) -> JsonDocument | None:
             meta = node["metadata"]
             changes: dict[str, Any] = {}
             for field, wanted in (("labels", labels or {}), ("annotations", annotations or {})):
@@ -158,20 +160,37 @@ class NodeWriter:
                          if current.get(k) != v and not (v is None and k not in current)}
                 if delta:
                     changes[field] = delta
-            if not changes:
-                return False
-            api_call(self.core.patch_node, self.name,
-                     {"metadata": {"resourceVersion": meta["resourceVersion"], **changes}})
-            return True
+            return {"metadata": changes} if changes else None
 
-        return self._write(attempt)
+        return self._write(build)
 
     def save_record(self, document: Mapping[str, object]) -> bool:
         """The Node's copy of the durable record (the journal's twin; the newer generation wins)."""
         text = json.dumps(document, sort_keys=True, separators=(",", ":"))
         return self.set_metadata(annotations={STATE_ANNOTATION: text})
 
-    def _write(self, attempt: Any) -> bool:
+    def _write(self, build: PatchBuilder, *, status: bool = False) -> bool:
+        """Patch what `build` asks of the Node as last observed, under its resourceVersion. No GET first: a
+        stale observation answers 409, and the retry reads the Node again; an observation that says nothing
+        is to be done is confirmed by a fresh read before the writer says so (idempotent, never blind)."""
+        path = f"{self.path}/status" if status else self.path
+
+        def attempt() -> bool:
+            node = self._last
+            patch = build(node) if node is not None else None
+            if node is None or patch is None:
+                node = self._raw()
+                patch = build(node)
+                if patch is None:
+                    return False
+            patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
+            try:
+                self._last = self.raw.strategic_patch(path, patch)
+            except Conflict:
+                self._last = None  # changed since observed: the next attempt reads it again
+                raise
+            return True
+
         return bool(with_retries(lambda: on_conflict(attempt), deadline_seconds=self.deadline))
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
-from agent.k8s.errors import api_call
 from agent.k8s.podresources import PodDevices, list_pod_devices
+from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
 from agent.model import ANY_GPU, PodRef
 from agent.workloads import owner_key
@@ -23,12 +22,12 @@ DraGpus = Callable[[set[str], dict[tuple[str, str], list[tuple[str, str, str]]]]
 class PodFinder:
     """Lists the node's pods through the API and asks the kubelet which GPU each one holds."""
 
-    def __init__(self, core: Any, node_name: str, *, socket_path: str = "",
+    def __init__(self, raw: RawApi, node_name: str, *, socket_path: str = "",
                  pod_devices: Callable[[str], list[PodDevices]] = list_pod_devices,
                  gpus_by_pod_uid: Callable[[], dict[str, list[str]]] | None = None,
                  mig_parents: Callable[[], dict[str, str]] | None = None,
                  dra_gpus: DraGpus | None = None) -> None:
-        self.core = core
+        self.raw = raw
         self.node = node_name
         self.socket_path = socket_path
         self.pod_devices = pod_devices
@@ -42,10 +41,9 @@ class PodFinder:
         self.owners: dict[str, str] = {}
 
     def pods(self) -> tuple[PodRef, ...]:
-        response = with_retries(lambda: api_call(self.core.list_pod_for_all_namespaces,
-                                                 field_selector=f"spec.nodeName={self.node}",
-                                                 _preload_content=False))
-        items = json.loads(response.data).get("items", [])
+        listed = with_retries(lambda: self.raw.get(api_path("", "v1", "pods"),
+                                                   query={"fieldSelector": f"spec.nodeName={self.node}"}))
+        items = listed.get("items") or []
         devices = self._devices()
         by_process = self.gpus_by_pod_uid() if devices is None and self.gpus_by_pod_uid else {}
         namespaces = {str(i.get("metadata", {}).get("namespace", "")) for i in items}

@@ -1,17 +1,32 @@
-"""JSON requests on raw API paths through the official client's connection pool, without its generated
-classes: for API groups the agent reads as plain documents (resource.k8s.io), and every call bounded in time."""
+"""JSON requests on raw API paths over the agent's one connection pool: every Kubernetes call the agent makes,
+as plain documents (no generated classes), each bounded in time, errors as the agent's K8sError family."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
-from kubernetes.client.exceptions import ApiException
-
-from agent.k8s.errors import api_call
+from agent.k8s.errors import K8sError
 
 JsonDocument = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+def api_path(group: str, version: str, resource: str, *, namespace: str = "", name: str = "",
+             subresource: str = "") -> str:
+    """/api/v1/... for the core group, /apis/GROUP/VERSION/... otherwise; names are quoted."""
+    path = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    if namespace:
+        path += f"/namespaces/{quote(namespace, safe='')}"
+    path += f"/{resource}"
+    if name:
+        path += f"/{quote(name, safe='')}"
+    if subresource:
+        path += f"/{subresource}"
+    return path
 
 
 class RawApi:
@@ -30,27 +45,27 @@ class RawApi:
     def merge_patch(self, path: str, body: JsonDocument) -> JsonDocument:
         return self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
 
+    def strategic_patch(self, path: str, body: JsonDocument) -> JsonDocument:
+        """Strategic merge: lists with a merge key (node conditions by type) merge item by item."""
+        return self.request("PATCH", path, body=body, content_type=STRATEGIC_MERGE_PATCH)
+
+    def json_patch(self, path: str, operations: list[JsonDocument]) -> JsonDocument:
+        """RFC 6902 operations, applied all or none (a failed `test` op answers 422)."""
+        return self.request("PATCH", path, body=operations, content_type=JSON_PATCH)
+
     def delete(self, path: str, *, resource_version: str = "") -> JsonDocument:
         body = {"preconditions": {"resourceVersion": resource_version}} if resource_version else None
         return self.request("DELETE", path, body=body)
 
     def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                body: JsonDocument | None = None, content_type: str = "application/json") -> JsonDocument:
+                body: JsonDocument | list[JsonDocument] | None = None,
+                content_type: str = "application/json") -> JsonDocument:
         """One request; raises K8sError (NotFound, Conflict, Forbidden, Unavailable, ...) on failure."""
-        return api_call(self._request, method, path, query, body, content_type)
-
-    def _request(self, method: str, path: str, query: dict[str, str] | None, body: JsonDocument | None,
-                 content_type: str) -> JsonDocument:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        serialized = self.api_client.param_serialize(
-            method, path, query_params=list((query or {}).items()), header_params=headers, body=body,
-            auth_settings=["BearerToken"])
-        response = self.api_client.call_api(*serialized, _request_timeout=self.timeout_seconds)
-        data = response.read()
-        text = data.decode("utf-8", errors="replace") if data else ""
-        if not 200 <= response.status <= 299:
-            raise ApiException(http_resp=response, body=text, data=None)
-        document = json.loads(text) if text else {}
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        text = self.api_client.request(method, path, query=query, body=data, content_type=content_type,
+                                       read_timeout=self.timeout_seconds)
+        try:
+            document = json.loads(text) if text else {}
+        except ValueError:
+            raise K8sError(f"{method} {path}: the API server's answer is not JSON") from None
         return document if isinstance(document, dict) else {}

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from kubernetes import client
 
 from agent.cli import main
 from agent.k8s.client import client_for
+from agent.k8s.raw import RawApi
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from tests.k8s_helpers import gpu_node
 
@@ -26,8 +26,8 @@ def cluster(tmp_path: Path):
     populate(fake, gpu_node("n2"))
     server = FakeApiServer(fake).start()
     api = client_for(server.url)
-    core, leases = client.CoreV1Api(api), client.CoordinationV1Api(api)
-    core.patch_node("n1", {
+    raw = RawApi(api)
+    raw.strategic_patch("/api/v1/nodes/n1", {
         "metadata": {"labels": {"gpu-health-agent.io/needs-replacement": "true", "gpu-health-agent.io/opt-out": "true",
                                 "team": "ml"},
                      "annotations": {"gpu-health-agent.io/state": "{}", "gpu-health-agent.io/cordoned": "2026-01-01",
@@ -35,13 +35,14 @@ def cluster(tmp_path: Path):
         "spec": {"unschedulable": True, "taints": [
             {"key": TAINT, "value": "gpu-fault", "effect": "NoSchedule"},
             {"key": "example.com/maintenance", "value": "yes", "effect": "NoSchedule"}]}})
-    core.patch_node_status("n1", {"status": {"conditions": [
+    raw.strategic_patch("/api/v1/nodes/n1/status", {"status": {"conditions": [
         {"type": "GpuFatalFault", "status": "True", "reason": "Xid79", "message": "m"},
         {"type": "GpuDegraded", "status": "False", "reason": "Clear", "message": "m"}]}})
     # n2: cordoned by an operator (no agent annotation): the cordon is not the agent's.
-    core.patch_node("n2", {"spec": {"unschedulable": True}})
+    raw.strategic_patch("/api/v1/nodes/n2", {"spec": {"unschedulable": True}})
     for name in ("gpu-health-disruption-budget", "gpu-health-pause"):
-        leases.create_namespaced_lease("gpu-health", {"metadata": {"name": name}, "spec": {}})
+        raw.create("/apis/coordination.k8s.io/v1/namespaces/gpu-health/leases",
+                   {"metadata": {"name": name}, "spec": {}})
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(server.kubeconfig()))
     yield fake, str(kubeconfig)

@@ -2,9 +2,10 @@
 
 import pytest
 
-from agent.k8s.client import Apis, client_for
+from agent.k8s.client import client_for
 from agent.k8s.errors import Unavailable
 from agent.k8s.evictions import EvictionOutcome, Evictor
+from agent.k8s.raw import RawApi
 from agent.model import StepKind, StepResult
 from tests.k8s_helpers import gpu_node, make_agent, start_cluster
 
@@ -32,7 +33,7 @@ def test_a_pod_under_two_budgets_is_stuck_at_the_first_refusal(fake):
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"))
     two_budgets(cluster)
-    evictor = Evictor(Apis.of(client_for(server.url)).core, deadline_seconds=600, clock=lambda: 0.0)
+    evictor = Evictor(RawApi(client_for(server.url)), deadline_seconds=600, clock=lambda: 0.0)
     result = evictor.evict("ml", "n1-trainer-3")
     assert result.outcome is EvictionOutcome.STUCK
     assert "more than one PodDisruptionBudget" in result.message
@@ -62,7 +63,7 @@ def test_a_server_error_on_eviction_is_retried_not_stuck(fake):
     cluster, server = fake
     make_agent(cluster, server, gpu_node("n1"))
     cluster.faults.fail_next_writes.extend([500] * 100_000)  # more than the deadline lets it try
-    evictor = Evictor(Apis.of(client_for(server.url)).core, deadline_seconds=600, clock=lambda: 0.0)
+    evictor = Evictor(RawApi(client_for(server.url)), deadline_seconds=600, clock=lambda: 0.0)
     with pytest.raises(Unavailable):
         evictor.evict("ml", "n1-trainer-3")
     assert not evictor.stuck

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 import yaml
-from kubernetes.config.config_exception import ConfigException
 
 from agent.k8s import retry
-from agent.k8s.client import Apis, Timeouts, client_for, load_api_client
-from agent.k8s.errors import ApiTimeout, ClientConfigError, Unavailable, api_call, translate
+from agent.k8s.client import Timeouts, client_for, load_api_client
+from agent.k8s.errors import ApiTimeout, ClientConfigError, K8sError, Unavailable
+from agent.k8s.raw import RawApi
 from tests.conftest import FIXTURES
 from tests.net_helpers import refused_url, silent_server
 
@@ -32,8 +32,8 @@ def call_in_thread(func) -> tuple[threading.Thread, list[BaseException]]:
 def test_a_server_that_never_answers_fails_the_call_at_the_read_timeout():
     """A hung API server turns into ApiTimeout once the read timeout passes, not a call blocked for ever."""
     with silent_server() as url:
-        core = Apis.of(client_for(url, timeouts=Timeouts(connect=0.5, read=0.5))).core
-        thread, raised = call_in_thread(lambda: api_call(core.read_node, "n1"))
+        core = RawApi(client_for(url, timeouts=Timeouts(connect=0.5, read=0.5)))
+        thread, raised = call_in_thread(lambda: core.get("/api/v1/nodes/n1"))
         thread.join(timeout=60)
         assert not thread.is_alive(), "the call was still blocked a minute later"
     assert len(raised) == 1 and isinstance(raised[0], ApiTimeout)
@@ -49,8 +49,8 @@ def test_the_timeout_of_a_kubeconfig_client_is_the_one_asked_for(tmp_path):
             "users": [{"name": "u", "user": {"token": "t"}}],
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
         api_client, _ = load_api_client(kubeconfig=str(kubeconfig), timeouts=Timeouts(connect=0.5, read=0.7))
-        core = Apis.of(api_client).core
-        thread, raised = call_in_thread(lambda: api_call(core.list_node))
+        core = RawApi(api_client)
+        thread, raised = call_in_thread(lambda: core.get("/api/v1/nodes"))
         thread.join(timeout=60)
         assert not thread.is_alive(), "the call was still blocked a minute later"
     assert len(raised) == 1 and isinstance(raised[0], ApiTimeout)
@@ -60,8 +60,8 @@ def test_the_timeout_of_a_kubeconfig_client_is_the_one_asked_for(tmp_path):
 def test_a_timeout_is_one_line_naming_the_request_and_the_bound():
     """The operator reads what timed out and after how long, not urllib3's retry wrapper."""
     with silent_server() as url:
-        core = Apis.of(client_for(url, timeouts=Timeouts(connect=0.5, read=0.5))).core
-        thread, raised = call_in_thread(lambda: api_call(core.read_node, "n1"))
+        core = RawApi(client_for(url, timeouts=Timeouts(connect=0.5, read=0.5)))
+        thread, raised = call_in_thread(lambda: core.get("/api/v1/nodes/n1"))
         thread.join(timeout=60)
         assert not thread.is_alive(), "the call was still blocked a minute later"
     assert len(raised) == 1 and isinstance(raised[0], ApiTimeout) and raised[0].transient
@@ -74,12 +74,12 @@ def test_a_timeout_is_one_line_naming_the_request_and_the_bound():
 def test_retries_of_a_hung_server_stop_at_the_deadline():
     """Timeouts are retried as transient, and the deadline cuts the last attempt short."""
     with silent_server() as url:
-        core = Apis.of(client_for(url, timeouts=Timeouts(connect=0.2, read=30.0))).core
+        core = RawApi(client_for(url, timeouts=Timeouts(connect=0.2, read=30.0)))
         calls = []
 
         def read() -> object:
             calls.append(1)
-            return api_call(core.read_node, "n1")
+            return core.get("/api/v1/nodes/n1")
 
         thread, raised = call_in_thread(lambda: retry.with_retries(read, deadline_seconds=1.0))
         thread.join(timeout=20)
@@ -90,9 +90,9 @@ def test_retries_of_a_hung_server_stop_at_the_deadline():
 def test_an_unreachable_server_is_unavailable_in_one_line():
     """Connection refused becomes Unavailable with the server's address, without urllib3's wrapper text."""
     url = refused_url()
-    core = Apis.of(client_for(url)).core
+    core = RawApi(client_for(url))
     with pytest.raises(Unavailable) as caught:
-        api_call(core.read_node, "n1")
+        core.get("/api/v1/nodes/n1")
     message = str(caught.value)
     assert "\n" not in message and url.removeprefix("http://") in message
     assert "Max retries" not in message and "HTTPConnection" not in message
@@ -127,20 +127,91 @@ def test_in_cluster_environment_without_a_port_is_a_config_error(tmp_path, monke
         load_api_client(service_account_dir=tmp_path)
 
 
+def in_cluster_client(folder, monkeypatch, token: str = "sa-token"):
+    """A client loaded as in a pod: service-account token and CA in `folder`, the service address set."""
+    (folder / "token").write_text(token)
+    (folder / "ca.crt").write_text((FIXTURES / "k8s" / "ca.crt").read_text())
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    return load_api_client(service_account_dir=folder)
+
 
 def test_a_complete_in_cluster_environment_gives_a_client_for_the_service_address(tmp_path, monkeypatch):
     """Token, CA and service address present: the client talks to https://HOST:PORT with the bearer token."""
-    (tmp_path / "token").write_text("sa-token")
-    (tmp_path / "ca.crt").write_text((FIXTURES / "k8s" / "ca.crt").read_text())
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    api_client, how = load_api_client(service_account_dir=tmp_path)
+    api_client, how = in_cluster_client(tmp_path, monkeypatch)
     assert how == "in-cluster service account"
-    assert api_client.configuration.host == "https://10.96.0.1:443"
-    assert api_client.configuration.api_key["BearerToken"] == "bearer sa-token"
+    assert api_client.host == "https://10.96.0.1:443"
+    assert api_client._authorization() == "Bearer sa-token"
 
 
-def test_a_token_that_cannot_be_refreshed_is_unavailable_in_one_line():
+def test_a_token_that_cannot_be_refreshed_is_unavailable_in_one_line(tmp_path, monkeypatch):
     """The rotated service-account token unreadable at call time is a transient API error, not a crash."""
-    error = translate(ConfigException("Service token file does not exist."))
-    assert isinstance(error, Unavailable) and "\n" not in str(error) and "token" in str(error)
+    api_client, _ = in_cluster_client(tmp_path, monkeypatch)
+    (tmp_path / "token").unlink()
+    with pytest.raises(Unavailable) as caught:
+        RawApi(api_client).get("/api/v1/nodes/n1")
+    assert "\n" not in str(caught.value) and "token" in str(caught.value)
+
+
+def test_a_rotated_service_account_token_is_sent_from_the_next_request_on(tmp_path, monkeypatch):
+    """The kubelet rewrites the token file; the client sends the new token without being rebuilt."""
+    api_client, _ = in_cluster_client(tmp_path, monkeypatch, token="first-token")
+    assert api_client._authorization() == "Bearer first-token"
+    (tmp_path / "token").write_text("second-token-after-rotation")
+    assert api_client._authorization() == "Bearer second-token-after-rotation"
+
+
+def test_an_answer_that_is_not_json_is_one_error_line():
+    """A proxy's HTML page where the API's JSON was expected is a K8sError naming the request."""
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "15")
+            self.end_headers()
+            self.wfile.write(b"<html>hi</html>")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with client_for(f"http://127.0.0.1:{server.server_address[1]}") as api, pytest.raises(K8sError) as caught:
+            RawApi(api).get("/api/v1/nodes/n1")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(caught.value) == "GET /api/v1/nodes/n1: the API server's answer is not JSON"
+
+
+def kubeconfig_with_user(folder, user: dict, cluster: dict) -> str:
+    path = folder / "config"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": cluster}], "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return str(path)
+
+
+def test_an_exec_credential_plugin_is_refused_in_one_line(tmp_path):
+    """exec plugins (cloud CLIs) are not run by the agent: the kubeconfig is unusable, said in one line."""
+    path = kubeconfig_with_user(tmp_path, {"exec": {"command": "aws", "apiVersion": "x"}},
+                                {"server": "https://10.0.0.1:6443"})
+    with pytest.raises(ClientConfigError) as caught:
+        load_api_client(kubeconfig=path)
+    assert "\n" not in str(caught.value) and "exec" in str(caught.value)
+
+
+def test_an_inline_ca_and_a_token_file_make_a_working_kubeconfig(tmp_path):
+    """certificate-authority-data is decoded, and tokenFile is read relative to the kubeconfig."""
+    import base64
+
+    (tmp_path / "token").write_text("file-token\n")
+    ca = base64.b64encode((FIXTURES / "k8s" / "ca.crt").read_bytes()).decode()
+    path = kubeconfig_with_user(tmp_path, {"tokenFile": "token"},
+                                {"server": "https://10.0.0.1:6443", "certificate-authority-data": ca})
+    api_client, how = load_api_client(kubeconfig=path)
+    assert how == f"kubeconfig {path}" and api_client.host == "https://10.0.0.1:6443"
+    assert api_client._authorization() == "Bearer file-token"

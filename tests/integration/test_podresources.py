@@ -54,14 +54,14 @@ def test_an_absent_kubelet_is_an_os_error(tmp_path: Path):
 
 
 class _Core:
+    """The API's pod list for node n1, as RawApi.get returns it."""
+
     def __init__(self, items):
         self.items = items
 
-    def list_pod_for_all_namespaces(self, field_selector, _preload_content):
-        import json
-        from types import SimpleNamespace
-        assert field_selector == "spec.nodeName=n1"
-        return SimpleNamespace(data=json.dumps({"items": self.items}).encode())
+    def get(self, path, *, query=None):
+        assert path == "/api/v1/pods" and query == {"fieldSelector": "spec.nodeName=n1"}
+        return {"items": self.items}
 
 
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"

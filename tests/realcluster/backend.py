@@ -141,7 +141,11 @@ class RealServer:
         return api_client
 
     def operator_client(self) -> Any:
-        return self.plane.admin
+        """The operator's client as the agent's CLI builds it, from the admin kubeconfig (client certificate)."""
+        from agent.k8s.client import load_api_client
+        api_client, _ = load_api_client(kubeconfig=str(self.plane.admin_kubeconfig))
+        self._handed_out.append(api_client)
+        return api_client
 
     def stop(self) -> None:
         for api_client in self._handed_out:

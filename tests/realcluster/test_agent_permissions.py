@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
-from agent.k8s.client import Apis
-from agent.k8s.errors import Forbidden, api_call
+from agent.k8s.client import ApiClient, Credentials
+from agent.k8s.errors import Forbidden
 from agent.k8s.node import AGENT_CONDITIONS, NodeWriter
+from agent.k8s.raw import RawApi, api_path
 from tests.k8s_helpers import TAINT
 from tests.realcluster.backend import RealServer
 from tests.realcluster.controlplane import ControlPlane, wait_until
 
 
-def agent_apis(plane: ControlPlane, node: str) -> Apis:
+def agent_apis(plane: ControlPlane, node: str) -> RawApi:
     """The agent of `node`, built as the agent builds its client, from a kubeconfig of its own token."""
-    return Apis.of(RealServer(plane).agent_client(node))
+    return RawApi(RealServer(plane).agent_client(node))
 
 
 @pytest.fixture
@@ -35,7 +37,7 @@ def node(plane: ControlPlane, name: str) -> Any:
 def test_an_agent_may_taint_and_set_every_condition_of_its_own_node(control_plane, two_nodes):
     """Its quarantine taint and each of its conditions land on the node whose pod holds the token."""
     a, _ = two_nodes
-    writer = NodeWriter(agent_apis(control_plane, a).core, a, taint_key=TAINT)
+    writer = NodeWriter(agent_apis(control_plane, a), a, taint_key=TAINT)
     assert writer.set_taint(True)
     for kind in AGENT_CONDITIONS:
         assert writer.set_condition(kind, status=True, reason=kind, message="test")
@@ -47,7 +49,7 @@ def test_an_agent_may_taint_and_set_every_condition_of_its_own_node(control_plan
 def test_an_agent_may_not_taint_another_node(control_plane, two_nodes):
     """The admission policy denies a patch of node B by the agent of node A."""
     a, b = two_nodes
-    writer = NodeWriter(agent_apis(control_plane, a).core, b, taint_key=TAINT)
+    writer = NodeWriter(agent_apis(control_plane, a), b, taint_key=TAINT)
     with pytest.raises(Forbidden, match=f"may only modify the node it runs on, not {b}"):
         writer.set_taint(True)
     assert not node(control_plane, b).spec.taints
@@ -56,7 +58,7 @@ def test_an_agent_may_not_taint_another_node(control_plane, two_nodes):
 def test_an_agent_may_not_set_conditions_on_another_node(control_plane, two_nodes):
     """nodes/status is pinned to the agent's node as well."""
     a, b = two_nodes
-    writer = NodeWriter(agent_apis(control_plane, a).core, b, taint_key=TAINT)
+    writer = NodeWriter(agent_apis(control_plane, a), b, taint_key=TAINT)
     with pytest.raises(Forbidden, match="may only modify the node it runs on"):
         writer.set_condition("GpuFatalFault", status=True, reason="GpuFatalFault", message="test")
 
@@ -64,7 +66,7 @@ def test_an_agent_may_not_set_conditions_on_another_node(control_plane, two_node
 def test_the_node_name_claim_of_the_token_is_what_the_policy_checks(control_plane, two_nodes):
     """The same ServiceAccount with a token bound to the pod on B may patch B and may not patch A."""
     a, b = two_nodes
-    as_b = agent_apis(control_plane, b).core
+    as_b = agent_apis(control_plane, b)
     assert NodeWriter(as_b, b, taint_key=TAINT).set_taint(True)
     with pytest.raises(Forbidden, match=f"not {a}"):
         NodeWriter(as_b, a, taint_key=TAINT).set_taint(True)
@@ -74,9 +76,9 @@ def test_an_agent_may_not_touch_taints_it_did_not_set(control_plane, two_nodes):
     """Removing someone else's taint from its own node is denied."""
     a, _ = two_nodes
     control_plane.core.patch_node(a, {"spec": {"taints": [{"key": "someone/else", "effect": "NoSchedule"}]}})
-    core = agent_apis(control_plane, a).core
+    core = agent_apis(control_plane, a)
     with pytest.raises(Forbidden, match=r"only its own gpu-health-agent\.io/ taints"):
-        api_call(core.patch_node, a, {"spec": {"taints": []}})
+        core.strategic_patch(api_path("", "v1", "nodes", name=a), {"spec": {"taints": []}})
     assert [t.key for t in node(control_plane, a).spec.taints] == ["someone/else"]
 
 
@@ -84,7 +86,7 @@ def test_an_agent_may_not_touch_taints_it_did_not_set(control_plane, two_nodes):
 def test_an_agent_may_change_only_its_own_labels_and_annotations(control_plane, two_nodes, field):
     """gpu-health-agent.io/ keys are its own; any other key on its node is not."""
     a, _ = two_nodes
-    writer = NodeWriter(agent_apis(control_plane, a).core, a, taint_key=TAINT)
+    writer = NodeWriter(agent_apis(control_plane, a), a, taint_key=TAINT)
     assert writer.set_metadata(**{field: {"gpu-health-agent.io/needs-replacement": "true"}})
     with pytest.raises(Forbidden, match=rf"only {field} under gpu-health-agent\.io/"):
         writer.set_metadata(**{field: {"nvidia.com/gpu.present": "false"}})
@@ -93,7 +95,7 @@ def test_an_agent_may_change_only_its_own_labels_and_annotations(control_plane, 
 def test_an_agent_may_not_change_conditions_it_does_not_own(control_plane, two_nodes):
     """Ready is the kubelet's: the agent may not write it."""
     a, _ = two_nodes
-    writer = NodeWriter(agent_apis(control_plane, a).core, a, taint_key=TAINT)
+    writer = NodeWriter(agent_apis(control_plane, a), a, taint_key=TAINT)
     with pytest.raises(Forbidden, match="only its own Gpu"):
         writer.set_condition("Ready", status=False, reason="Broken", message="test")
 
@@ -101,11 +103,11 @@ def test_an_agent_may_not_change_conditions_it_does_not_own(control_plane, two_n
 def test_an_agent_may_not_read_secrets(control_plane, two_nodes):
     """RBAC grants nothing on secrets."""
     a, _ = two_nodes
-    core = agent_apis(control_plane, a).core
+    core = agent_apis(control_plane, a)
     with pytest.raises(Forbidden):
-        api_call(core.list_namespaced_secret, "gpu-health")
+        core.get(api_path("", "v1", "secrets", namespace="gpu-health"))
     with pytest.raises(Forbidden):
-        api_call(core.list_secret_for_all_namespaces)
+        core.get(api_path("", "v1", "secrets"))
 
 
 def test_an_agent_may_not_delete_pods(control_plane, two_nodes):
@@ -113,21 +115,21 @@ def test_an_agent_may_not_delete_pods(control_plane, two_nodes):
     a, _ = two_nodes
     control_plane.add_pod("ml", control_plane.unique("trainer"), a)
     victim = control_plane.core.list_namespaced_pod("ml", field_selector=f"spec.nodeName={a}").items[0]
-    core = agent_apis(control_plane, a).core
+    core = agent_apis(control_plane, a)
     with pytest.raises(Forbidden):
-        api_call(core.delete_namespaced_pod, victim.metadata.name, "ml")
+        core.delete(api_path("", "v1", "pods", namespace="ml", name=victim.metadata.name))
     assert not control_plane.core.read_namespaced_pod(victim.metadata.name, "ml").metadata.deletion_timestamp
 
 
 def test_an_agent_may_not_create_pods_or_delete_nodes(control_plane, two_nodes):
     """Nothing to run workloads with, nothing to remove a node with."""
     a, _ = two_nodes
-    core = agent_apis(control_plane, a).core
+    core = agent_apis(control_plane, a)
     with pytest.raises(Forbidden):
-        api_call(core.create_namespaced_pod, "ml", {"metadata": {"name": "x"},
-                                                    "spec": {"containers": [{"name": "x", "image": "x"}]}})
+        core.create(api_path("", "v1", "pods", namespace="ml"), {"metadata": {"name": "x"},
+                    "spec": {"containers": [{"name": "x", "image": "x"}]}})
     with pytest.raises(Forbidden):
-        api_call(core.delete_node, a)
+        core.delete(api_path("", "v1", "nodes", name=a))
 
 
 def test_a_token_bound_to_no_pod_may_change_no_node(control_plane, two_nodes):
@@ -136,12 +138,10 @@ def test_a_token_bound_to_no_pod_may_change_no_node(control_plane, two_nodes):
     control_plane.apply_shipped_manifests()
     token = control_plane.core.create_namespaced_service_account_token(
         "gpu-health-agent", "gpu-health", {"spec": {"expirationSeconds": 600}}).status.token
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(control_plane.admin_kubeconfig), client_configuration=configuration)
-    configuration.cert_file = configuration.key_file = None
-    configuration.api_key = {"authorization": f"Bearer {token}"}
-    with client.ApiClient(configuration) as api_client:
-        writer = NodeWriter(client.CoreV1Api(api_client), a, taint_key=TAINT)
+    admin = control_plane.admin.configuration
+    context = ssl.create_default_context(cafile=admin.ssl_ca_cert)
+    with ApiClient(admin.host, ssl_context=context, credentials=Credentials(token=token)) as api_client:
+        writer = NodeWriter(RawApi(api_client), a, taint_key=TAINT)
         with pytest.raises(Forbidden, match="may only modify the node it runs on") as denied:
             writer.set_taint(True)
     assert denied.value.status == 403

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from agent.config import load_config
-from agent.k8s.client import Apis
 from agent.k8s.cluster import build_cluster_side
 from agent.k8s.dra import DeviceRef, DeviceTaintEffect, DeviceTainter, devices_of_gpu, discover_rule_version
 from agent.k8s.errors import Forbidden
@@ -136,7 +135,7 @@ def test_a_pod_holding_the_faulty_device_through_a_claim_is_found_and_evicted(co
     holders = [h for h in tainter.claim_holders(["ml"]) if faulty & set(h.devices)]
 
     assert [(h.namespace, h.name) for h in holders] == [("ml", "on-gpu-3")]
-    evictor = Evictor(Apis.of(RealServer(control_plane).agent_client(dra_node)).core)
+    evictor = Evictor(RawApi(RealServer(control_plane).agent_client(dra_node)))
     assert evictor.evict("ml", "on-gpu-3").outcome is EvictionOutcome.EVICTED
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.k8s.client import Apis
-from agent.k8s.errors import K8sError, api_call
+from agent.k8s.errors import K8sError
 from agent.k8s.evictions import EvictionOutcome, Evictor
+from agent.k8s.raw import RawApi, api_path
 from tests.realcluster.backend import RealServer
 from tests.realcluster.controlplane import ControlPlane, wait_until
 
@@ -24,7 +24,7 @@ def trainers(plane: ControlPlane, count: int, *, grace_seconds: int = 1) -> tupl
 
 
 def evictor(plane: ControlPlane, node: str, **options: float) -> Evictor:
-    return Evictor(Apis.of(RealServer(plane).agent_client(node)).core, **options)
+    return Evictor(RawApi(RealServer(plane).agent_client(node)), **options)
 
 
 def test_an_eviction_a_pdb_forbids_is_refused_with_429_and_waits(control_plane):
@@ -52,10 +52,10 @@ def test_a_pod_under_two_pdbs_gets_500_from_the_eviction_api(control_plane):
     node, app, names = trainers(control_plane, 2)
     control_plane.add_pdb("ml", f"{app}-a", {"app": app}, min_available=0)
     control_plane.add_pdb("ml", f"{app}-b", {"app": app}, min_available=0)
-    core = Apis.of(RealServer(control_plane).agent_client(node)).core
+    raw = RawApi(RealServer(control_plane).agent_client(node))
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": names[0], "namespace": "ml"}}
     with pytest.raises(K8sError) as refused:
-        api_call(core.create_namespaced_pod_eviction, names[0], "ml", body)
+        raw.create(api_path("", "v1", "pods", namespace="ml", name=names[0], subresource="eviction"), body)
     assert refused.value.status == 500
     assert "more than one PodDisruptionBudget" in str(refused.value)
 
