@@ -18,6 +18,7 @@ import yaml
 
 from agent.k8s.detect import kubeconfig_path
 from agent.k8s.errors import ClientConfigError, Unavailable, status_error, translate
+from agent.k8s.exec_credential import ExecPlugin
 from agent.k8s.retry import remaining_seconds
 
 #: Where the kubelet mounts a pod's service-account token and the cluster's CA bundle.
@@ -43,12 +44,13 @@ class Timeouts:
 
 @dataclass(frozen=True, slots=True)
 class Credentials:
-    """How the agent proves who it is: a bearer token (fixed, or a file re-read when it rotates), or nothing
-    beyond the client certificate of the TLS context."""
+    """How the agent proves who it is: a bearer token (fixed, a file re-read when it rotates, or an exec
+    plugin's), or nothing beyond the client certificate of the TLS context."""
 
     token: str = ""
     token_file: str = ""
     basic: str = ""  # "user:password" from a kubeconfig
+    exec_plugin: ExecPlugin | None = None
 
 
 class ApiClient:
@@ -99,6 +101,8 @@ class ApiClient:
 
     def _authorization(self) -> str:
         credentials = self.credentials
+        if credentials.exec_plugin is not None:
+            return f"Bearer {credentials.exec_plugin.token()}"
         if credentials.token_file:
             return f"Bearer {self._current_token(credentials.token_file)}"
         if credentials.token:
@@ -172,7 +176,8 @@ def _in_cluster(folder: Path, timeouts: Timeouts) -> ApiClient:
 
 
 def _from_kubeconfig(path: Path, timeouts: Timeouts) -> ApiClient:
-    """The current context's server, CA and user (token, token file, client certificate, basic auth)."""
+    """The current context's server, CA and user (token, token file, exec plugin, client certificate, basic
+    auth)."""
     document = yaml.safe_load(path.read_text())
     if not isinstance(document, dict):
         raise ValueError("not a kubeconfig (no mapping at the top)")
@@ -180,8 +185,9 @@ def _from_kubeconfig(path: Path, timeouts: Timeouts) -> ApiClient:
     context = _named(document, "contexts", context_name, "context")
     cluster = _named(document, "clusters", str(context.get("cluster", "")), "cluster")
     user = _named(document, "users", str(context.get("user", "")), "user") if context.get("user") else {}
-    if user.get("exec") or user.get("auth-provider"):
-        raise ValueError("exec and auth-provider credentials are not supported: use a token or a client certificate")
+    if user.get("auth-provider"):
+        raise ValueError("auth-provider credentials (removed from kubectl in 1.26) are not supported: "
+                         "use an exec plugin, a token or a client certificate")
     server = str(cluster.get("server") or "")
     if not server:
         raise ValueError(f"cluster {context.get('cluster')!r} has no server")
@@ -205,7 +211,8 @@ def _from_kubeconfig(path: Path, timeouts: Timeouts) -> ApiClient:
     token = str(user.get("token") or "")
     token_file = str(folder / user["tokenFile"]) if user.get("tokenFile") else ""
     basic = f"{user['username']}:{user.get('password', '')}" if user.get("username") else ""
-    return ApiClient(server, ssl_context=context_tls, credentials=Credentials(token, token_file, basic),
+    plugin = ExecPlugin(user["exec"], folder=folder) if isinstance(user.get("exec"), dict) else None
+    return ApiClient(server, ssl_context=context_tls, credentials=Credentials(token, token_file, basic, plugin),
                      timeouts=timeouts, server_name=str(cluster.get("tls-server-name") or ""))
 
 

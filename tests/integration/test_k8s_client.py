@@ -195,13 +195,61 @@ def kubeconfig_with_user(folder, user: dict, cluster: dict) -> str:
     return str(path)
 
 
-def test_an_exec_credential_plugin_is_refused_in_one_line(tmp_path):
-    """exec plugins (cloud CLIs) are not run by the agent: the kubeconfig is unusable, said in one line."""
-    path = kubeconfig_with_user(tmp_path, {"exec": {"command": "aws", "apiVersion": "x"}},
-                                {"server": "https://10.0.0.1:6443"})
+def exec_plugin_user(folder, *, token: str = "exec-token", expires: str = "", exit_code: int = 0) -> dict:
+    """A kubeconfig user whose exec plugin is a small script: it counts its runs in `runs` and prints an
+    ExecCredential (or fails), as aws / gke-gcloud-auth-plugin / kubelogin do."""
+    import json
+    import sys
+
+    status = {"token": token, **({"expirationTimestamp": expires} if expires else {})}
+    script = folder / "plugin.py"
+    script.write_text(
+        "import json, os, pathlib, sys\n"
+        f"runs = pathlib.Path({str(folder / 'runs')!r})\n"
+        "runs.write_text(str(int(runs.read_text() or 0) + 1) if runs.exists() else '1')\n"
+        "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+        "assert info['spec']['interactive'] is False and os.environ['PLUGIN_REGION'] == 'eu'\n"
+        f"sys.stderr.write('token expired, run login\\n') if {exit_code} else None\n"
+        f"print(json.dumps({{'apiVersion': info['apiVersion'], 'kind': 'ExecCredential', "
+        f"'status': {json.dumps(status)}}}))\n"
+        f"sys.exit({exit_code})\n")
+    return {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable,
+                     "args": [str(script)], "env": [{"name": "PLUGIN_REGION", "value": "eu"}],
+                     "interactiveMode": "Never"}}
+
+
+def test_an_exec_credential_plugin_token_is_sent_and_kept_until_it_expires(tmp_path):
+    """A managed cluster's kubeconfig (exec plugin) works: its token is sent, the plugin runs once."""
+    path = kubeconfig_with_user(tmp_path, exec_plugin_user(tmp_path), {"server": "https://10.0.0.1:6443"})
+    api_client, _ = load_api_client(kubeconfig=path)
+    assert [api_client._authorization() for _ in range(3)] == ["Bearer exec-token"] * 3
+    assert (tmp_path / "runs").read_text() == "1"
+
+
+def test_an_exec_token_about_to_expire_runs_the_plugin_again(tmp_path):
+    """A token past (or near) its expirationTimestamp is not sent: the plugin is asked for a new one."""
+    user = exec_plugin_user(tmp_path, expires="2020-01-01T00:00:00Z")
+    api_client, _ = load_api_client(kubeconfig=kubeconfig_with_user(tmp_path, user, {"server": "https://h:6443"}))
+    api_client._authorization()
+    api_client._authorization()
+    assert (tmp_path / "runs").read_text() == "2"
+
+
+def test_a_failing_exec_plugin_is_unavailable_in_one_line(tmp_path):
+    """A plugin that exits non-zero (expired SSO login) is one line naming the plugin and its last words."""
+    user = exec_plugin_user(tmp_path, exit_code=3)
+    api_client, _ = load_api_client(kubeconfig=kubeconfig_with_user(tmp_path, user, {"server": "https://h:6443"}))
+    with pytest.raises(Unavailable) as caught:
+        RawApi(api_client).get("/api/v1/nodes/n1")
+    assert "\n" not in str(caught.value) and "exited 3: token expired, run login" in str(caught.value)
+
+
+def test_an_auth_provider_user_is_refused_in_one_line(tmp_path):
+    """auth-provider users (gone from kubectl since 1.26) make the kubeconfig unusable, said in one line."""
+    path = kubeconfig_with_user(tmp_path, {"auth-provider": {"name": "gcp"}}, {"server": "https://10.0.0.1:6443"})
     with pytest.raises(ClientConfigError) as caught:
         load_api_client(kubeconfig=path)
-    assert "\n" not in str(caught.value) and "exec" in str(caught.value)
+    assert "\n" not in str(caught.value) and "auth-provider" in str(caught.value)
 
 
 def test_an_inline_ca_and_a_token_file_make_a_working_kubeconfig(tmp_path):

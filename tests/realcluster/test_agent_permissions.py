@@ -158,3 +158,31 @@ def test_the_shipped_policy_type_checks_against_the_real_node_schema(control_pla
 
     status = wait_until(checked, "the type check of the admission policy")
     assert status.type_checking.expression_warnings in (None, [])
+
+
+def test_a_kubeconfig_with_an_exec_plugin_reaches_the_real_server(control_plane, two_nodes, tmp_path):
+    """An operator's kubeconfig for a managed cluster (exec plugin, as EKS/GKE/AKS write) authenticates: the
+    plugin's token is what the real API server sees, and the node is read with it."""
+    import json
+    import sys
+
+    import yaml
+
+    from agent.k8s.client import load_api_client
+
+    a, _ = two_nodes
+    credential = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {"token": control_plane.agent_token(a)}}
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(f"print({json.dumps(json.dumps(credential))})\n")
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": control_plane.url,
+                                               "certificate-authority": str(control_plane.ca_file)}}],
+        "users": [{"name": "u", "user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                                                  "command": sys.executable, "args": [str(plugin)]}}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    api_client, _ = load_api_client(kubeconfig=str(kubeconfig))
+    with api_client:
+        assert RawApi(api_client).get(api_path("", "v1", "nodes", name=a))["metadata"]["name"] == a
