@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import structlog
 from prometheus_client import CollectorRegistry
 
 from agent.config import Config
@@ -21,6 +20,7 @@ from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
 from agent.journal import Journal
+from agent.logs import get_logger
 from agent.metrics import Metrics
 from agent.model import NodeInventory, Observation, Step, StepKind, Verdict, frozen_attrs
 from agent.pipeline import Pipeline
@@ -38,7 +38,7 @@ from agent.sources.nvml import NvmlSource, load_pynvml
 if TYPE_CHECKING:
     from agent.k8s.cluster import ClusterSide
 
-log = structlog.get_logger("agent.daemon")
+log = get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
 #: The rule a GPU the node had and NVML no longer finds raises (rules/node.yaml).
 GPU_MISSING_RULE = "gpu-missing"

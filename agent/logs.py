@@ -1,46 +1,134 @@
-"""Structured logging: JSON when not on a terminal, readable console output on one; no dev tool loaded."""
+"""Structured logging on the stdlib: one JSON line per event, or a readable console line on a terminal."""
 
 from __future__ import annotations
 
-import logging
+import json
 import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
-#: structlog imports these when they are installed (dev tools such as import-linter bring rich, which
-#: brings pygments: ~4 MiB): the agent renders with neither, so they are kept out of its process.
-DEV_TOOLS = ("rich", "better_exceptions")
+#: The thresholds `configure_logging` accepts; "critical" is above every level the agent logs at (silence).
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+#: Console layout (as structlog's ConsoleRenderer without colours, which the agent used before).
+LEVEL_WIDTH = 9
+EVENT_WIDTH = 30
+
+#: Characters that make a console value quoted (repr), so a line still splits into key=value pairs.
+_QUOTED = frozenset(" \t=\r\n\"'")
 
 
-def keep_dev_tools_out() -> None:
-    """Mark the dev tools absent unless something already loaded them; must run before structlog is imported."""
-    for name in DEV_TOOLS:
-        if name not in sys.modules:
-            sys.modules[name] = None  # type: ignore[assignment]  # a None entry makes `import name` fail
+@dataclass
+class _Settings:
+    """What `configure_logging` chose; read on every call so a reconfiguration applies to bound loggers too."""
+
+    threshold: int = LEVELS["info"]
+    fmt: Literal["auto", "json", "console"] = "auto"
 
 
-keep_dev_tools_out()
-
-import structlog  # noqa: E402 - only once the dev tools are kept out
-
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_settings = _Settings()
+_write_lock = threading.Lock()
 
 
 def configure_logging(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto") -> None:
-    """Configure structlog once for the process; logs go to stderr so stdout stays for command output."""
-    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if use_json
-        else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
-    )
+    """Set the process's threshold and format; logs go to stderr so stdout stays for command output."""
+    _settings.threshold = LEVELS.get(level, LEVELS["info"])
+    _settings.fmt = fmt
+
+
+def get_logger(name: str) -> BoundLogger:
+    """A logger for module `name` (not printed: the event names are unique across the agent)."""
+    return BoundLogger(name, {})
+
+
+class BoundLogger:
+    """Logs events with the key/value context it was bound with; `bind` returns a new one, this one is unchanged."""
+
+    __slots__ = ("context", "name")
+
+    def __init__(self, name: str, context: dict[str, object]) -> None:
+        self.name = name
+        self.context = context
+
+    def bind(self, **context: object) -> BoundLogger:
+        """A logger that adds `context` to every event (on top of this one's)."""
+        return BoundLogger(self.name, {**self.context, **context})
+
+    def debug(self, event: str, /, **fields: object) -> None:
+        """Log at debug level."""
+        self._log("debug", event, fields, None)
+
+    def info(self, event: str, /, **fields: object) -> None:
+        """Log at info level."""
+        self._log("info", event, fields, None)
+
+    def warning(self, event: str, /, **fields: object) -> None:
+        """Log at warning level."""
+        self._log("warning", event, fields, None)
+
+    def error(self, event: str, /, **fields: object) -> None:
+        """Log at error level."""
+        self._log("error", event, fields, None)
+
+    def exception(self, event: str, /, **fields: object) -> None:
+        """Log at error level with the exception being handled, as one line (its traceback too under debug)."""
+        self._log("error", event, fields, sys.exc_info()[1])
+
+    def _log(self, level: str, event: str, fields: dict[str, object], exc: BaseException | None) -> None:
+        if LEVELS[level] < _settings.threshold:
+            return
+        record: dict[str, object] = {"event": event, "level": level, "timestamp": _now()}
+        for key, value in (*self.context.items(), *fields.items()):
+            if key not in ("event", "level", "timestamp"):
+                record[key] = value
+        if exc is not None:
+            record["exception"] = describe(exc, with_traceback=_settings.threshold <= LEVELS["debug"])
+        write(render(record, _use_json()))
+
+
+def describe(exc: BaseException, with_traceback: bool) -> str:
+    """`Type: message`, or the whole traceback (for debug: JSON escapes its newlines, the console prints it)."""
+    if with_traceback:
+        return "".join(traceback.format_exception(exc)).rstrip("\n")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def render(record: dict[str, object], as_json: bool) -> str:
+    """One event as its line (no newline): JSON with str() for what JSON cannot hold, or the console layout."""
+    if as_json:
+        return json.dumps(record, default=str)
+    head = (f"{record['timestamp']} [{str(record['level']).ljust(LEVEL_WIDTH)}] "
+            f"{str(record['event']).ljust(EVENT_WIDTH)}")
+    extra = {key: value for key, value in record.items() if key not in ("event", "level", "timestamp")}
+    exception = extra.pop("exception", None)
+    pairs = " ".join(f"{key}={_console_value(extra[key])}" for key in sorted(extra))
+    line = f"{head} {pairs}".rstrip(" ")
+    if exception is None:
+        return line
+    text = str(exception)
+    return f"{line}\n{text}" if "\n" in text else f"{line} exception={_console_value(text)}"
+
+
+def write(line: str) -> None:
+    """Append `line` to stderr as one write under a lock, so lines of concurrent threads never interleave."""
+    with _write_lock:
+        stream = sys.stderr
+        stream.write(line + "\n")
+        stream.flush()
+
+
+def _console_value(value: object) -> str:
+    if isinstance(value, str):
+        return repr(value) if _QUOTED.intersection(value) else value
+    return repr(value)
+
+
+def _use_json() -> bool:
+    return _settings.fmt == "json" or (_settings.fmt == "auto" and not sys.stderr.isatty())
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

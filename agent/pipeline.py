@@ -19,12 +19,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import structlog
-
 from agent.diagnostics import DiagnosticOutcome, outcome_of
 from agent.drill import DRILL_PREFIX, DRILL_SECONDS, contain
 from agent.engine import EngineState, RuleSet, evaluate, restore, tick
 from agent.journal import Journal
+from agent.logs import get_logger
 from agent.metrics import Metrics
 from agent.model import (
     LIFECYCLE_SIGNALS,
@@ -204,7 +203,7 @@ class Pipeline:
         #: What the last plan that called for nothing was made from, and until when time cannot change it.
         self._quiet_plan: tuple[tuple[object, ...], float] | None = None
         self._metrics_primed = False
-        self._log = structlog.get_logger("agent.pipeline").bind(node=inventory.name)
+        self._log = get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
         self._restore_engine(list(self.record.faults.values()))
         self._merge_gpus(self.record.gpus)

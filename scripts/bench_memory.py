@@ -106,21 +106,17 @@ RSS_OF_SELF = ("def rss():\n    for line in open('/proc/self/status'):\n        
                "            return int(line.split()[1]) / 1024\n")
 
 
-#: As agent.logs does before structlog is imported: the dev tools structlog would load are marked absent.
-KEEP_DEV_TOOLS_OUT = "import sys\nsys.modules['rich'] = None\nsys.modules['better_exceptions'] = None\n"
-
-
 def import_costs(top: int = 12) -> list[tuple[str, float, float]]:
     """The top-level packages the agent's cluster mode loads: (name, RSS its import adds in the agent's own
     load order, RSS it adds alone to a bare interpreter with its dependencies), largest first by the former."""
-    listing = (f"{KEEP_DEV_TOOLS_OUT}import importlib\nbefore = set(sys.modules)\nfor name in {AGENT_MODULES!r}:\n"
+    listing = (f"import importlib, sys\nbefore = set(sys.modules)\nfor name in {AGENT_MODULES!r}:\n"
                "    importlib.import_module(name)\norder = []\n"
                "for n in sys.modules:\n    top = n.split('.')[0]\n"
                "    if n not in before and sys.modules[n] is not None and not top.startswith('_') and top not in order:\n"
                "        order.append(top)\nprint(' '.join(order))")
     names = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, cwd=REPO,
                            check=True).stdout.split()
-    in_order = (f"{RSS_OF_SELF}{KEEP_DEV_TOOLS_OUT}import importlib, json\nlast = rss()\ncosts = {{}}\n"
+    in_order = (f"{RSS_OF_SELF}import importlib, json\nlast = rss()\ncosts = {{}}\n"
                 f"for name in {names!r}:\n    importlib.import_module(name)\n    now = rss()\n"
                 "    costs[name] = now - last\n    last = now\n"
                 f"for name in {AGENT_MODULES!r}:\n    importlib.import_module(name)\n"
@@ -129,7 +125,7 @@ def import_costs(top: int = 12) -> list[tuple[str, float, float]]:
                                       check=True).stdout)
 
     def rss_after(statement: str) -> float:
-        code = f"{RSS_OF_SELF}{KEEP_DEV_TOOLS_OUT}{statement}\nprint(rss())"
+        code = f"{RSS_OF_SELF}{statement}\nprint(rss())"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
         return float(done.stdout.strip() or "nan")
 

@@ -20,9 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import structlog  # noqa: E402
-
 from agent.k8s import retry  # noqa: E402
+from agent.logs import configure_logging  # noqa: E402
 from tests.restart_harness import SCENARIOS, TrialResult, fleet, kill_points, run_trial  # noqa: E402
 
 #: The kill points of issue 11 (fault, eviction, reset, reboot request, release, clear) and the record's own
@@ -38,7 +37,7 @@ def main() -> None:
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 100
     fleet_nodes = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     fleet_hours = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    configure_logging("critical")
     logging.getLogger().setLevel(logging.CRITICAL)
     retry.WAIT = False
     retry.DEFAULT_DEADLINE_SECONDS = 0.3

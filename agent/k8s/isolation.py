@@ -6,8 +6,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
-import structlog
-
 from agent.k8s.dra import (
     GPU_ANNOTATION,
     DeviceTaintEffect,
@@ -18,10 +16,11 @@ from agent.k8s.dra import (
 )
 from agent.k8s.errors import Forbidden, K8sError
 from agent.k8s.raw import JsonDocument, RawApi
+from agent.logs import get_logger
 from agent.model import DeviceRef, Step, StepKind, StepResult
 from agent.remediation.planner import DeviceIsolation, DeviceMark
 
-log = structlog.get_logger("agent.k8s.isolation")
+log = get_logger("agent.k8s.isolation")
 Setting = Literal["device", "auto"]
 #: How long `auto` trusts "no DeviceTaintRule API" or "no GPU of this node in ResourceSlices" before asking again.
 REDISCOVER_SECONDS = 300.0

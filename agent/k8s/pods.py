@@ -6,16 +6,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from agent.k8s.podresources import PodDevices, list_pod_devices
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
+from agent.logs import get_logger
 from agent.model import ANY_GPU, PodRef
 from agent.workloads import owner_key
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-log = structlog.get_logger("agent.k8s.pods")
+log = get_logger("agent.k8s.pods")
 DraGpus = Callable[[set[str], dict[tuple[str, str], list[tuple[str, str, str]]]], dict[tuple[str, str], set[str]]]
 
 

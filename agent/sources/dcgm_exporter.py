@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.logs import get_logger
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs
 from agent.sources.thresholds import plausible_threshold
 
-log = structlog.get_logger("agent.sources.dcgm")
+log = get_logger("agent.sources.dcgm")
 
 # Field names: each key is what we call the reading; values are every name dcgm-exporter may use.
 FIELDS: dict[str, tuple[str, ...]] = {

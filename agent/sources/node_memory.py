@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
+from agent.logs import get_logger
 
-log = structlog.get_logger("agent.sources.node_memory")
+log = get_logger("agent.sources.node_memory")
 
 
 class NodeMemory(Protocol):

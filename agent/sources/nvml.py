@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from agent.logs import get_logger
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs
 from agent.sources.attribution import pod_of_pid
 from agent.sources.base import Emit
@@ -29,7 +28,7 @@ from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
 from agent.sources.node_memory import InMemory, NodeMemory
 from agent.sources.thresholds import plausible_threshold
 
-log = structlog.get_logger("agent.sources.nvml")
+log = get_logger("agent.sources.nvml")
 
 # NVML constants used here (public NVML API documentation).
 ERROR_NOT_SUPPORTED = 3
