@@ -38,7 +38,7 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
     raw = RawApi(api_client)
     writer = NodeWriter(raw, config.node_name, taint_key=settings.taint_key,
                         taint_effect=settings.taint_effect, cordon=settings.cordon)
-    devices = None if settings.isolation == "node" else DeviceIsolator(
+    devices = DeviceIsolator(
         raw, node_name=config.node_name, taint_key=settings.taint_key, setting=settings.isolation,
         effect=settings.device_taint_effect, mark_degraded=settings.device_taint_degraded)
     own_pod = f"{os.environ.get('POD_NAMESPACE', settings.namespace)}/{os.environ.get('POD_NAME', '')}"

@@ -21,7 +21,7 @@ from agent.model import DeviceRef, Step, StepKind, StepResult
 from agent.remediation.planner import DeviceIsolation, DeviceMark
 
 log = get_logger("agent.k8s.isolation")
-Setting = Literal["device", "auto"]
+Setting = Literal["node", "device", "auto"]
 #: How long `auto` trusts "no DeviceTaintRule API" or "no GPU of this node in ResourceSlices" before asking again.
 REDISCOVER_SECONDS = 300.0
 NO_RULE_API = ("the API server serves no DeviceTaintRules (resource.k8s.io absent, or the DeviceTaintRule API "
@@ -62,6 +62,8 @@ class DeviceIsolator:
     def read(self) -> tuple[DeviceIsolation | None, dict[DeviceRef, DeviceMark] | None]:
         """What the planner may isolate by device, and the agent's rules now; (None, None) when unreadable,
         so a passing API error keeps the last view instead of flipping the node between the two isolations."""
+        if self.setting == "node":
+            return None, None  # no DRA reads: rules left from an earlier setting are deleted when the record says
         if self.setting == "auto" and not self._devices and self.clock() < self._slices_after:
             return self._unavailable(self._no_slices), None  # auto, no GPU published: looked again in a while
         try:
@@ -91,7 +93,10 @@ class DeviceIsolator:
                                silent=self.setting == "auto")
 
     def apply(self, step: Step) -> tuple[StepResult, str]:
-        tainter = self.tainter
+        try:
+            tainter = self._tainter()  # with `node`, discovered only for a rule left from an earlier setting
+        except Forbidden as exc:
+            return StepResult.FAILED, f"the agent may not use DeviceTaintRules (apply daemonset/dra): {exc}"
         if tainter is None:
             return StepResult.FAILED, NO_RULE_API
         device = DeviceRef(str(step.details.get("driver", "")), str(step.details.get("pool", "")),

@@ -340,10 +340,14 @@ def _device_steps(active: Iterable[ActiveFault], node: NodeState, options: PlanO
         steps.extend(Step(StepKind.TAINT_DEVICE, str(device), fault.summary, rule_id=fault.rule_id,
                           gpu_key=fault.gpu_key, details=_device_details(device, m)) for m in marks)
     if options.devices is not None and not options.devices.unavailable:
-        for device, mark in sorted(node.device_taints.items()):
-            if device not in wanted:
-                steps.append(Step(StepKind.UNTAINT_DEVICE, str(device), "no active fault calls for it",
-                                  details=_device_details(device, mark)))
+        stale = [device for device in node.device_taints if device not in wanted]
+    else:
+        # Node isolation this pass (by setting, or DRA not readable): a rule made earlier stays while its GPU is
+        # still faulty and goes once it is not, so a switch to `node` leaves no DeviceTaintRule behind.
+        faulty = {f.gpu.uuid for f in faults if f.gpu and (f.action.quarantines or f.severity is Severity.DEGRADED)}
+        stale = [device for device, mark in node.device_taints.items() if mark.gpu_uuid not in faulty]
+    steps.extend(Step(StepKind.UNTAINT_DEVICE, str(device), "no active fault calls for it",
+                      details=_device_details(device, node.device_taints[device])) for device in sorted(stale))
     return steps
 
 

@@ -224,11 +224,11 @@ def gpu_inventory(node: str) -> NodeInventory:
 
 
 def dra_pipeline(plane: ControlPlane, server: RealServer, node: str, tmp_path: Path, *,
-                 reset_settle_seconds: float = 600.0) -> Pipeline:
-    """The agent of `node` as the daemon assembles it, with `isolation: device`, in remediate mode."""
-    for device in range(8):
+                 reset_settle_seconds: float = 600.0, isolation: str = "device", fresh: bool = True) -> Pipeline:
+    """The agent of `node` as the daemon assembles it, with `isolation: device` unless told, in remediate mode."""
+    for device in range(8 if fresh else 0):
         plane.forget("resource.k8s.io", "devicetaintrules", "", f"gpu-health.{node}.gpu-{device}")
-    config = load_config(None, env={"NODE_NAME": node, "GPU_HEALTH_REMEDIATION__ISOLATION": "device",
+    config = load_config(None, env={"NODE_NAME": node, "GPU_HEALTH_REMEDIATION__ISOLATION": isolation,
                                     "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "journal.db")})
     side = build_cluster_side(server.agent_client(node), config, on_stuck=lambda pod: None)
     side.actuator.reset = lambda uuid: (True, f"reset {uuid}")
@@ -335,6 +335,23 @@ def test_verified_recovery_removes_the_rule(control_plane, dra_node, real_server
     assert taken(clean_poll(pipeline, 3)).get((StepKind.UNTAINT_DEVICE, device)) is StepResult.APPLIED
     assert tainter_of(control_plane, dra_node).owned() == []
     assert pipeline.node.device_taints == {}
+
+
+def test_a_switch_to_node_isolation_deletes_the_rule_once_the_gpu_recovers(control_plane, dra_node, real_server,
+                                                                            tmp_path):
+    """The agent restarted with `isolation: node` (Helm switch) keeps the old rule while GPU 3 is faulty, then
+    deletes it after the verified recovery: no DeviceTaintRule is left behind."""
+    first = dra_pipeline(control_plane, real_server, dra_node, tmp_path, reset_settle_seconds=0.0)
+    first.start()
+    device = f"{DRIVER}/{dra_node}/gpu-3"
+    assert taken(xid48(first, 3))[(StepKind.TAINT_DEVICE, device)] is StepResult.APPLIED
+    switched = dra_pipeline(control_plane, real_server, dra_node, tmp_path, reset_settle_seconds=0.0,
+                            isolation="node", fresh=False)
+    switched.start()
+    switched.reconcile()
+    assert len(tainter_of(control_plane, dra_node).owned()) == 1
+    assert taken(clean_poll(switched, 3)).get((StepKind.UNTAINT_DEVICE, device)) is StepResult.APPLIED
+    assert tainter_of(control_plane, dra_node).owned() == []
 
 
 def test_a_restart_between_the_rule_and_the_record_leaves_exactly_one_rule(control_plane, dra_node, real_server,

@@ -149,3 +149,14 @@ def test_auto_without_dra_taints_the_node_without_an_event():
     steps = plan([v], active_of(v), NodeState(), NODE, options=options)
     assert kinds(steps, StepKind.TAINT, StepKind.TAINT_DEVICE) == [(StepKind.TAINT, "node-1")]
     assert not [s for s in steps if s.details.get("reason") == "DeviceIsolationUnavailable"]
+
+
+def test_a_rule_left_from_device_isolation_goes_once_its_gpu_recovers_under_node_isolation():
+    """Switched to `node` (or DRA unreadable): a recorded rule stays while its GPU is faulty, goes once it is not."""
+    gpu1 = DeviceRef("gpu.nvidia.com", "node-1", "gpu-1")
+    state = NodeState(device_taints={gpu1: DeviceMark(GPUS[1].uuid, "NoSchedule")})
+    for options in (PlanOptions(node_name="node-1"),
+                    PlanOptions(node_name="node-1", devices=DeviceIsolation(unavailable="no rule API"))):
+        assert not kinds(plan([], active_of(fault(1)), state, NODE, options=options), StepKind.UNTAINT_DEVICE)
+        assert kinds(plan([], active_of(fault(2)), state, NODE, options=options), StepKind.UNTAINT_DEVICE) == [
+            (StepKind.UNTAINT_DEVICE, "gpu.nvidia.com/node-1/gpu-1")]
