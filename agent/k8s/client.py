@@ -85,15 +85,21 @@ class ApiClient:
         headers = {"Accept": "application/json", "User-Agent": "gpu-health-agent"}
         if body is not None:
             headers["Content-Type"] = content_type
-        authorization = self._authorization()
-        if authorization:
-            headers["Authorization"] = authorization
-        try:
-            response = self.pool.urlopen(method, url, body=body, headers=headers, retries=False, redirect=False,
-                                         timeout=urllib3.Timeout(connect=connect, read=read), preload_content=True)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise translate(exc, request=f"{method} {path}", timeout=(connect, read),
-                            server=f"{self.pool.host}:{self.pool.port}") from None
+        for attempt in (1, 2):
+            authorization = self._authorization()
+            if authorization:
+                headers["Authorization"] = authorization
+            try:
+                response = self.pool.urlopen(method, url, body=body, headers=headers, retries=False, redirect=False,
+                                             timeout=urllib3.Timeout(connect=connect, read=read),
+                                             preload_content=True)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise translate(exc, request=f"{method} {path}", timeout=(connect, read),
+                                server=f"{self.pool.host}:{self.pool.port}") from None
+            # A refused token (rotated early, revoked, an exec plugin's expired without saying when): fetched
+            # again and the request sent once more, as kubectl does; a second 401 is the answer.
+            if response.status != 401 or attempt == 2 or not self._refresh_credentials():
+                break
         data: bytes = response.data or b""
         if not 200 <= response.status <= 299:
             raise status_error(response.status, response.reason or "", data.decode("utf-8", errors="replace"))
@@ -110,6 +116,18 @@ class ApiClient:
         if credentials.basic:
             return "Basic " + base64.b64encode(credentials.basic.encode()).decode()
         return ""
+
+    def _refresh_credentials(self) -> bool:
+        """Forget a token that can be fetched again (exec plugin, token file); False when none can."""
+        credentials = self.credentials
+        if credentials.exec_plugin is not None:
+            credentials.exec_plugin.invalidate()
+            return True
+        if credentials.token_file:
+            with self._token_lock:
+                self._token_stamp = None
+            return True
+        return False
 
     def _current_token(self, path: str) -> str:
         """The token file's content, re-read when the kubelet rotated it (its mtime or size changed)."""

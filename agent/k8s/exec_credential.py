@@ -48,6 +48,11 @@ class ExecPlugin:
             self._token, self._expires = self._run()
             return self._token
 
+    def invalidate(self) -> None:
+        """The server refused the held token (401): the next request runs the plugin again."""
+        with self._lock:
+            self._token, self._expires = "", 0.0
+
     def _run(self) -> tuple[str, float]:
         info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
         environment = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}

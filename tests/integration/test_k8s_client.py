@@ -263,3 +263,48 @@ def test_an_inline_ca_and_a_token_file_make_a_working_kubeconfig(tmp_path):
     api_client, how = load_api_client(kubeconfig=path)
     assert how == f"kubeconfig {path}" and api_client.host == "https://10.0.0.1:6443"
     assert api_client._authorization() == "Bearer file-token"
+
+
+def test_a_refused_exec_token_is_fetched_again_and_the_request_sent_once_more(tmp_path):
+    """A 401 (token revoked or expired without an expirationTimestamp): the plugin runs again, the request is
+    retried once with the new token, as kubectl does."""
+    import http.server
+    import json
+    import sys
+
+    seen: list[str] = []
+
+    class Api(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            ok = self.headers.get("Authorization") == "Bearer tok-2"
+            body = json.dumps({"kind": "Node"} if ok else {"kind": "Status", "code": 401}).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    script = tmp_path / "plugin.py"
+    script.write_text(
+        "import json, pathlib\n"
+        f"runs = pathlib.Path({str(tmp_path / 'runs')!r})\n"
+        "n = int(runs.read_text()) + 1 if runs.exists() else 1\n"
+        "runs.write_text(str(n))\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', 'kind': 'ExecCredential',"
+        " 'status': {'token': f'tok-{n}'}}))\n")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable,
+                         "args": [str(script)]}}
+        path = kubeconfig_with_user(tmp_path, user, {"server": f"http://127.0.0.1:{server.server_address[1]}"})
+        api_client, _ = load_api_client(kubeconfig=path)
+        with api_client:
+            assert RawApi(api_client).get("/api/v1/nodes/n1") == {"kind": "Node"}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Bearer tok-1", "Bearer tok-2"]
