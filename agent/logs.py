@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -84,9 +85,15 @@ class BoundLogger:
         for key, value in (*self.context.items(), *fields.items()):
             if key not in ("event", "level", "timestamp"):
                 record[key] = value
-        if exc is not None:
-            record["exception"] = describe(exc, with_traceback=_settings.threshold <= LEVELS["debug"])
-        write(render(record, _use_json()))
+        try:
+            if exc is not None:
+                record["exception"] = describe(exc, with_traceback=_settings.threshold <= LEVELS["debug"])
+            line = render(record, _use_json())
+        except Exception:  # noqa: BLE001 - a field that cannot be shown never turns a log call into a failure
+            line = json.dumps({key: _safe_text(value) for key, value in record.items()})
+        # stderr closed, a broken pipe, or none at all: the line is lost, the agent goes on.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            write(line)
 
 
 def describe(exc: BaseException, with_traceback: bool) -> str:
@@ -118,6 +125,14 @@ def write(line: str) -> None:
         stream = sys.stderr
         stream.write(line + "\n")
         stream.flush()
+
+
+def _safe_text(value: object) -> str:
+    """A field as text however broken its __str__ is."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - see _log
+        return f"<unprintable {type(value).__name__}>"
 
 
 def _console_value(value: object) -> str:

@@ -154,3 +154,33 @@ def test_the_agent_runtime_loads_no_dev_tool(module: str) -> None:
             f"print(sys.modules.get({module!r}) is not None)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert result.stdout.strip() == "False"
+
+
+def test_a_field_that_cannot_be_shown_never_makes_the_log_call_fail(capsys: pytest.CaptureFixture[str]) -> None:
+    """A value whose str() raises, a tuple-keyed dict, a circular list: the line is still written, nothing raises."""
+
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("boom")
+
+    circular: list[object] = []
+    circular.append(circular)
+    logs.configure_logging("info", "json")
+    log = logs.get_logger("agent.test")
+    for value in (Broken(), {("a", 1): 2}, circular):
+        log.warning("odd_field", value=value)
+    records = _json_lines(capsys.readouterr().err)
+    assert [r["event"] for r in records] == ["odd_field"] * 3
+    assert records[0]["value"] == "<unprintable Broken>"
+
+
+def test_a_closed_stderr_loses_the_line_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stderr closed or gone (a broken pipe, a daemonised process): the log call returns, nothing raises."""
+    import io
+
+    closed = io.StringIO()
+    closed.close()
+    logs.configure_logging("info", "json")
+    for stream in (closed, None):
+        monkeypatch.setattr(sys, "stderr", stream)
+        logs.get_logger("agent.test").error("source_failed", source="kmsg")
