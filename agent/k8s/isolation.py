@@ -46,6 +46,7 @@ class DeviceIsolator:
         self._discover_after = 0.0
         self._slices_after = 0.0
         self._no_slices = f"no GPU of node {node_name} is published in ResourceSlices"
+        self._waiting_why = self._no_slices
         self._devices: dict[str, tuple[DeviceRef, ...]] = {}
 
     def _tainter(self) -> DeviceTainter | None:
@@ -65,7 +66,7 @@ class DeviceIsolator:
         if self.setting == "node":
             return None, None  # no DRA reads: rules left from an earlier setting are deleted when the record says
         if self.setting == "auto" and not self._devices and self.clock() < self._slices_after:
-            return self._unavailable(self._no_slices), None  # auto, no GPU published: looked again in a while
+            return self._unavailable(self._waiting_why), None  # auto without DRA here: looked again in a while
         try:
             tainter = self._tainter()
             if tainter is None:
@@ -75,14 +76,17 @@ class DeviceIsolator:
             rules = tainter.owned()
         except Forbidden as exc:
             self._devices = {}
-            return self._unavailable(f"the agent may not read DRA objects (apply daemonset/dra): {exc}"), {}
+            why = f"the agent may not read DRA objects (apply daemonset/dra): {exc}"
+            # `auto` without the DRA grants (the base manifests): asked again in a while, not every pass.
+            self._slices_after, self._waiting_why = self.clock() + REDISCOVER_SECONDS, why
+            return self._unavailable(why), {}
         except K8sError as exc:
             log.warning("device_isolation_unreadable", error=str(exc))
             return None, None
         uuids = {p.uuid for p in published} | {p.parent_uuid for p in published if p.parent_uuid}
         self._devices = {uuid: tuple(devices_of_gpu(published, uuid)) for uuid in uuids}
         if not published and self.setting == "auto":
-            self._slices_after = self.clock() + REDISCOVER_SECONDS
+            self._slices_after, self._waiting_why = self.clock() + REDISCOVER_SECONDS, self._no_slices
             return self._unavailable(self._no_slices), _marks(rules)
         return DeviceIsolation(self._devices, effect=self.effect, mark_degraded=self.mark_degraded), _marks(rules)
 

@@ -143,3 +143,17 @@ def test_auto_on_a_node_without_published_gpus_lists_slices_again_only_after_a_w
     now[0] = 301.0
     isolator.read()
     assert len(recorded.paths) > asked
+
+
+def test_auto_without_the_dra_grants_asks_again_only_after_a_while():
+    """The base manifests grant nothing on resource.k8s.io: `auto` is not refused (403) at every pass."""
+    recorded, now = server("1.37.2.json", slices_forbidden=True), [0.0]
+    isolator = DeviceIsolator(recorded, node_name="node-1", taint_key="k", clock=lambda: now[0])  # type: ignore[arg-type]
+    first, _ = isolator.read()
+    asked = len(recorded.paths)
+    second, _ = isolator.read()
+    assert len(recorded.paths) == asked and second == first
+    assert first is not None and first.silent and "daemonset/dra" in first.unavailable
+    now[0] = 301.0
+    isolator.read()
+    assert len(recorded.paths) > asked
