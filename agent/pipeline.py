@@ -330,10 +330,14 @@ class Pipeline:
         verdicts: list[Verdict] = []
         for (gpu_key, rule_id), fault in list(self.record.faults.items()):
             if gpu_key == key and fault.recovery == "diagnostic":
-                release = Observation(Signal.OPERATOR_RELEASE, 1, now, "diagnostic", fault.gpu or observation.gpu,
-                                      frozen_attrs({"by": "a passing diagnostic", "rule": rule_id}))
-                verdicts += self._classify(release, now)
+                verdicts += self._release_one(rule_id, fault.gpu or observation.gpu, now, source="diagnostic",
+                                              by="a passing diagnostic")
         return verdicts
+
+    def _release_one(self, rule_id: str, gpu: GpuRef | None, now: float, *, source: str, by: str) -> list[Verdict]:
+        """One fault released by the agent itself (a passing diagnostic, the end of a drill): that rule only."""
+        release = Observation(Signal.OPERATOR_RELEASE, 1, now, source, gpu, frozen_attrs({"by": by, "rule": rule_id}))
+        return self._classify(release, now)
 
     # ---- GPU resets: verified by a clean poll, escalated when they fail ----
     def _verify_reset(self, observation: Observation, now: float) -> list[Verdict]:
@@ -414,9 +418,7 @@ class Pipeline:
             state = self.engine.rules.get((gpu_key, rule_id))
             if state is not None and state.occurrences > 1:
                 continue  # the same fault came again during the drill: it is real, an operator releases it
-            end = Observation(Signal.OPERATOR_RELEASE, 1, now, "drill", fault.gpu,
-                              frozen_attrs({"by": "the end of the drill", "rule": rule_id}))
-            verdicts += self._classify(end, now)
+            verdicts += self._release_one(rule_id, fault.gpu, now, source="drill", by="the end of the drill")
         return verdicts
 
     def _acknowledge(self, observation: Observation) -> bool:
@@ -613,7 +615,7 @@ class Pipeline:
             faults = self._resolved_faults()
             if self.record.node.tainted or not any(f.action.quarantines for f in faults.values()):
                 return []  # no taint is due: nothing to plan twice
-            steps = plan([], faults, self.record.node, self.inventory, options=self._options, now=now)
+            steps = self._plan(now)
         first = steps[0] if steps and steps[0].kind is StepKind.TAINT else None
         record = self._carry_out(first, now, opted_out) if first is not None else None
         return [record] if record is not None else []
@@ -685,22 +687,18 @@ class Pipeline:
             any(e.pending_pod for e in self.record.owed)
 
     def _progressed(self, done: list[ActionRecord], now: float) -> bool:
-        """Evictions that took effect or a reset that cleared faults may let further steps proceed."""
+        """Evictions that took effect, a diagnostic's verdict or a failed reset may let further steps proceed;
+        a reset command that succeeded waits for the clean poll that verifies it."""
         progressed = False
         for action in done:
-            if action.result not in _TOOK_EFFECT:
-                continue
-            if action.step.kind is StepKind.EVICT:
+            kind, result = action.step.kind, action.result
+            if kind is StepKind.EVICT and result in _TOOK_EFFECT:
                 progressed = True
-            elif action.step.kind is StepKind.RESET_GPU and action.result is StepResult.APPLIED:
-                # The command succeeded; the reset is verified only by a clean poll of the GPU after it.
+            elif kind is StepKind.RESET_GPU and result is StepResult.APPLIED:
                 with self._lock:
                     self.record.node.verifying[action.step.gpu_key] = now
                     self._save()
-        for action in done:
-            if action.step.kind is StepKind.RUN_DIAGNOSTIC and action.result is StepResult.APPLIED:
-                progressed = self._diagnosed(action, now) or progressed
-            if action.step.kind is StepKind.RESET_GPU and action.result is StepResult.FAILED:
+            elif kind is StepKind.RESET_GPU and result is StepResult.FAILED:
                 gpu = self.inventory.gpu_by_key(action.step.gpu_key)
                 with self._lock:
                     self.record.node.resets.add(action.step.gpu_key)  # not retried: the reboot takes over
@@ -708,6 +706,8 @@ class Pipeline:
                     self._save()
                 self._pass_verdicts.extend(verdicts)
                 progressed = progressed or bool(verdicts)
+            elif kind is StepKind.RUN_DIAGNOSTIC and result is StepResult.APPLIED:
+                progressed = self._diagnosed(action, now) or progressed
         return progressed
 
     def _carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
