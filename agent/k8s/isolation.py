@@ -18,7 +18,7 @@ from agent.k8s.errors import Forbidden, K8sError
 from agent.k8s.raw import JsonDocument, RawApi
 from agent.logs import get_logger
 from agent.model import DeviceRef, Step, StepKind, StepResult
-from agent.remediation.planner import DeviceIsolation, DeviceMark
+from agent.remediation.planner import DeviceIsolation, DeviceMark, device_of
 
 log = get_logger("agent.k8s.isolation")
 Setting = Literal["node", "device", "auto"]
@@ -103,8 +103,7 @@ class DeviceIsolator:
             return StepResult.FAILED, f"the agent may not use DeviceTaintRules (apply daemonset/dra): {exc}"
         if tainter is None:
             return StepResult.FAILED, NO_RULE_API
-        device = DeviceRef(str(step.details.get("driver", "")), str(step.details.get("pool", "")),
-                           str(step.details.get("device", "")))
+        device = device_of(step)
         if step.kind is StepKind.TAINT_DEVICE:
             done = tainter.ensure(device, effect=DeviceTaintEffect(str(step.details.get("effect", "NoSchedule"))),
                                   gpu_uuid=str(step.details.get("gpu_uuid", "")), reason=step.reason)

@@ -160,10 +160,10 @@ class NodeState:
         elif step.kind is StepKind.UNTAINT:
             self.tainted = False
         elif step.kind is StepKind.TAINT_DEVICE:
-            self.device_taints[_device_of(step)] = DeviceMark(str(step.details.get("gpu_uuid", "")),
+            self.device_taints[device_of(step)] = DeviceMark(str(step.details.get("gpu_uuid", "")),
                                                              str(step.details.get("effect", "")))
         elif step.kind is StepKind.UNTAINT_DEVICE:
-            self.device_taints.pop(_device_of(step), None)
+            self.device_taints.pop(device_of(step), None)
         elif step.kind is StepKind.EVICT:
             self.evicted.setdefault(step.gpu_key, set()).add(step.target)
         elif step.kind is StepKind.RESET_GPU:
@@ -227,7 +227,8 @@ class NodeState:
         return state
 
 
-def _device_of(step: Step) -> DeviceRef:
+def device_of(step: Step) -> DeviceRef:
+    """The DRA device a TAINT_DEVICE or UNTAINT_DEVICE step names in its details."""
     return DeviceRef(str(step.details.get("driver", "")), str(step.details.get("pool", "")),
                      str(step.details.get("device", "")))
 
