@@ -12,7 +12,6 @@ from agent.k8s.errors import K8sError
 JsonDocument = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 
 
 def api_path(group: str, version: str, resource: str, *, namespace: str = "", name: str = "",
@@ -49,16 +48,12 @@ class RawApi:
         """Strategic merge: lists with a merge key (node conditions by type) merge item by item."""
         return self.request("PATCH", path, body=body, content_type=STRATEGIC_MERGE_PATCH)
 
-    def json_patch(self, path: str, operations: list[JsonDocument]) -> JsonDocument:
-        """RFC 6902 operations, applied all or none (a failed `test` op answers 422)."""
-        return self.request("PATCH", path, body=operations, content_type=JSON_PATCH)
-
     def delete(self, path: str, *, resource_version: str = "") -> JsonDocument:
         body = {"preconditions": {"resourceVersion": resource_version}} if resource_version else None
         return self.request("DELETE", path, body=body)
 
     def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                body: JsonDocument | list[JsonDocument] | None = None,
+                body: JsonDocument | None = None,
                 content_type: str = "application/json") -> JsonDocument:
         """One request; raises K8sError (NotFound, Conflict, Forbidden, Unavailable, ...) on failure."""
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
