@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import urllib3.exceptions
 
 from agent.errors import AgentError
-
-T = TypeVar("T")
 
 
 class K8sError(AgentError):
@@ -119,13 +115,3 @@ def _status_message(status: int, reason: str, body: str) -> tuple[str, str]:
         why = str(document.get("reason") or "")
         return " ".join(f"{f'{status} {why}'.strip()}: {document['message']}".split()), why
     return " ".join(f"{status} {reason}".split()), reason
-
-
-def api_call(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call the client and raise only K8sError."""
-    try:
-        return func(*args, **kwargs)
-    except K8sError:
-        raise
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise translate(exc) from exc
