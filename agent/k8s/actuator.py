@@ -66,7 +66,8 @@ class K8sActuator:
     opt_out_label: str = ""
     #: Runs a GPU diagnostic (remediation.diagnostic_command); None: none configured.
     diagnose: DiagnosticRunner | None = None
-    #: Per-GPU isolation through DRA; None with `remediation.isolation: node`.
+    #: Per-GPU isolation through DRA (with `isolation: node` it only deletes rules left from an earlier
+    #: setting); None where no cluster is behind the actuator (tests, simulate without DRA).
     devices: DeviceIsolator | None = None
 
     def observe(self) -> NodeObservation:
@@ -113,7 +114,7 @@ class K8sActuator:
             return StepResult.APPLIED, "taint removed" if changed else "no taint of ours"
         if kind in {StepKind.TAINT_DEVICE, StepKind.UNTAINT_DEVICE}:
             if self.devices is None:
-                return StepResult.SKIPPED, "per-GPU isolation is off (remediation.isolation: node)"
+                return StepResult.SKIPPED, "no DeviceTaintRules here"
             return self.devices.apply(step)
         if kind is StepKind.EVICT:
             return self._evict(step)
