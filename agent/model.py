@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -194,6 +194,33 @@ class Observation:
     @property
     def gpu_key(self) -> str:
         return self.gpu.key if self.gpu is not None else NODE_KEY
+
+
+def _slot_setter(name: str) -> Callable[[Observation, object], None]:
+    """The descriptor that writes one slot of an Observation, bypassing the frozen __setattr__."""
+    setter: Callable[[Observation, object], None] = getattr(Observation, name).__set__
+    return setter
+
+
+_new_object = object.__new__
+_set_signal, _set_value, _set_at, _set_source, _set_gpu, _set_attrs, _set_count = (
+    _slot_setter(name) for name in ("signal", "value", "at", "source", "gpu", "attrs", "count"))
+
+
+def new_observation(signal: Signal, value: float, at: float, source: str, gpu: GpuRef | None,
+                    attrs: Attrs) -> Observation:
+    """The same Observation as `Observation(signal, value, at, source, gpu, attrs)`, at half the cost: the
+    frozen dataclass's __init__ goes through object.__setattr__ once per field, this sets each slot
+    directly. For the kernel-log storm path, which builds one per line."""
+    observation: Observation = _new_object(Observation)
+    _set_signal(observation, signal)
+    _set_value(observation, value)
+    _set_at(observation, at)
+    _set_source(observation, source)
+    _set_gpu(observation, gpu)
+    _set_attrs(observation, attrs)
+    _set_count(observation, 1)
+    return observation
 
 
 class VerdictKind(StrEnum):

@@ -60,12 +60,14 @@ class Deduplicator:
             return out
         bursts[key] = _Burst(now, observation)
         out.append(observation)
-        if len(bursts) == 1 or len(bursts) > self.max_keys:  # the oldest burst is another one now
-            while len(bursts) > self.max_keys:
-                _, oldest = bursts.popitem(last=False)
-                if oldest.pending:
-                    out.extend(_aggregate(oldest))
-            self._due_from_oldest()
+        if len(bursts) == 1:  # the only burst, so the oldest: its window closes next
+            self._next_due = now + self.window
+        while len(bursts) > self.max_keys:
+            # Evicting the oldest leaves _next_due early, never late: flush() then finds nothing closed yet
+            # and moves it on, which is cheaper than looking at the new oldest on every line of a storm.
+            _, oldest = bursts.popitem(last=False)
+            if oldest.pending:
+                out.extend(_aggregate(oldest))
         return out
 
     def flush(self, now: float, *, force: bool = False) -> list[Observation]:

@@ -22,11 +22,11 @@ from types import MappingProxyType
 from typing import Protocol
 
 from agent.drill import DrillBox, DrillRequest, marked
-from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs, normalise_pci
+from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs, new_observation, normalise_pci
 from agent.sources.attribution import PodAttribution, parse_cgroup, workload_key
 from agent.sources.base import Emit
 from agent.sources.dedup import Deduplicator
-from agent.sources.kernel_log import KERNEL_FACILITY, KernelLogParser, KernelRecord
+from agent.sources.kernel_log import KERNEL_FACILITY, KMSG_XID, KernelLogParser, KernelRecord
 
 CURSOR_NAME = "kmsg"
 _POD_CACHE_SECONDS = 5.0
@@ -147,6 +147,9 @@ class KernelLogProcessor:
         return observations
 
     def _driver_line(self, line: str, now: float, line_no: int) -> list[Observation]:
+        fast = KMSG_XID.match(line)
+        if fast is not None and (self.admit_user_records or int(fast.group("pri")) >> 3 == KERNEL_FACILITY):
+            return self._record(self.parser.kmsg_xid(fast, line, line_no), now)
         if not self.admit_user_records and _from_user_space(line):
             request = self.drills.admit(line, node=self.node_name, now=time.time()) if self.drills else None
             if request is None:
@@ -159,6 +162,10 @@ class KernelLogProcessor:
             return self.dedup.flush(now)
         if record.extras.get("continuation"):
             return []
+        return self._record(record, now)
+
+    def _record(self, record: KernelRecord, now: float) -> list[Observation]:
+        """A driver record: counted once per storm window (a repeat costs one lookup), else observed."""
         self.stats.records += 1
         key = (record.kind, record.code, record.pci, record.pid, record.message)
         if self.dedup.repeat(key, now):
@@ -181,13 +188,15 @@ class KernelLogProcessor:
         cached = self._pods.get(pid)
         if cached is not None and now - cached[0] < _POD_CACHE_SECONDS:
             return cached[1]
-        self._lookups = min(ATTRIBUTIONS_PER_SECOND,
-                            self._lookups + max(0.0, now - self._lookups_at) * ATTRIBUTIONS_PER_SECOND)
+        lookups = self._lookups
+        if lookups < ATTRIBUTIONS_PER_SECOND and now > self._lookups_at:
+            lookups = min(ATTRIBUTIONS_PER_SECOND, lookups + (now - self._lookups_at) * ATTRIBUTIONS_PER_SECOND)
         self._lookups_at = now
-        if self._lookups < 1:
+        if lookups < 1:
+            self._lookups = lookups
             self.stats.unattributed += 1
             return None
-        self._lookups -= 1
+        self._lookups = lookups - 1
         pod = _read_pod(self._proc, pid)
         if len(self._pods) >= _POD_CACHE_SIZE:
             self._pods.clear()
@@ -210,28 +219,38 @@ class KernelLogProcessor:
 
     def observation_of(self, record: KernelRecord, now: float) -> Observation:
         attrs: dict[str, AttrValue] = {"message": record.message}
-        if record.pid is not None:
-            attrs["pid"] = record.pid
-            pod = self._pod_of(record.pid, now)
-            if pod is not None:
+        pid, process = record.pid, record.process
+        if pid is not None:
+            attrs["pid"] = pid
+            pod = self._pod_of(pid, now)
+            if pod is None:  # the common case in a storm: charged to the process name (workload_key's rule)
+                name = process.strip() if process else ""
+                attrs["workload"] = f"process/{name}" if name else ""
+            else:
                 attrs["pod_uid"] = pod.pod_uid
                 if pod.container_id:
                     attrs["container_id"] = pod.container_id
-            owners = self.owners() if pod is not None else _NO_OWNERS  # only a pod has an owner to look up
-            attrs["workload"] = workload_key(pod=pod, owners=owners, process=record.process)
-        if record.process is not None:
-            attrs["process"] = record.process
-        if record.prefix.seq is not None:
-            attrs["kmsg_seq"] = record.prefix.seq
-        for key, value in record.extras.items():
-            if isinstance(value, _ATTR_TYPES):
-                attrs[key] = value
-        signal = _RECORD_SIGNALS[record.kind]
-        if signal is Signal.SXID:
+                attrs["workload"] = workload_key(pod=pod, owners=self.owners(), process=process)
+        if process is not None:
+            attrs["process"] = process
+        seq = record.prefix.seq
+        if seq is not None:
+            attrs["kmsg_seq"] = seq
+        if record.extras:
+            for key, value in record.extras.items():
+                if isinstance(value, _ATTR_TYPES):
+                    attrs[key] = value
+        kind = record.kind
+        if kind == "xid":
+            code = record.code
+            return new_observation(Signal.XID, 1.0 if code is None else float(code), now, self.source,
+                                   self._gpu_at(record.pci), MappingProxyType(attrs))
+        if kind == "sxid":
             attrs["pci"] = record.pci
-            return Observation(signal, float(record.code or 0), now, self.source, None, MappingProxyType(attrs))
+            return Observation(Signal.SXID, float(record.code or 0), now, self.source, None, MappingProxyType(attrs))
         value = float(record.code) if record.code is not None else 1.0
-        return Observation(signal, value, now, self.source, self._gpu_at(record.pci), MappingProxyType(attrs))
+        return Observation(_RECORD_SIGNALS[kind], value, now, self.source, self._gpu_at(record.pci),
+                           MappingProxyType(attrs))
 
 
 def _from_user_space(line: str) -> bool:

@@ -152,6 +152,11 @@ class _RaisesOn(KernelLogParser):
             raise ValueError("invalid literal for int() with base 0: '02'")
         return super().feed(line, line_no)
 
+    def kmsg_xid(self, match, line: str, line_no: int):
+        if "boom" in line:
+            raise ValueError("invalid literal for int() with base 0: '02'")
+        return super().kmsg_xid(match, line, line_no)
+
 
 def test_a_record_that_cannot_be_handled_is_skipped_and_counted():
     counted = []

@@ -1,4 +1,20 @@
-from agent.model import Action, GpuRef, NodeInventory, PodRef, Severity, StepKind, normalise_pci
+import dataclasses
+
+import pytest
+
+from agent.model import (
+    Action,
+    GpuRef,
+    NodeInventory,
+    Observation,
+    PodRef,
+    Severity,
+    Signal,
+    StepKind,
+    frozen_attrs,
+    new_observation,
+    normalise_pci,
+)
 
 
 def test_severities_rank_from_ok_to_fatal():
@@ -54,3 +70,20 @@ def test_inventory_resolves_a_pci_only_identity_to_the_full_gpu():
 def test_inventory_lists_the_pods_holding_a_gpu():
     node = NodeInventory("n", (), (PodRef("a", "p1", gpu_uuids=("GPU-1",)), PodRef("a", "p2", gpu_uuids=("GPU-2",))))
     assert [p.name for p in node.pods_holding("GPU-2")] == ["p2"]
+
+
+def test_the_storm_paths_observation_factory_builds_what_the_constructor_builds():
+    """new_observation sets every field (a field it missed would be unset, and the comparison would fail)."""
+    gpu = GpuRef(pci_bus_id="0000:18:00.0", uuid="GPU-1")
+    attrs = frozen_attrs({"pid": 7, "message": "fault"})
+    fast = new_observation(Signal.XID, 31.0, 5.0, "kmsg", gpu, attrs)
+    assert fast == Observation(Signal.XID, 31.0, 5.0, "kmsg", gpu, attrs)
+    assert [getattr(fast, f.name) for f in dataclasses.fields(Observation)] == [
+        Signal.XID, 31.0, 5.0, "kmsg", gpu, attrs, 1]
+
+
+def test_an_observation_from_the_factory_is_still_frozen():
+    """Bypassing the frozen __init__ must not leave a writable observation behind."""
+    observation = new_observation(Signal.XID, 79.0, 1.0, "kmsg", None, frozen_attrs({}))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        observation.value = 1.0  # type: ignore[misc]
