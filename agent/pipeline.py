@@ -193,6 +193,9 @@ class Pipeline:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         #: Set whenever the record changed: the reconciler thread wakes on it.
         self.wake = threading.Event()
+        #: Set when a verdict calls for a taint: a pass under way drops what is left of a plan made before it
+        #: and taints first (see _carry_out_plan).
+        self._fault_arrived = threading.Event()
         self._lock = threading.RLock()
         self._pass = threading.Lock()
         self._due_at = 0.0
@@ -292,6 +295,8 @@ class Pipeline:
 
     def _after(self, verdicts: list[Verdict], now: float) -> Outcome:
         if verdicts:
+            if any(verdict.quarantines for verdict in verdicts):
+                self._fault_arrived.set()
             self.wake.set()
         self._update_metrics(bool(verdicts))
         outcome = Outcome(verdicts, [])
@@ -568,19 +573,21 @@ class Pipeline:
             observed = self._observe_and_adopt(now)
             opted_out = observed.opted_out if observed is not None else False
             # The taint first: it keeps new work off the GPU and needs neither the pod list nor the Events.
+            self._fault_arrived.clear()
             actions = self._taint_first(now, opted_out)
             if self.pods is not None and self._wants_pods():
                 self.refresh_pods()
             for _ in range(_ROUNDS):
                 with self._lock:
                     steps = self._plan(now)
-                done = [record for step in steps if (record := self._carry_out(step, now, opted_out)) is not None]
+                done, preempted = self._carry_out_plan(steps, now, opted_out)
                 actions += done
-                if not self._progressed(done, now):
+                if not (self._progressed(done, now) or preempted):
                     break
                 if self.pods is not None:
                     self.refresh_pods()
             actions += self._deliver_owed(now, opted_out)
+            actions += self._taint_if_wanted(opted_out)
             self._hold_slot(observed, now, opted_out)
             with self._lock:
                 if actions:
@@ -608,6 +615,27 @@ class Pipeline:
         settled = next_settled(faults.values(), self.record.node, self._options, now)
         self._quiet_plan = None if steps else (inputs, settled if settled is not None else float("inf"))
         return steps
+
+    def _carry_out_plan(self, steps: list[Step], now: float, opted_out: bool) -> tuple[list[ActionRecord], bool]:
+        """The steps in order, and whether a new fault preempted them: a plan made before that fault is stale
+        (it may lift the taint the fault needs), so the rest of it is dropped, the taint the fault calls for
+        goes at once, and the next round plans again."""
+        done: list[ActionRecord] = []
+        for step in steps:
+            if self._fault_arrived.is_set():
+                return done + self._taint_if_wanted(opted_out), True
+            record = self._carry_out(step, now, opted_out)
+            if record is not None:
+                done.append(record)
+        return done, False
+
+    def _taint_if_wanted(self, opted_out: bool) -> list[ActionRecord]:
+        """The taint for a fault raised while this pass was under way (when one is due), before the pass's
+        remaining writes: a scheduler stops placing work on the GPU as soon as possible."""
+        if not self._fault_arrived.is_set():
+            return []
+        self._fault_arrived.clear()
+        return self._taint_first(self.clock(), opted_out)
 
     def _taint_first(self, now: float, opted_out: bool) -> list[ActionRecord]:
         """The plan's taint step (plan() puts it first) carried out before the slower reads and reports."""
@@ -778,6 +806,7 @@ class Pipeline:
         present = {p.key for p in self.inventory.pods if not p.terminating}
         actions = []
         for event in owed:
+            actions += self._taint_if_wanted(opted_out)  # a fault's taint does not wait behind Events
             if event.pending_pod and event.pending_pod in present:
                 if event.gpu_key not in {k for k, _ in self.record.faults}:
                     with self._lock:

@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -5,7 +6,7 @@ from prometheus_client import CollectorRegistry
 from agent.journal import Journal
 from agent.metrics import Metrics
 from agent.model import NodeInventory, PodRef, Signal, StepKind, StepResult
-from agent.pipeline import Pipeline
+from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import GuardPolicy, Mode
 from tests.conftest import gpu, obs
 
@@ -166,3 +167,46 @@ def test_a_changed_node_state_is_planned_again(shipped_rules, monkeypatch):
     outcome = p.handle(obs(Signal.XID, 79, 3.0), 3.0)
     assert len(calls) > planned
     assert [a.step.kind for a in outcome.actions] == [StepKind.TAINT]
+
+
+class _FaultDuring(LocalActuator):
+    """Applies every step; while applying one of a given kind, a new fault arrives (from the source thread)."""
+
+    def __init__(self):
+        super().__init__()
+        self.applied: list[StepKind] = []
+        self.during: tuple[StepKind, Callable[[], object]] | None = None
+
+    def apply(self, step):
+        self.applied.append(step.kind)
+        if self.during is not None and step.kind is self.during[0]:
+            arrive, self.during = self.during[1], None
+            arrive()
+        return StepResult.APPLIED, "ok"
+
+
+def _released_while_a_fault_arrives(rules, during: StepKind) -> tuple[Pipeline, _FaultDuring]:
+    actuator = _FaultDuring()
+    p = Pipeline(rules=rules, inventory=NODE, policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator,
+                 clock=lambda: 100.0, inline=False)
+    p.handle(obs(Signal.XID, 79, 1.0), 1.0)
+    p.reconcile(1.0)
+    actuator.applied.clear()
+    p.handle(obs(Signal.OPERATOR_RELEASE, 1, 2.0), 2.0)
+    actuator.during = (during, lambda: p.handle(obs(Signal.XID, 79, 2.0, gpu_ref=gpu(1)), 2.0))
+    p.reconcile(2.0)
+    return p, actuator
+
+
+def test_a_fault_arriving_during_a_release_drops_the_rest_of_the_stale_plan(shipped_rules):
+    """The release's plan was made before the new fault: its untaint must not run, the node stays tainted."""
+    p, actuator = _released_while_a_fault_arrives(shipped_rules, during=StepKind.CLEAR_CONDITION)
+    assert StepKind.UNTAINT not in actuator.applied
+    assert p.record.node.tainted
+
+
+def test_a_fault_arriving_after_the_untaint_is_tainted_before_the_passs_events(shipped_rules):
+    """The new fault's taint is the next write, not one after the release's Events."""
+    p, actuator = _released_while_a_fault_arrives(shipped_rules, during=StepKind.UNTAINT)
+    assert actuator.applied[:3] == [StepKind.CLEAR_CONDITION, StepKind.UNTAINT, StepKind.TAINT]
+    assert p.record.node.tainted
