@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from agent.errors import ConfigError
 from agent.remediation.guard import Mode
+from agent.yamlload import safe_load
 
 ENV_PREFIX = "GPU_HEALTH_"
 
@@ -146,7 +147,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
 
 def _read_file(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
     except UnicodeDecodeError:
@@ -175,7 +176,7 @@ def _set_nested(data: dict[str, Any], keys: list[str], value: Any) -> None:
 
 def _parse_scalar(raw: str) -> Any:
     try:
-        return yaml.safe_load(raw) if raw.strip() else raw
+        return safe_load(raw) if raw.strip() else raw
     except yaml.YAMLError:
         return raw
 

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from agent.engine.schema import Rule
 from agent.errors import InputErrors, RuleError
 from agent.model import Signal
+from agent.yamlload import safe_load
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ def _load(directory: Path) -> tuple[RuleSet, list[RuleError]]:
 
 def _parse_file(name: str, text: str) -> tuple[list[Rule], list[RuleError]]:
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

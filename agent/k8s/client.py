@@ -20,6 +20,7 @@ from agent.k8s.detect import kubeconfig_path
 from agent.k8s.errors import ClientConfigError, Unavailable, status_error, translate
 from agent.k8s.exec_credential import ExecPlugin
 from agent.k8s.retry import remaining_seconds
+from agent.yamlload import safe_load
 
 #: Where the kubelet mounts a pod's service-account token and the cluster's CA bundle.
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -196,7 +197,7 @@ def _in_cluster(folder: Path, timeouts: Timeouts) -> ApiClient:
 def _from_kubeconfig(path: Path, timeouts: Timeouts) -> ApiClient:
     """The current context's server, CA and user (token, token file, exec plugin, client certificate, basic
     auth)."""
-    document = yaml.safe_load(path.read_text())
+    document = safe_load(path.read_text())
     if not isinstance(document, dict):
         raise ValueError("not a kubeconfig (no mapping at the top)")
     context_name = document.get("current-context") or ""

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agent.errors import ScenarioError
 from agent.model import AttrValue, GpuRef, NodeInventory, Observation, PodRef, Signal, frozen_attrs
 from agent.sources.base import Emit
+from agent.yamlload import safe_load
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -143,7 +144,7 @@ def expand(scenario: Scenario, node: NodeInventory) -> list[TimedObservation]:
 
 def parse_scenario(text: str, *, origin: str) -> Scenario:
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
