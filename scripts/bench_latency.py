@@ -8,7 +8,28 @@ over HTTPS to the real control plane of tests/realcluster (kube-apiserver 1.37.2
 scripts/build-controlplane), with the agent's own ServiceAccount token under the shipped RBAC and policy.
 "Visible" is when a watch on the node delivers it tainted (the real server), as a scheduler would see it.
 Targets: p99 <= 50 ms; 0 writes per healthy node per hour.
-Usage: scripts/bench_latency.py [--real] [FAULTS] [HEALTHY_SECONDS]
+
+With `--real --npd`, node-problem-detector's row follows on the same control plane, once the agent has
+stopped (they never share the CPU): NPD, built from the Go module proxy by bench_storm's build_npd, runs its
+system-log monitor (filelog plugin, stock kernel rules) on a syslog-format kernel log this script appends to,
+with the k8s exporter on (admin kubeconfig, --hostname-override the benchmark node). Its Xid 79 rules are
+permanent and set the node condition XidError. A permanent condition only changes (and NPD only patches the
+node) when its status or reason changes, and never clears by itself, so the Xid 79 lines alternate between
+two rules: fault n ends in "fault n", an even n matches reason Xid79Even, an odd n Xid79Odd. The first fault
+turns XidError False -> True, later ones turn its reason over; all go one way through NPD (the log watcher's
+500 ms poll, the rule match, the condition manager's 1 s sync tick, PATCH nodes/status).
+Measured: from the write of the line to the watch on the node delivering XidError True with that fault's
+reason, for at most NPD_FAULTS faults, once NPD's initial XidError False has reached the node. Before each
+write the script sleeps a random 0-1 s, so the write does not fall at a fixed phase of NPD's sync tick (which
+it would right after the previous patch). NPD starts that tick a few ms before its log watcher's first poll,
+so each poll follows a tick by those few ms, and a line read at the poll just after a tick waits nearly a
+whole second: a fault written U s after a tick shows 1 - U s later if U < 0.5, 2 - U if not (seen per fault
+here; mean 1 s). That is a freshly started NPD, at its slowest phase; the two loops drift apart only by the
+poll's timer overshoot, so a long-running NPD sits at a mean between this 1 s and 0.5 s (0.75 s over all
+phases); restarting it here would only set the same phase again. The filelog poll is NPD's way of
+following a syslog file; its kmsg plugin reads /dev/kmsg itself (a fixed path: it cannot be pointed at this
+script's pipe) and has no such poll. NPD uses the admin kubeconfig, the agent its own ServiceAccount token.
+Usage: scripts/bench_latency.py [--real [--npd]] [FAULTS] [HEALTHY_SECONDS]
 """
 
 from __future__ import annotations
@@ -16,7 +37,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +63,13 @@ from agent.model import NodeInventory, Observation, PodRef, Signal  # noqa: E402
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate  # noqa: E402
 from tests.conftest import eight_gpus  # noqa: E402
 
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_storm import BuiltNpd, build_npd, free_port, npd_kernel_monitor, syslog_line  # noqa: E402
+
 NODE = "bench-node"
+NPD_CONDITION = "XidError"
+NPD_REASONS = ("Xid79Even", "Xid79Odd")
+NPD_FAULTS = 100
 
 
 class FakeBackend:
@@ -95,6 +125,8 @@ class RealBackend:
         self.changed = threading.Condition()
         self.tainted = bool(self.node()["spec"].get("taints"))
         self.changed_at = 0.0
+        self.condition = ("", "")  # (status, reason) of the node's NPD_CONDITION, as the watch last saw it
+        self.condition_at = 0.0
         self.stopped = False
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -117,10 +149,18 @@ class RealBackend:
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 event = json.loads(line)
-                tainted = bool(event.get("object", {}).get("spec", {}).get("taints"))
+                node = event.get("object", {})
+                tainted = bool(node.get("spec", {}).get("taints"))
+                conditions = node.get("status", {}).get("conditions") or []
+                condition = next(((str(c.get("status")), str(c.get("reason"))) for c in conditions
+                                  if c.get("type") == NPD_CONDITION), ("", ""))
                 with self.changed:
+                    now = time.perf_counter()
                     if tainted is not self.tainted:
-                        self.tainted, self.changed_at = tainted, time.perf_counter()
+                        self.tainted, self.changed_at = tainted, now
+                        self.changed.notify_all()
+                    if condition != self.condition:
+                        self.condition, self.condition_at = condition, now
                         self.changed.notify_all()
 
     def wait_tainted(self, wanted: bool, started: float, timeout: float) -> float | None:
@@ -129,6 +169,13 @@ class RealBackend:
             if not self.changed.wait_for(lambda: self.tainted is wanted, timeout=timeout):
                 return None
             return self.changed_at - started
+
+    def wait_condition(self, wanted: tuple[str, str], started: float, timeout: float) -> float | None:
+        """Seconds from `started` until the watch delivered the node with NPD_CONDITION's (status, reason)."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.condition == wanted, timeout=timeout):
+                return None
+            return self.condition_at - started
 
     def counts(self) -> tuple[int, int]:
         return len(self.cluster.log), self.cluster.faults.writes
@@ -144,9 +191,102 @@ class RealBackend:
         self.plane.stop()
 
 
+def figures(delays: list[float]) -> str:
+    """p50, p99 and max of the sorted `delays`, in ms."""
+    p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
+    return (f"p50 {statistics.median(delays) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, "
+            f"max {delays[-1] * 1e3:.1f} ms")
+
+
+def npd_body(n: int) -> str:
+    """Fault n's Xid 79 line, as the NVIDIA driver writes it, ending in its number."""
+    return f"NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus, fault {n}"
+
+
+def npd_rules() -> list[dict[str, str]]:
+    """Two permanent Xid 79 rules for NPD_CONDITION: even-numbered faults, odd-numbered faults."""
+    return [{"type": "permanent", "condition": NPD_CONDITION, "reason": reason,
+             "pattern": rf"NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): 79,.* fault \d*[{digits}]"}
+            for reason, digits in zip(NPD_REASONS, ("02468", "13579"), strict=True)]
+
+
+def start_npd(built: BuiltNpd, backend: RealBackend, log: Path) -> subprocess.Popen[bytes]:
+    """NPD following `log`, once its initial condition has reached the node."""
+    log.touch()
+    config = log.with_suffix(".npd.json")
+    conditions = [{"type": NPD_CONDITION, "reason": "NoXidError", "message": "no Xid error seen"}]
+    config.write_text(json.dumps(npd_kernel_monitor(log, built.stock_rules, conditions, npd_rules()), indent=1))
+    apiserver = f"{backend.plane.url}?inClusterConfig=false&auth={backend.plane.admin_kubeconfig}"
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    with log.with_suffix(".npd.stderr").open("ab") as stderr:
+        npd = subprocess.Popen([str(built.binary), f"--config.system-log-monitor={config}",
+                                f"--apiserver-override={apiserver}", f"--hostname-override={NODE}",
+                                "--address=127.0.0.1", f"--port={free_port()}", "--prometheus-address=127.0.0.1",
+                                f"--prometheus-port={free_port()}", "--logtostderr"],
+                               stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    if backend.wait_condition(("False", "NoXidError"), time.perf_counter(), 60.0) is None:
+        stop_npd(npd)
+        raise RuntimeError(f"NPD's condition never reached the node; see {log.with_suffix('.npd.stderr')}")
+    return npd
+
+
+def stop_npd(npd: subprocess.Popen[bytes]) -> None:
+    """Terminate NPD and wait for it."""
+    npd.terminate()
+    try:
+        npd.wait(10)
+    except subprocess.TimeoutExpired:
+        npd.kill()
+        npd.wait()
+
+
+def measure_npd(backend: RealBackend, folder: Path, faults: int, agent_p50: float) -> None:
+    """NPD's row on the same control plane, as the module docstring says; prints it and the p50 ratio."""
+    workdir = folder / "npd"  # its module source, binary, config, log and stderr; removed once measured
+    workdir.mkdir()
+    built = build_npd(workdir)
+    if isinstance(built, str):
+        print(f"# NPD not measured: {built}")
+        return
+    count = min(faults, NPD_FAULTS)
+    log = workdir / "kern.log"
+    try:
+        npd = start_npd(built, backend, log)
+    except RuntimeError as error:
+        print(f"# NPD not measured: {error}")
+        return
+    delays = []
+    jitter = random.Random(14)  # noqa: S311 - a phase for each write, not a secret
+    try:
+        with log.open("a", encoding="utf-8") as writer:
+            for n in range(count):
+                time.sleep(jitter.uniform(0.0, 1.0))
+                started = time.perf_counter()
+                writer.write(syslog_line(npd_body(n), time.time()))
+                writer.flush()
+                delay = backend.wait_condition(("True", NPD_REASONS[n % 2]), started, 10.0)
+                if delay is not None and delay >= 0:  # a negative one: the previous fault never showed
+                    delays.append(delay)
+    finally:
+        stop_npd(npd)
+    if not delays:
+        print(f"# NPD not measured: no fault's condition reached the node; see {log.with_suffix('.npd.stderr')}")
+        return
+    delays.sort()
+    print("# NPD freshly started: its 500 ms log poll follows its 1 s condition sync by a few ms, its slowest "
+          "phase (see the docstring)")
+    print(f"node-problem-detector {built.version}: kernel-log Xid 79 -> condition visible through the API: "
+          f"{figures(delays)} over {len(delays)} of {count} faults")
+    print(f"agent / NPD p50: {agent_p50 / statistics.median(delays):.3f}")
+    shutil.rmtree(workdir)
+
+
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--real"]
+    args = [a for a in sys.argv[1:] if a not in ("--real", "--npd")]
     real = "--real" in sys.argv[1:]
+    npd = "--npd" in sys.argv[1:]
+    if npd and not real:
+        sys.exit("--npd needs --real")
     faults = int(args[0]) if args else 200
     healthy_seconds = float(args[1]) if len(args) > 1 else 60.0
     configure_logging("error")
@@ -186,9 +326,8 @@ def main() -> None:
         daemon.emit(Observation(Signal.OPERATOR_RELEASE, 1, time.time(), "bench"))
         backend.wait_tainted(False, time.perf_counter(), 5.0)
     delays.sort()
-    p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
-    print(f"{backend.name}: kernel-log fault -> taint visible through the API: p50 {statistics.median(delays) * 1e3:.1f} ms, "
-          f"p99 {p99 * 1e3:.1f} ms, max {delays[-1] * 1e3:.1f} ms over {len(delays)} of {faults} faults")
+    print(f"{backend.name}: kernel-log fault -> taint visible through the API: {figures(delays)} "
+          f"over {len(delays)} of {faults} faults")
 
     time.sleep(5.0)  # let the last recovery finish (untaint, conditions, state annotation, budget slot)
     log_start = backend.mark()
@@ -207,6 +346,8 @@ def main() -> None:
         print(f"  {count:4d} x {call}")
     stop.set()
     thread.join(10)
+    if npd and isinstance(backend, RealBackend):
+        measure_npd(backend, folder, faults, statistics.median(delays))
     backend.stop()
 
 

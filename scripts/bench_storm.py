@@ -30,6 +30,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -205,19 +206,11 @@ class Npd(Tool):
         self.stock_rules = stock_rules
 
     def command(self, log: Path) -> list[str]:
-        stock = json.loads(self.stock_rules.read_text())
         xid_rules = [{"type": "temporary", "reason": f"NvidiaXid{code}",
                       "pattern": rf"NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): {code},.*"} for code in
                      sorted({code for code, _ in (*NEW_KINDS, MARKER)} | {13, 31, 43})]
-        config = {
-            "plugin": "filelog",
-            "pluginConfig": {"timestamp": "^.{15}", "message": r"kernel: \[.*\] (.*)",
-                             "timestampFormat": "Jan _2 15:04:05"},
-            "logPath": str(log), "lookback": "5m", "bufferSize": 10, "source": "kernel-monitor",
-            "metricsReporting": True, "conditions": stock["conditions"], "rules": [*stock["rules"], *xid_rules],
-        }
         path = self.workdir / "npd-kernel-monitor.json"
-        path.write_text(json.dumps(config, indent=1))
+        path.write_text(json.dumps(npd_kernel_monitor(log, self.stock_rules, [], xid_rules), indent=1))
         return [str(self.binary), "--enable-k8s-exporter=false", f"--config.system-log-monitor={path}",
                 "--prometheus-address=127.0.0.1", f"--prometheus-port={self.port}", "--hostname-override=benchnode",
                 "--logtostderr"]
@@ -227,8 +220,30 @@ class Npd(Tool):
         return match is not None and float(match.group(1)) >= 1
 
 
-def build_npd(workdir: Path) -> tuple[Path, Path] | str:
-    """(binary, stock kernel-monitor.json) built from the module proxy, or why not."""
+class BuiltNpd(NamedTuple):
+    """An NPD binary built from the module proxy, its stock kernel-monitor.json and its version."""
+
+    binary: Path
+    stock_rules: Path
+    version: str
+
+
+def npd_kernel_monitor(log: Path, stock_rules: Path, conditions: list[dict[str, str]],
+                       rules: list[dict[str, str]]) -> dict[str, Any]:
+    """NPD's system-log monitor config: the filelog plugin on a syslog-format kernel log, stock rules and more."""
+    stock = json.loads(stock_rules.read_text())
+    return {
+        "plugin": "filelog",
+        "pluginConfig": {"timestamp": "^.{15}", "message": r"kernel: \[.*\] (.*)",
+                         "timestampFormat": "Jan _2 15:04:05"},
+        "logPath": str(log), "lookback": "5m", "bufferSize": 10, "source": "kernel-monitor",
+        "metricsReporting": True, "conditions": [*stock["conditions"], *conditions],
+        "rules": [*stock["rules"], *rules],
+    }
+
+
+def build_npd(workdir: Path) -> BuiltNpd | str:
+    """NPD built from the module proxy, or why not."""
     go = shutil.which("go")
     if go is None:
         return "no Go toolchain on PATH"
@@ -253,7 +268,7 @@ def build_npd(workdir: Path) -> tuple[Path, Path] | str:
             why = f"building {NPD_MODULE}@{version} failed: {built.stderr.strip()[-300:]}"
             continue
         print(f"# NPD {version} built from the Go module proxy into {binary}")
-        return binary, source / "config" / "kernel-monitor.json"
+        return BuiltNpd(binary, source / "config" / "kernel-monitor.json", version)
     return why or "no NPD version could be fetched"
 
 
@@ -366,7 +381,7 @@ def main() -> None:
         if isinstance(built, str):
             print(f"# NPD not measured: {built}")
         else:
-            tools.append(Npd(workdir, *built))
+            tools.append(Npd(workdir, built.binary, built.stock_rules))
     distinct = [body_of(line) for line in kernel_log(int(args.rate * seconds), 1.0)]
     repeating = [body_of(line) for line in repeating_storm(29)]
     mixed_log = [body_of(line) for line in kernel_log(mixed_lines, 0.01)]
