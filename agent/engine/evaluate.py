@@ -10,7 +10,7 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Mapping
 
-from agent.engine.index import DERIVED_XID_FIELDS, RuleGroup
+from agent.engine.index import DERIVED_XID_FIELDS, Candidates, RuleGroup
 from agent.engine.loader import RuleSet
 from agent.engine.schema import Condition, Rule, Window
 from agent.engine.state import OVERFLOW_GPU_KEY, Counting, EngineState, GroupState, RuleState
@@ -41,38 +41,47 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
     if not candidates.rules:
         return []
     if candidates.unconditional:
-        return _on_matches(candidates.unconditional, None, observation, gpu_key, state, now, rules)
+        return _on_matches(candidates.unconditional, observation, gpu_key, state, now, rules)
     model = observation.gpu.model if observation.gpu else ""
-    level = not signal.is_event
-    primary: list[RuleGroup] = []
-    fallbacks: list[RuleGroup] = []
-    effective: dict[RuleGroup, Rule] = {}
-    enabled: list[RuleGroup] = []
-    for groups in (candidates.primary, candidates.fallback):
-        if primary and not level:
-            break  # an event that a rule matched never reaches the fallbacks
-        for group in groups:
-            base = group.lead
-            rule = effective[group] = rules.effective(base, model) if base.overrides else base
-            if not rule.enabled:
-                continue
-            if level:
-                enabled.append(group)
-            if rule.when and not _all_hold(rule.when, observation):
-                continue
-            if rule.fallback:
-                fallbacks.append(group)
-            else:
-                primary.append(group)
-    matched = primary or [g for g in fallbacks if g.lead.code is not None] or fallbacks
-    verdicts = _on_matches(matched, effective, observation, gpu_key, state, now, rules)
-    if level:
-        groups_here = state.groups.get(gpu_key, {})
-        for group in enabled:
-            group_state = groups_here.get(group)
-            if group_state is not None and group not in matched:
-                group_state.healthy(now)
+    if not signal.is_event:
+        return _on_reading(candidates, observation, model, gpu_key, state, now, rules)
+    matched = [*candidates.plain, *_holding(candidates.checked, observation, model, rules)]
+    if not matched:  # an event that a rule matched never reaches the fallbacks
+        fallbacks = _holding(candidates.fallback, observation, model, rules)
+        matched = [g for g in fallbacks if g.lead.code is not None] or fallbacks
+    return _on_matches(matched, observation, gpu_key, state, now, rules)
+
+
+def _on_reading(candidates: Candidates, obs: Observation, model: str, gpu_key: str, state: EngineState,
+                now: float, rules: RuleSet) -> list[Verdict]:
+    """A level reading: the groups it matches count it, the other enabled groups read it as healthy."""
+    matched = _holding(candidates.primary, obs, model, rules)
+    if not matched:
+        fallbacks = _holding(candidates.fallback, obs, model, rules)
+        matched = [g for g in fallbacks if g.lead.code is not None] or fallbacks
+    verdicts = _on_matches(matched, obs, gpu_key, state, now, rules)
+    states = state.groups.get(gpu_key, {})
+    for group in (*candidates.primary, *candidates.fallback):
+        group_state = states.get(group)
+        if group_state is not None and group not in matched and _effective(group, model, rules).enabled:
+            group_state.healthy(now)
     return verdicts
+
+
+def _effective(group: RuleGroup, model: str, rules: RuleSet) -> Rule:
+    """The group's rule as it applies to a GPU of this model."""
+    lead = group.lead
+    return rules.effective(lead, model) if lead.overrides else lead
+
+
+def _holding(groups: Iterable[RuleGroup], obs: Observation, model: str, rules: RuleSet) -> list[RuleGroup]:
+    """The groups whose rule, for this GPU's model, is enabled and whose conditions the observation meets."""
+    holding = []
+    for group in groups:
+        rule = _effective(group, model, rules)
+        if rule.enabled and (not rule.when or _all_hold(rule.when, obs)):
+            holding.append(group)
+    return holding
 
 
 def tick(state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
@@ -145,26 +154,28 @@ def _all_hold(conditions: Iterable[Condition], obs: Observation) -> bool:
     return True
 
 
-def _on_matches(matched: Iterable[RuleGroup], effective: Mapping[RuleGroup, Rule] | None, obs: Observation,
-                gpu_key: str, state: EngineState, now: float, rules: RuleSet) -> list[Verdict]:
-    """Count the observation once per matched group (`effective`: the group's rule for this GPU's model, when
-    not its lead); the verdicts of the rules it raises, in the rule set's order."""
+def _on_matches(matched: Iterable[RuleGroup], obs: Observation, gpu_key: str, state: EngineState, now: float,
+                rules: RuleSet) -> list[Verdict]:
+    """Count the observation once per matched group; the verdicts of the rules it raises, in the rule set's
+    order. A group whose rules are all active does no more than note the match."""
     verdicts: list[Verdict] = []
     states = state.groups.get(gpu_key)
+    gpu = obs.gpu if gpu_key != OVERFLOW_GPU_KEY else None
+    count = obs.count
     for group in matched:
         group_state = states.get(group) if states is not None else None
         if group_state is None or len(group_state.members) < len(group.rules):
             state.add_rules(gpu_key, matched, obs.gpu)
             states = state.groups[gpu_key]
             group_state = states[group]
-        group_state.matches += 1
+        matches = group_state.matches = group_state.matches + 1
         group_state.last_match = now
-        group_state.occurrences += obs.count
-        if obs.gpu is not None and gpu_key != OVERFLOW_GPU_KEY:
-            group_state.gpu = obs.gpu
-            group_state.gpu_at = group_state.matches
+        group_state.occurrences += count
+        if gpu is not None:
+            group_state.gpu = gpu
+            group_state.gpu_at = matches
         if group_state.counting:  # some of its rules are inactive: count
-            rule = effective[group] if effective is not None else group.lead
+            rule = _effective(group, obs.gpu.model if obs.gpu else "", rules)
             for st in _count(rule, group_state, obs, now):
                 verdicts.append(_raise(st, obs, gpu_key, now, rules))
     if len(verdicts) > 1:
@@ -176,17 +187,18 @@ def _on_matches(matched: Iterable[RuleGroup], effective: Mapping[RuleGroup, Rule
 def _count(rule: Rule, group: GroupState, obs: Observation, now: float) -> list[RuleState]:
     """Count the observation in each of the group's windows; the rules whose window it fills (now active)."""
     window = rule.window
+    distinct, count = window.distinct, window.count
     fired: list[RuleState] = []
     for counting in group.counting:
         if counting.sustain_since is None:
             counting.sustain_since = now
-        if window.distinct:
-            _record_distinct(window.distinct, window.count, window.seconds, counting, obs, now)
-            if len(counting.distinct) < window.count:
+        if distinct:
+            _record_distinct(distinct, window, counting, obs, now)
+            if len(counting.distinct) < count:
                 continue
         else:
             _record_hit(window, counting, obs, now)
-            if counting.hit_total < window.count:
+            if counting.hit_total < count:
                 continue
         if now - counting.sustain_since < rule.sustain_seconds:
             continue
@@ -219,8 +231,7 @@ def _raise(st: RuleState, obs: Observation, gpu_key: str, now: float, rules: Rul
     )
 
 
-def _record_distinct(attr: str, count: int, seconds: float, counting: Counting, obs: Observation,
-                     now: float) -> None:
+def _record_distinct(attr: str, window: Window, counting: Counting, obs: Observation, now: float) -> None:
     """O(1) amortised: the last time of each distinct value, oldest first, at most `count` of them."""
     value = obs.attrs.get(attr)
     key = "" if value is None else value if type(value) is str else str(value)
@@ -229,10 +240,12 @@ def _record_distinct(attr: str, count: int, seconds: float, counting: Counting, 
         if key in distinct:
             distinct.move_to_end(key)
         distinct[key] = now
+    count = window.count
     while len(distinct) > count:
         distinct.popitem(last=False)
+    seconds = window.seconds
     if seconds:
-        while distinct and now - next(iter(distinct.values())) > seconds:
+        while distinct and now - distinct[next(iter(distinct))] > seconds:
             distinct.popitem(last=False)
 
 
@@ -286,29 +299,30 @@ def _clear(rule: Rule, gpu_key: str, st: RuleState, now: float, why: str) -> Ver
 
 
 def _holds(cond: Condition, obs: Observation) -> bool:
-    actual = obs.value if cond.field == "value" else obs.attrs.get(cond.field)
-    if cond.op == "present":
+    op, field = cond.op, cond.field  # read once: a rule's fields cost more to read than a local
+    actual = obs.value if field == "value" else obs.attrs.get(field)
+    if op == "present":
         return actual is not None
-    if cond.op == "absent":
+    if op == "absent":
         return actual is None
     if actual is None:
         return False
-    if cond.op in {"in", "not_in"}:
+    if op in {"in", "not_in"}:
         inside = any(_equal(actual, item) for item in cond.value or [])  # type: ignore[union-attr]
-        return inside if cond.op == "in" else not inside
-    if cond.op in {"bits_any", "bits_none"}:
+        return inside if op == "in" else not inside
+    if op in {"bits_any", "bits_none"}:
         if not isinstance(actual, int | float) or isinstance(actual, bool) or not math.isfinite(actual):
             return False
         overlap = int(actual) & int(cond.value)  # type: ignore[arg-type]
-        return bool(overlap) if cond.op == "bits_any" else not overlap
+        return bool(overlap) if op == "bits_any" else not overlap
     expected = _operand(cond, obs.attrs)
     if expected is None:
         return False
-    if cond.op == "eq":
+    if op == "eq":
         return _equal(actual, expected)
-    if cond.op == "ne":
+    if op == "ne":
         return not _equal(actual, expected)
-    return _ordered(cond.op, actual, expected)
+    return _ordered(op, actual, expected)
 
 
 def _operand(cond: Condition, attrs: Mapping[str, AttrValue]) -> AttrValue | None:

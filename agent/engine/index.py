@@ -45,8 +45,12 @@ class Candidates:
     needs_prior_xid: bool = False
     primary: tuple[RuleGroup, ...] = ()
     fallback: tuple[RuleGroup, ...] = ()
-    #: For an event, the groups it matches whatever it carries (every primary rule enabled, without conditions
-    #: or per-model overrides, so the fallbacks are never reached); empty when that needs looking at the event.
+    #: Of the primary groups, those an event matches whatever it carries (enabled, without conditions or
+    #: per-model overrides), and the others (each to be checked against the event).
+    plain: tuple[RuleGroup, ...] = ()
+    checked: tuple[RuleGroup, ...] = ()
+    #: For an event, the groups it matches whatever it carries when they are all of the primary groups (so the
+    #: fallbacks are never reached); empty when that needs looking at the event.
     unconditional: tuple[RuleGroup, ...] = ()
 
 
@@ -60,16 +64,12 @@ class SignalRules:
     by_code: Mapping[int, Candidates]
     any_value: Candidates
 
-    def for_value(self, value: float) -> Candidates:
-        if not self.by_code or not math.isfinite(value):
-            return self.any_value
-        return self.by_code.get(int(value), self.any_value)
-
 
 @dataclass(frozen=True, slots=True)
 class RuleIndex:
-    """Every signal's rules, frozen; `of(rules)` builds it for one RuleSet. `groups` gives each rule id its
-    group, `position` each rule id its place in the rule set (the order verdicts are given in)."""
+    """Every signal's rules, frozen (`signals` in plain dicts that nothing writes to, the faster to read on every
+    observation); `of(rules)` builds it for one RuleSet. `groups` gives each rule id its group, `position` each
+    rule id its place in the rule set (the order verdicts are given in)."""
 
     ruleset: RuleSet
     signals: Mapping[Signal, SignalRules]
@@ -85,11 +85,15 @@ class RuleIndex:
             if rules:
                 signals[signal] = _index_signal(rules, groups)
         position = {rule.id: n for n, rule in enumerate(ruleset.rules)}
-        return cls(ruleset, MappingProxyType(signals), MappingProxyType(groups), MappingProxyType(position))
+        return cls(ruleset, signals, MappingProxyType(groups), MappingProxyType(position))
 
     def candidates(self, signal: Signal, value: float) -> Candidates:
         rules = self.signals.get(signal)
-        return rules.for_value(value) if rules is not None else _NONE
+        if rules is None:
+            return _NONE
+        if not rules.by_code or not math.isfinite(value):
+            return rules.any_value
+        return rules.by_code.get(int(value), rules.any_value)
 
 
 def codes_of(rule: Rule) -> frozenset[int]:
@@ -116,17 +120,18 @@ def _index_signal(rules: tuple[Rule, ...], groups: Mapping[str, RuleGroup]) -> S
     position = {id(rule): n for n, rule in enumerate(rules)}
     by_code = {code: _candidates(tuple(sorted((*matching, *uncoded), key=lambda r: position[id(r)])), groups)
                for code, matching in coded.items()}
-    return SignalRules(MappingProxyType(by_code), _candidates(uncoded, groups))
+    return SignalRules(by_code, _candidates(uncoded, groups))
 
 
 def _candidates(rules: tuple[Rule, ...], groups: Mapping[str, RuleGroup]) -> Candidates:
     needs = any(cond.field in DERIVED_XID_FIELDS or cond.ref in DERIVED_XID_FIELDS
                 for rule in rules for cond in rule.when) or any("{prior_xid" in rule.summary for rule in rules)
-    primary = tuple(r for r in rules if not r.fallback)
-    plain = all(r.signal.is_event and r.enabled and not r.when and not r.overrides for r in primary)
-    primary_groups = _groups_of(primary, groups)
-    return Candidates(rules, needs, primary_groups, _groups_of(tuple(r for r in rules if r.fallback), groups),
-                      primary_groups if plain else ())
+    primary = _groups_of(tuple(r for r in rules if not r.fallback), groups)
+    plain = tuple(g for g in primary if g.lead.signal.is_event and g.lead.enabled and not g.lead.when
+                  and not g.lead.overrides)
+    checked = tuple(g for g in primary if g not in plain)
+    return Candidates(rules, needs, primary, _groups_of(tuple(r for r in rules if r.fallback), groups), plain,
+                      checked, () if checked else plain)
 
 
 def _groups_of(rules: tuple[Rule, ...], groups: Mapping[str, RuleGroup]) -> tuple[RuleGroup, ...]:

@@ -33,7 +33,6 @@ XID_CORRELATION_SECONDS = 10.0
 #: the inventory, mangled or forged); anything beyond them is charged to OVERFLOW_GPU_KEY.
 UNKNOWN_GPU_KEYS = 16
 OVERFLOW_GPU_KEY = "gpu:overflow"
-_RECENT_XIDS = 4
 
 
 @dataclass(slots=True, eq=False)
@@ -230,7 +229,7 @@ class EngineState:
     index: RuleIndex | None = None
     _states_per_gpu: dict[str, int] = field(default_factory=dict)
     _unknown: set[str] = field(default_factory=set)
-    _recent_xids: dict[str, dict[int, float]] = field(default_factory=dict)
+    _recent_xids: dict[str, RecentXids] = field(default_factory=dict)
 
     def active(self) -> list[tuple[str, str]]:
         """(gpu key, rule id) of every active fault."""
@@ -249,10 +248,11 @@ class EngineState:
 
     def key_for(self, obs: Observation) -> str:
         """The key state of this observation's GPU is kept under: its own, or the overflow key."""
-        key = obs.gpu_key
+        gpu = obs.gpu
+        key = gpu.key if gpu is not None else NODE_KEY
         if key == NODE_KEY or key in self._states_per_gpu or key in self.known_gpus:
             return key
-        if obs.gpu is not None and obs.gpu.index is not None:
+        if gpu is not None and gpu.index is not None:
             return key  # resolved against the inventory: one of the node's GPUs
         if key in self._unknown or len(self._unknown) < self.unknown_gpu_keys:
             return key
@@ -350,16 +350,24 @@ class EngineState:
         if recent is None:
             if len(self._recent_xids) > len(self._states_per_gpu):
                 return None  # only GPUs that hold state are remembered: bounded like them
-            recent = self._recent_xids[gpu_key] = {}
-        prior = None
-        for other in reversed(recent):
-            if other != code:
-                age = now - recent[other]
-                if 0 <= age <= self.xid_correlation_seconds:
-                    prior = (other, age)
-                break
-        recent.pop(code, None)
-        recent[code] = now
-        if len(recent) > _RECENT_XIDS:
-            del recent[next(iter(recent))]
-        return prior
+            recent = self._recent_xids[gpu_key] = RecentXids()
+        if code == recent.last:
+            other, at = recent.before, recent.before_at
+            recent.last_at = now
+        else:
+            other, at = recent.last, recent.last_at
+            recent.before, recent.before_at, recent.last, recent.last_at = recent.last, recent.last_at, code, now
+        if other is None or not 0 <= now - at <= self.xid_correlation_seconds:
+            return None
+        return other, now - at
+
+
+@dataclass(slots=True)
+class RecentXids:
+    """The last two distinct Xid codes seen on one GPU and when: the latest Xid other than a new one's code is
+    one of them (the one before, if the last had the same code)."""
+
+    last: int | None = None
+    last_at: float = 0.0
+    before: int | None = None
+    before_at: float = 0.0

@@ -136,6 +136,15 @@ def test_a_repeated_xid_45_still_follows_the_xid_before_it():
                  state=state) == ["mmu-31", "xid-45-follows"]
 
 
+def test_a_repeated_xid_follows_the_other_xid_before_it_not_itself():
+    state = EngineState()
+    assert state.prior_xid("k", 31, 100.0) is None
+    assert state.prior_xid("k", 45, 101.0) == (31, 1.0)
+    assert state.prior_xid("k", 45, 102.0) == (31, 2.0)
+    assert state.prior_xid("k", 31, 103.0) == (45, 1.0)
+    assert state.prior_xid("k", 13, 120.0) is None  # the last other Xid is too old
+
+
 def test_a_level_reading_that_no_longer_matches_resets_its_rule():
     state = EngineState()
     fired(obs(Signal.TEMPERATURE, 95, 0.0), state=state)
