@@ -26,6 +26,9 @@ from agent.model import (
     frozen_attrs,
 )
 
+#: Signal.XID, read once: an enum member costs a class attribute lookup on each read.
+_XID = Signal.XID
+
 
 def evaluate(observation: Observation, state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
     """Classify one observation; return the verdicts it raises or clears (often none)."""
@@ -34,7 +37,7 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
         return _lifecycle(observation, state, now, rules)
     candidates = state.index_of(rules).candidates(signal, observation.value)
     gpu_key = state.key_for(observation)
-    if signal is Signal.XID and math.isfinite(observation.value):
+    if signal is _XID and math.isfinite(observation.value):
         prior = state.prior_xid(gpu_key, int(observation.value), now)
         if candidates.needs_prior_xid:
             observation = _with_prior(observation, prior)
