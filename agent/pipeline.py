@@ -466,7 +466,7 @@ class Pipeline:
                 and now - f.since >= f.quiet_seconds]
 
     def _orphan_cleared(self, fault: ActiveFault, now: float, why: str) -> Verdict:
-        self.engine.rules.pop((fault.gpu_key, fault.rule_id), None)
+        self.engine.forget(fault.gpu_key, fault.rule_id)
         return Verdict(VerdictKind.CLEARED, fault.rule_id, fault.gpu_key, Severity.OK, fault.action,
                        fault.fault_class, now, f"cleared: {why}", fault.gpu,
                        frozen_attrs({"occurrences": fault.occurrences, "active_since": fault.since, "why": why}))
@@ -696,7 +696,7 @@ class Pipeline:
         self.fresh = False
         self._restore_engine([f for k, f in merged.faults.items() if k not in mine.faults])
         for key in set(mine.faults) - set(merged.faults):
-            self.engine.rules.pop(key, None)
+            self.engine.forget(*key)
         self._merge_gpus(merged.gpus)
         self._save()
         self._log.info("record_adopted_from_node", generation=theirs.generation, faults=len(merged.faults))

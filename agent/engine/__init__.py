@@ -1,8 +1,9 @@
 """The rules engine: rule schema and loading, and the pure evaluation over per-GPU state."""
 
-from agent.engine.evaluate import EngineState, evaluate, restore, tick
+from agent.engine.evaluate import evaluate, restore, tick
 from agent.engine.loader import RuleSet, builtin_rules_dir, lint_rules, load_rule_texts, load_rules
 from agent.engine.schema import Rule
+from agent.engine.state import EngineState
 
 __all__ = [
     "EngineState",

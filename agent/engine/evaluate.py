@@ -1,22 +1,23 @@
-"""The pure classifier: observations in, verdicts out, over per-GPU windows on an injected clock."""
+"""The pure classifier: observations in, verdicts out, over per-GPU windows on an injected clock.
+
+Rules are matched and counted by group (index.RuleGroup, state.GroupState): an observation is tried once per
+group, counted once per group and GPU, and touches a rule of its own only when that rule's verdict changes."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import operator
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 
-from agent.engine.index import DERIVED_XID_FIELDS, RuleIndex
+from agent.engine.index import DERIVED_XID_FIELDS, Candidates, RuleGroup
 from agent.engine.loader import RuleSet
-from agent.engine.schema import Condition, Rule
+from agent.engine.schema import Condition, Rule, Window
+from agent.engine.state import OVERFLOW_GPU_KEY, Counting, EngineState, GroupState, RuleState
 from agent.model import (
     LIFECYCLE_SIGNALS,
     NODE_KEY,
     AttrValue,
-    GpuRef,
     Observation,
     Severity,
     Signal,
@@ -25,135 +26,8 @@ from agent.model import (
     frozen_attrs,
 )
 
-#: How long after another Xid on the same GPU an Xid still counts as following it (NVIDIA's Xid 45 is
-#: "solo" or "follows another Xid"): the engine adds `prior_xid` (and its age) to Xid observations within it.
-XID_CORRELATION_SECONDS = 10.0
-#: Per-GPU state is kept for the node's GPUs and at most this many other GPU keys (addresses that are not in
-#: the inventory, mangled or forged); anything beyond them is charged to OVERFLOW_GPU_KEY.
-UNKNOWN_GPU_KEYS = 16
-OVERFLOW_GPU_KEY = "gpu:overflow"
-_RECENT_XIDS = 4
-
-
-@dataclass(slots=True)
-class RuleState:
-    """What one rule remembers about one GPU.
-
-    `hits` holds (time, count) of the occurrences a count window still needs, with their running total;
-    `distinct` the last time of each distinct value a distinct window counts (at most `count` of them).
-    """
-
-    hits: deque[tuple[float, int]] = field(default_factory=deque)
-    hit_total: int = 0
-    distinct: OrderedDict[str, float] = field(default_factory=OrderedDict)
-    active: bool = False
-    since: float | None = None
-    last_match: float | None = None
-    last_nonmatch: float | None = None
-    sustain_since: float | None = None
-    occurrences: int = 0
-    gpu: GpuRef | None = None
-
-    def clear_hits(self) -> None:
-        self.hits.clear()
-        self.hit_total = 0
-        self.distinct.clear()
-
-    def first_seen(self) -> float | None:
-        if self.distinct:
-            return next(iter(self.distinct.values()))
-        return self.hits[0][0] if self.hits else None
-
-
-@dataclass(slots=True)
-class EngineState:
-    """All per-GPU, per-rule state; the engine mutates it and nothing else.
-
-    `known_gpus` are the keys of the node's GPUs (the inventory); state for other keys is bounded by
-    `unknown_gpu_keys`, beyond which they share OVERFLOW_GPU_KEY, so a flood of addresses costs bounded memory.
-    """
-
-    rules: dict[tuple[str, str], RuleState] = field(default_factory=dict)
-    boot_id: str = ""
-    known_gpus: frozenset[str] = frozenset()
-    unknown_gpu_keys: int = UNKNOWN_GPU_KEYS
-    xid_correlation_seconds: float = XID_CORRELATION_SECONDS
-    index: RuleIndex | None = None
-    _states_per_gpu: dict[str, int] = field(default_factory=dict)
-    _unknown: set[str] = field(default_factory=set)
-    _recent_xids: dict[str, dict[int, float]] = field(default_factory=dict)
-
-    def active(self) -> list[tuple[str, str]]:
-        """(gpu key, rule id) of every active fault."""
-        return [key for key, st in self.rules.items() if st.active]
-
-    def gpu_keys(self) -> frozenset[str]:
-        """Every GPU key that holds state now."""
-        return frozenset(self._states_per_gpu)
-
-    def index_of(self, rules: RuleSet) -> RuleIndex:
-        """The index of `rules`, built once per rule set (a reload builds a new one)."""
-        if self.index is None or self.index.ruleset is not rules:
-            self.index = RuleIndex.of(rules)
-        return self.index
-
-    def key_for(self, obs: Observation) -> str:
-        """The key state of this observation's GPU is kept under: its own, or the overflow key."""
-        key = obs.gpu_key
-        if key == NODE_KEY or key in self._states_per_gpu or key in self.known_gpus:
-            return key
-        if obs.gpu is not None and obs.gpu.index is not None:
-            return key  # resolved against the inventory: one of the node's GPUs
-        if key in self._unknown or len(self._unknown) < self.unknown_gpu_keys:
-            return key
-        return OVERFLOW_GPU_KEY
-
-    def state(self, gpu_key: str, rule_id: str, gpu: GpuRef | None = None) -> RuleState:
-        """The state of one rule on one GPU, created on first use."""
-        st = self.rules.get((gpu_key, rule_id))
-        if st is None:
-            st = self.rules[(gpu_key, rule_id)] = RuleState(gpu=gpu)
-            count = self._states_per_gpu.get(gpu_key, 0)
-            self._states_per_gpu[gpu_key] = count + 1
-            if not count and self._is_unknown(gpu_key, gpu):
-                self._unknown.add(gpu_key)
-        return st
-
-    def _is_unknown(self, gpu_key: str, gpu: GpuRef | None) -> bool:
-        if gpu_key in self.known_gpus or gpu_key in {NODE_KEY, OVERFLOW_GPU_KEY}:
-            return False
-        return gpu is None or gpu.index is None
-
-    def forget(self, gpu_key: str, rule_id: str) -> None:
-        if self.rules.pop((gpu_key, rule_id), None) is None:
-            return
-        left = self._states_per_gpu.get(gpu_key, 1) - 1
-        if left > 0:
-            self._states_per_gpu[gpu_key] = left
-            return
-        self._states_per_gpu.pop(gpu_key, None)
-        self._unknown.discard(gpu_key)
-        self._recent_xids.pop(gpu_key, None)
-
-    def prior_xid(self, gpu_key: str, code: int, now: float) -> tuple[int, float] | None:
-        """The latest other Xid on this GPU within the correlation window (code, age); remembers this one."""
-        recent = self._recent_xids.get(gpu_key)
-        if recent is None:
-            if len(self._recent_xids) > len(self._states_per_gpu):
-                return None  # only GPUs that hold state are remembered: bounded like them
-            recent = self._recent_xids[gpu_key] = {}
-        prior = None
-        for other in reversed(recent):
-            if other != code:
-                age = now - recent[other]
-                if 0 <= age <= self.xid_correlation_seconds:
-                    prior = (other, age)
-                break
-        recent.pop(code, None)
-        recent[code] = now
-        if len(recent) > _RECENT_XIDS:
-            del recent[next(iter(recent))]
-        return prior
+#: Signal.XID, read once: an enum member costs a class attribute lookup on each read.
+_XID = Signal.XID
 
 
 def evaluate(observation: Observation, state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
@@ -163,42 +37,54 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
         return _lifecycle(observation, state, now, rules)
     candidates = state.index_of(rules).candidates(signal, observation.value)
     gpu_key = state.key_for(observation)
-    if signal is Signal.XID and math.isfinite(observation.value):
+    if signal is _XID and math.isfinite(observation.value):
         prior = state.prior_xid(gpu_key, int(observation.value), now)
         if candidates.needs_prior_xid:
             observation = _with_prior(observation, prior)
     if not candidates.rules:
         return []
     if candidates.unconditional:
-        return _on_matches(candidates.unconditional, observation, gpu_key, state, now)
+        return _on_matches(candidates.unconditional, observation, gpu_key, state, now, rules)
     model = observation.gpu.model if observation.gpu else ""
-    level = not signal.is_event
-    primary: list[Rule] = []
-    fallbacks: list[Rule] = []
-    enabled: list[Rule] = []
-    for group in (candidates.primary, candidates.fallback):
-        if primary and not level:
-            break  # an event that a rule matched never reaches the fallbacks
-        for base in group:
-            rule = rules.effective(base, model) if base.overrides else base
-            if not rule.enabled:
-                continue
-            if level:
-                enabled.append(rule)
-            if rule.when and not _all_hold(rule.when, observation):
-                continue
-            if rule.fallback:
-                fallbacks.append(rule)
-            else:
-                primary.append(rule)
-    matched = primary or [r for r in fallbacks if r.code is not None] or fallbacks
-    verdicts = _on_matches(matched, observation, gpu_key, state, now)
-    if level:
-        matched_ids = {rule.id for rule in matched}
-        for rule in enabled:
-            if rule.id not in matched_ids:
-                _on_healthy_reading(rule, gpu_key, state, now)
+    if not signal.is_event:
+        return _on_reading(candidates, observation, model, gpu_key, state, now, rules)
+    matched = [*candidates.plain, *_holding(candidates.checked, observation, model, rules)]
+    if not matched:  # an event that a rule matched never reaches the fallbacks
+        fallbacks = _holding(candidates.fallback, observation, model, rules)
+        matched = [g for g in fallbacks if g.lead.code is not None] or fallbacks
+    return _on_matches(matched, observation, gpu_key, state, now, rules)
+
+
+def _on_reading(candidates: Candidates, obs: Observation, model: str, gpu_key: str, state: EngineState,
+                now: float, rules: RuleSet) -> list[Verdict]:
+    """A level reading: the groups it matches count it, the other enabled groups read it as healthy."""
+    matched = _holding(candidates.primary, obs, model, rules)
+    if not matched:
+        fallbacks = _holding(candidates.fallback, obs, model, rules)
+        matched = [g for g in fallbacks if g.lead.code is not None] or fallbacks
+    verdicts = _on_matches(matched, obs, gpu_key, state, now, rules)
+    states = state.groups.get(gpu_key, {})
+    for group in (*candidates.primary, *candidates.fallback):
+        group_state = states.get(group)
+        if group_state is not None and group not in matched and _effective(group, model, rules).enabled:
+            group_state.healthy(now)
     return verdicts
+
+
+def _effective(group: RuleGroup, model: str, rules: RuleSet) -> Rule:
+    """The group's rule as it applies to a GPU of this model."""
+    lead = group.lead
+    return rules.effective(lead, model) if lead.overrides else lead
+
+
+def _holding(groups: Iterable[RuleGroup], obs: Observation, model: str, rules: RuleSet) -> list[RuleGroup]:
+    """The groups whose rule, for this GPU's model, is enabled and whose conditions the observation meets."""
+    holding = []
+    for group in groups:
+        rule = _effective(group, model, rules)
+        if rule.enabled and (not rule.when or _all_hold(rule.when, obs)):
+            holding.append(group)
+    return holding
 
 
 def tick(state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
@@ -222,11 +108,7 @@ def restore(state: EngineState, active: Iterable[Verdict]) -> None:
     """Mark faults recorded before a restart as active again, so they are not raised twice."""
     for verdict in active:
         st = state.state(verdict.gpu_key, verdict.rule_id, verdict.gpu)
-        st.active = True
-        st.since = verdict.at
-        st.last_match = verdict.at
-        st.gpu = verdict.gpu
-        st.occurrences = int(verdict.evidence.get("occurrences", 1))
+        st.restore(verdict.at, verdict.gpu, int(verdict.evidence.get("occurrences", 1)))
 
 
 def _with_prior(obs: Observation, prior: tuple[int, float] | None) -> Observation:
@@ -275,37 +157,67 @@ def _all_hold(conditions: Iterable[Condition], obs: Observation) -> bool:
     return True
 
 
-def _on_matches(matched: Iterable[Rule], obs: Observation, gpu_key: str, state: EngineState,
-                now: float) -> list[Verdict]:
+def _on_matches(matched: Iterable[RuleGroup], obs: Observation, gpu_key: str, state: EngineState, now: float,
+                rules: RuleSet) -> list[Verdict]:
+    """Count the observation once per matched group; the verdicts of the rules it raises, in the rule set's
+    order. A group whose rules are all active does no more than note the match."""
     verdicts: list[Verdict] = []
-    for rule in matched:
-        verdict = _on_match(rule, obs, gpu_key, state, now)
-        if verdict is not None:
-            verdicts.append(verdict)
+    states = state.groups.get(gpu_key)
+    gpu = obs.gpu if gpu_key != OVERFLOW_GPU_KEY else None
+    count = obs.count
+    for group in matched:
+        group_state = states.get(group) if states is not None else None
+        if group_state is None or len(group_state.members) < len(group.rules):
+            state.add_rules(gpu_key, matched, obs.gpu)
+            states = state.groups[gpu_key]
+            group_state = states[group]
+        matches = group_state.matches = group_state.matches + 1
+        group_state.last_match = now
+        group_state.occurrences += count
+        if gpu is not None:
+            group_state.gpu = gpu
+            group_state.gpu_at = matches
+        if group_state.counting:  # some of its rules are inactive: count
+            rule = _effective(group, obs.gpu.model if obs.gpu else "", rules)
+            for st in _count(rule, group_state, obs, now):
+                verdicts.append(_raise(st, obs, gpu_key, now, rules))
+    if len(verdicts) > 1:
+        position = state.index.position if state.index is not None else {}
+        verdicts.sort(key=lambda v: position.get(v.rule_id, 0))
     return verdicts
 
 
-def _on_match(rule: Rule, obs: Observation, gpu_key: str, state: EngineState, now: float) -> Verdict | None:
-    st = state.rules.get((gpu_key, rule.id)) or state.state(gpu_key, rule.id, obs.gpu)
-    if obs.gpu is not None and gpu_key != OVERFLOW_GPU_KEY:
-        st.gpu = obs.gpu
-    st.last_match = now
-    st.occurrences += obs.count
-    if st.sustain_since is None:
-        st.sustain_since = now
-    if st.active:
-        return None
+def _count(rule: Rule, group: GroupState, obs: Observation, now: float) -> list[RuleState]:
+    """Count the observation in each of the group's windows; the rules whose window it fills (now active)."""
     window = rule.window
-    if window.distinct:
-        _record_distinct(window.distinct, window.count, window.seconds, st, obs, now)
-        if len(st.distinct) < window.count:
-            return None
-    else:
-        _record_hit(rule, st, obs, now)
-        if st.hit_total < window.count:
-            return None
-    if now - st.sustain_since < rule.sustain_seconds:
-        return None
+    distinct, count = window.distinct, window.count
+    fired: list[RuleState] = []
+    for counting in group.counting:
+        if counting.sustain_since is None:
+            counting.sustain_since = now
+        if distinct:
+            _record_distinct(distinct, window, counting, obs, now)
+            if len(counting.distinct) < count:
+                continue
+        else:
+            _record_hit(window, counting, obs, now)
+            if counting.hit_total < count:
+                continue
+        if now - counting.sustain_since < rule.sustain_seconds:
+            continue
+        fired.extend(counting.waiting)
+        counting.waiting = []
+    if fired:
+        group.counting = [c for c in group.counting if c.waiting]
+    return fired
+
+
+def _raise(st: RuleState, obs: Observation, gpu_key: str, now: float, rules: RuleSet) -> Verdict:
+    """The fault verdict of one rule whose window filled."""
+    base = rules.get(st.rule_id)
+    if base is None:
+        raise KeyError(st.rule_id)  # a group holds only rules of the rule set it was built from
+    rule = rules.effective(base, obs.gpu.model if obs.gpu else "")
     st.active = True
     st.since = now
     return Verdict(
@@ -322,47 +234,35 @@ def _on_match(rule: Rule, obs: Observation, gpu_key: str, state: EngineState, no
     )
 
 
-def _on_healthy_reading(rule: Rule, gpu_key: str, state: EngineState, now: float) -> None:
-    st = state.rules.get((gpu_key, rule.id))
-    if st is None:
-        return
-    st.last_nonmatch = now
-    st.sustain_since = None
-    if not st.active:
-        st.clear_hits()
-
-
-def _record_distinct(attr: str, count: int, seconds: float, st: RuleState, obs: Observation, now: float) -> None:
+def _record_distinct(attr: str, window: Window, counting: Counting, obs: Observation, now: float) -> None:
     """O(1) amortised: the last time of each distinct value, oldest first, at most `count` of them."""
     value = obs.attrs.get(attr)
     key = "" if value is None else value if type(value) is str else str(value)
-    distinct = st.distinct
+    distinct = counting.distinct
     if key:
         if key in distinct:
             distinct.move_to_end(key)
         distinct[key] = now
+    count = window.count
     while len(distinct) > count:
         distinct.popitem(last=False)
+    seconds = window.seconds
     if seconds:
-        while distinct and now - next(iter(distinct.values())) > seconds:
+        while distinct and now - distinct[next(iter(distinct))] > seconds:
             distinct.popitem(last=False)
 
 
-def _record_hit(rule: Rule, st: RuleState, obs: Observation, now: float) -> None:
+def _record_hit(window: Window, counting: Counting, obs: Observation, now: float) -> None:
     """O(1) amortised: each hit is added once and dropped once; storms cost constant memory."""
-    window = rule.window
-    if window.distinct:
-        _record_distinct(window.distinct, window.count, window.seconds, st, obs, now)
-        return
-    hits = st.hits
+    hits = counting.hits
     hits.append((now, obs.count))
-    st.hit_total += obs.count
+    counting.hit_total += obs.count
     if window.seconds:
         while hits and now - hits[0][0] > window.seconds:
-            st.hit_total -= hits.popleft()[1]
+            counting.hit_total -= hits.popleft()[1]
     # Keep only as many hits as the window needs.
-    while len(hits) > 1 and st.hit_total - hits[0][1] >= window.count:
-        st.hit_total -= hits.popleft()[1]
+    while len(hits) > 1 and counting.hit_total - hits[0][1] >= window.count:
+        counting.hit_total -= hits.popleft()[1]
 
 
 def _quiet_recovered(rule: Rule, st: RuleState, now: float) -> bool:
@@ -383,12 +283,8 @@ def _forgettable(rule: Rule, st: RuleState, now: float) -> bool:
 
 
 def _clear(rule: Rule, gpu_key: str, st: RuleState, now: float, why: str) -> Verdict:
-    st.active = False
-    st.clear_hits()
-    st.sustain_since = None
     occurrences, since = st.occurrences, st.since
-    st.occurrences = 0
-    st.since = None
+    st.restart()
     return Verdict(
         kind=VerdictKind.CLEARED,
         rule_id=rule.id,
@@ -406,29 +302,30 @@ def _clear(rule: Rule, gpu_key: str, st: RuleState, now: float, why: str) -> Ver
 
 
 def _holds(cond: Condition, obs: Observation) -> bool:
-    actual = obs.value if cond.field == "value" else obs.attrs.get(cond.field)
-    if cond.op == "present":
+    op, field = cond.op, cond.field  # read once: a rule's fields cost more to read than a local
+    actual = obs.value if field == "value" else obs.attrs.get(field)
+    if op == "present":
         return actual is not None
-    if cond.op == "absent":
+    if op == "absent":
         return actual is None
     if actual is None:
         return False
-    if cond.op in {"in", "not_in"}:
+    if op in {"in", "not_in"}:
         inside = any(_equal(actual, item) for item in cond.value or [])  # type: ignore[union-attr]
-        return inside if cond.op == "in" else not inside
-    if cond.op in {"bits_any", "bits_none"}:
+        return inside if op == "in" else not inside
+    if op in {"bits_any", "bits_none"}:
         if not isinstance(actual, int | float) or isinstance(actual, bool) or not math.isfinite(actual):
             return False
         overlap = int(actual) & int(cond.value)  # type: ignore[arg-type]
-        return bool(overlap) if cond.op == "bits_any" else not overlap
+        return bool(overlap) if op == "bits_any" else not overlap
     expected = _operand(cond, obs.attrs)
     if expected is None:
         return False
-    if cond.op == "eq":
+    if op == "eq":
         return _equal(actual, expected)
-    if cond.op == "ne":
+    if op == "ne":
         return not _equal(actual, expected)
-    return _ordered(cond.op, actual, expected)
+    return _ordered(op, actual, expected)
 
 
 def _operand(cond: Condition, attrs: Mapping[str, AttrValue]) -> AttrValue | None:
