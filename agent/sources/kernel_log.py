@@ -221,7 +221,10 @@ class KernelLogParser:
     def kmsg_xid(self, match: re.Match[str], line: str, line_no: int) -> KernelRecord:
         """The record of a line KMSG_XID matched: the driver's own Xid form in raw /dev/kmsg (a storm's lines)."""
         self._lost_pci = None
-        return self._with_sm_repeats(_kmsg_xid_record(match, line, line_no))
+        record = _kmsg_xid_record(match, line, line_no)
+        if record.extras and "sm_location" in record.extras:
+            record.extras["sm_location_processes"] = self._sm_repeats(record)
+        return record
 
     def _nvrm(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
         match = _XID.match(body)
@@ -319,7 +322,8 @@ def _xid_record(match: re.Match[str], prefix: Prefix, line_no: int) -> KernelRec
 
 # The driver's own form of an Xid record read from /dev/kmsg, in one pattern (the storm's fast path): what it
 # matches is read exactly as strip_prefix + _XID + _PID + _NAME read it; anything else takes that longer way.
-KMSG_XID = re.compile(r"(?P<pri>\d{1,3}),(?P<seq>\d{1,20}),(?P<ts>\d{1,20}),[^;]{0,16};NVRM: Xid \(PCI:(?P<pci>"
+# Its priority is one digit 0-7: the kernel's facility (0), so a line it matches cannot come from user space.
+KMSG_XID = re.compile(r"(?P<pri>[0-7]),(?P<seq>\d{1,20}),(?P<ts>\d{1,20}),[^;]{0,16};NVRM: Xid \(PCI:(?P<pci>"
                        + _PCI + r")\): (?P<code>\d{1,6}), (?P<whole>pid=(?P<pid>\d{1,10}), name=\s*)")
 
 

@@ -137,7 +137,9 @@ class KernelLogProcessor:
         if "NVRM" not in line and "SXid" not in line:
             return self.dedup.flush(now)
         try:
-            observations = self._driver_line(line, now, line_no)
+            fast = KMSG_XID.match(line)  # the driver's own Xid form, from the kernel: a storm's lines
+            observations = self._record(self.parser.kmsg_xid(fast, line, line_no), now) if fast is not None \
+                else self._driver_line(line, now, line_no)
         except Exception:  # noqa: BLE001 - one kernel-log line must never stop the source; it is counted
             self.stats.unreadable += 1
             self.stats.failing_streak += 1
@@ -147,9 +149,6 @@ class KernelLogProcessor:
         return observations
 
     def _driver_line(self, line: str, now: float, line_no: int) -> list[Observation]:
-        fast = KMSG_XID.match(line)
-        if fast is not None and (self.admit_user_records or int(fast.group("pri")) >> 3 == KERNEL_FACILITY):
-            return self._record(self.parser.kmsg_xid(fast, line, line_no), now)
         if not self.admit_user_records and _from_user_space(line):
             request = self.drills.admit(line, node=self.node_name, now=time.time()) if self.drills else None
             if request is None:
