@@ -193,9 +193,9 @@ class Pipeline:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         #: Set whenever the record changed: the reconciler thread wakes on it.
         self.wake = threading.Event()
-        #: Set when a verdict calls for a taint: a pass under way drops what is left of a plan made before it
-        #: and taints first (see _carry_out_plan).
-        self._fault_arrived = threading.Event()
+        #: Set, under the lock, with every verdict recorded: a pass under way drops what is left of a plan made
+        #: before it, taints first where the verdict calls for it, and plans again (see _carry_out_plan).
+        self._new_verdict = threading.Event()
         self._lock = threading.RLock()
         self._pass = threading.Lock()
         self._due_at = 0.0
@@ -295,8 +295,6 @@ class Pipeline:
 
     def _after(self, verdicts: list[Verdict], now: float) -> Outcome:
         if verdicts:
-            if any(verdict.quarantines for verdict in verdicts):
-                self._fault_arrived.set()
             self.wake.set()
         self._update_metrics(bool(verdicts))
         outcome = Outcome(verdicts, [])
@@ -388,9 +386,10 @@ class Pipeline:
     def _resets_unverified(self, now: float) -> list[Verdict]:
         """A reset with no clean poll within the deadline failed: the node needs a reboot."""
         verdicts: list[Verdict] = []
-        for key, since in list(self.record.node.verifying.items()):
-            if now - since >= self.reset_verify_seconds:
-                del self.record.node.verifying[key]
+        verifying = self.record.node.verifying
+        for key, since in list(verifying.items()):
+            if key in verifying and now - since >= self.reset_verify_seconds:  # a verdict below may end another
+                del verifying[key]
                 verdicts += self._reset_failed(self.inventory.gpu_by_key(key), now,
                                                f"no clean poll within {self.reset_verify_seconds:g}s of the reset")
         return verdicts
@@ -532,6 +531,7 @@ class Pipeline:
         return ActiveFault.from_verdict(verdict, recovery=recovery, quiet_seconds=quiet)
 
     def _record_verdict(self, verdict: Verdict, now: float, latency_from: float | None) -> None:
+        self._new_verdict.set()  # with the record's change, under the same lock: no pass sees one without the other
         key = (verdict.gpu_key, verdict.rule_id)
         if verdict.kind is VerdictKind.FAULT:
             self.record.faults[key] = self._fault_of(verdict)
@@ -573,7 +573,7 @@ class Pipeline:
             observed = self._observe_and_adopt(now)
             opted_out = observed.opted_out if observed is not None else False
             # The taint first: it keeps new work off the GPU and needs neither the pod list nor the Events.
-            self._fault_arrived.clear()
+            self._new_verdict.clear()
             actions = self._taint_first(now, opted_out)
             if self.pods is not None and self._wants_pods():
                 self.refresh_pods()
@@ -617,12 +617,12 @@ class Pipeline:
         return steps
 
     def _carry_out_plan(self, steps: list[Step], now: float, opted_out: bool) -> tuple[list[ActionRecord], bool]:
-        """The steps in order, and whether a new fault preempted them: a plan made before that fault is stale
-        (it may lift the taint the fault needs), so the rest of it is dropped, the taint the fault calls for
-        goes at once, and the next round plans again."""
+        """The steps in order, and whether a new verdict preempted them: a plan made before it is stale (it may
+        lift the taint a new fault needs, or evict for a GPU just released), so the rest of it is dropped, the
+        taint a new fault calls for goes at once, and the next round plans again."""
         done: list[ActionRecord] = []
         for step in steps:
-            if self._fault_arrived.is_set():
+            if self._new_verdict.is_set():
                 return done + self._taint_if_wanted(opted_out), True
             record = self._carry_out(step, now, opted_out)
             if record is not None:
@@ -630,11 +630,11 @@ class Pipeline:
         return done, False
 
     def _taint_if_wanted(self, opted_out: bool) -> list[ActionRecord]:
-        """The taint for a fault raised while this pass was under way (when one is due), before the pass's
-        remaining writes: a scheduler stops placing work on the GPU as soon as possible."""
-        if not self._fault_arrived.is_set():
+        """After a verdict recorded while this pass was under way, the taint a new fault calls for (when one is
+        due), before the pass's remaining writes: a scheduler stops placing work on the GPU as soon as possible."""
+        if not self._new_verdict.is_set():
             return []
-        self._fault_arrived.clear()
+        self._new_verdict.clear()
         return self._taint_first(self.clock(), opted_out)
 
     def _taint_first(self, now: float, opted_out: bool) -> list[ActionRecord]:
@@ -827,11 +827,12 @@ class Pipeline:
     def _hold_slot(self, observed: NodeObservation | None, now: float, opted_out: bool) -> None:
         """A node holds its budget slot while it is disrupted (pods moved off a faulty GPU, a reboot
         requested) and renews it; a node that is not disrupted gives it back, whatever took it."""
-        node = self.record.node
-        active = {k for k, _ in self.record.faults}
         acting = self.policy.mode is Mode.REMEDIATE and not self.policy.dry_run and not opted_out
-        disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
-                                any(m.effect == "NoExecute" for m in node.device_taints.values()))
+        with self._lock:  # the source thread changes the record meanwhile
+            node = self.record.node
+            active = {k for k, _ in self.record.faults}
+            disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
+                                    any(m.effect == "NoExecute" for m in node.device_taints.values()))
         try:
             if disrupted:
                 if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:
@@ -850,7 +851,8 @@ class Pipeline:
         due = now + self.sync_seconds
         if retry:
             due = min(due, max(self._backoff_until, now + self.retry_seconds * self.rng.uniform(1.0, 1.25)))
-        settled = next_settled(self.record.faults.values(), self.record.node, self._options, now)
+        with self._lock:  # the source thread changes the record meanwhile
+            settled = next_settled(list(self.record.faults.values()), self.record.node, self._options, now)
         self._due_at = min(due, settled) if settled is not None else due
 
     def _recorded(self, step: Step, result: StepResult, message: str, now: float) -> ActionRecord:

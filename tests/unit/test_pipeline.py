@@ -175,10 +175,12 @@ class _FaultDuring(LocalActuator):
     def __init__(self):
         super().__init__()
         self.applied: list[StepKind] = []
+        self.targets: list[tuple[StepKind, str]] = []
         self.during: tuple[StepKind, Callable[[], object]] | None = None
 
     def apply(self, step):
         self.applied.append(step.kind)
+        self.targets.append((step.kind, step.target))
         if self.during is not None and step.kind is self.during[0]:
             arrive, self.during = self.during[1], None
             arrive()
@@ -210,3 +212,38 @@ def test_a_fault_arriving_after_the_untaint_is_tainted_before_the_passs_events(s
     p, actuator = _released_while_a_fault_arrives(shipped_rules, during=StepKind.UNTAINT)
     assert actuator.applied[:3] == [StepKind.CLEAR_CONDITION, StepKind.UNTAINT, StepKind.TAINT]
     assert p.record.node.tainted
+
+
+TWO_PODS = NodeInventory("node-1", (gpu(0), gpu(1)), (PodRef("ml", "p0", "u0", (gpu(0).uuid,)),
+                                                       PodRef("ml", "p1", "u1", (gpu(1).uuid,))))
+
+
+def test_a_release_during_a_pass_stops_the_evictions_planned_for_the_released_gpu(shipped_rules):
+    """The plan made before the operator released GPU 1 would still evict its pod; that rest is dropped."""
+    actuator = _FaultDuring()
+    p = Pipeline(rules=shipped_rules, inventory=TWO_PODS, policy=GuardPolicy(mode=Mode.REMEDIATE),
+                 actuator=actuator, clock=lambda: 100.0, inline=False)
+    p.handle(obs(Signal.XID, 48, 1.0, gpu_ref=gpu(0)), 1.0)
+    p.handle(obs(Signal.XID, 48, 1.0, gpu_ref=gpu(1)), 1.0)
+    actuator.during = (StepKind.EVICT, lambda: p.handle(obs(Signal.OPERATOR_RELEASE, 1, 2.0, gpu_ref=gpu(1)), 2.0))
+    p.reconcile(2.0)
+    assert [target for kind, target in actuator.targets if kind is StepKind.EVICT] == ["ml/p0"]
+
+
+def test_a_reset_verdict_that_ends_another_gpus_wait_does_not_break_the_tick(shipped_rules):
+    """Failing one GPU's unverified reset may forget another GPU's wait while the tick is looking at it."""
+
+    class ReleasesGpu1DuringItsReset(LocalActuator):
+        def apply(self, step):
+            if step.kind is StepKind.RESET_GPU and step.target == gpu(1).uuid:
+                p.handle(obs(Signal.OPERATOR_RELEASE, 1, 2.0, gpu_ref=gpu(1)), 2.0)
+            return StepResult.APPLIED, "ok"
+
+    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("node-1", (gpu(0), gpu(1)), ()),
+                 policy=GuardPolicy(mode=Mode.REMEDIATE), actuator=ReleasesGpu1DuringItsReset(),
+                 clock=lambda: 100.0, inline=False, reset_settle_seconds=0.0, reset_verify_seconds=60.0)
+    p.handle(obs(Signal.XID, 48, 1.0, gpu_ref=gpu(0)), 1.0)
+    p.handle(obs(Signal.XID, 48, 1.0, gpu_ref=gpu(1)), 1.0)
+    p.reconcile(2.0)
+    failed = p.tick(200.0).verdicts
+    assert [v.rule_id for v in failed if v.gpu_key == gpu(0).key] == ["gpu-reset-failed"]
