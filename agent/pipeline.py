@@ -711,8 +711,9 @@ class Pipeline:
         return resolved
 
     def _wants_pods(self) -> bool:
-        return any(f.action.rank >= Action.RESET_WHEN_IDLE.rank for f in self.record.faults.values()) or \
-            any(e.pending_pod for e in self.record.owed)
+        with self._lock:  # the source thread changes the record meanwhile
+            return any(f.action.rank >= Action.RESET_WHEN_IDLE.rank for f in self.record.faults.values()) or \
+                any(e.pending_pod for e in self.record.owed)
 
     def _progressed(self, done: list[ActionRecord], now: float) -> bool:
         """Evictions that took effect, a diagnostic's verdict or a failed reset may let further steps proceed;
@@ -808,8 +809,8 @@ class Pipeline:
         for event in owed:
             actions += self._taint_if_wanted(opted_out)  # a fault's taint does not wait behind Events
             if event.pending_pod and event.pending_pod in present:
-                if event.gpu_key not in {k for k, _ in self.record.faults}:
-                    with self._lock:
+                with self._lock:
+                    if event.gpu_key not in {k for k, _ in self.record.faults}:
                         self.record.acknowledge(event.id)  # the fault ended before its eviction
                 continue
             step = event.step()  # a pending eviction's pod is gone: its Event is due
