@@ -221,10 +221,7 @@ class KernelLogParser:
     def kmsg_xid(self, match: re.Match[str], line: str, line_no: int) -> KernelRecord:
         """The record of a line KMSG_XID matched: the driver's own Xid form in raw /dev/kmsg (a storm's lines)."""
         self._lost_pci = None
-        record = _kmsg_xid_record(match, line, line_no)
-        if record.extras and "sm_location" in record.extras:
-            record.extras["sm_location_processes"] = self._sm_repeats(record)
-        return record
+        return self._with_sm_repeats(_kmsg_xid_record(match, line, line_no))
 
     def _nvrm(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
         match = _XID.match(body)
@@ -330,15 +327,10 @@ KMSG_XID = re.compile(r"(?P<pri>[0-7]),(?P<seq>\d{1,20}),(?P<ts>\d{1,20}),[^;]{0
 def _kmsg_xid_record(match: re.Match[str], line: str, line_no: int) -> KernelRecord:
     priority, seq, timestamp, pci, code, pid = match.group("pri", "seq", "ts", "pci", "code", "pid")
     value, number = int(priority), int(code)
-    text = line.rstrip()
-    end = match.end()  # the pattern ends in `name=\s*`: the process name starts here, up to ", "
-    cut = text.find(", ", end)
-    name, rest = (text[end:], "") if cut < 0 else (text[end:cut], text[cut + 2:])
-    process = None if name.strip("'") in _NO_NAME else name
-    # Structured fields are read from the driver's end of the whole line: a process name cannot move them.
-    extras = _xid_extras(number, text[match.start("whole"):]) if number in _STRUCTURED_CODES else {}
-    return KernelRecord("xid", line_no, number, pci.lower(), int(pid), process, rest.strip()[:MAX_MESSAGE], extras,
-                        _new_prefix(Prefix, (int(seq), int(timestamp), value >> 3, value & 7)))
+    prefix = _new_prefix(Prefix, (int(seq), int(timestamp), value >> 3, value & 7))
+    process, rest = _process_name(line[match.end():].strip())
+    whole = line[match.start("whole"):].strip() if number in _STRUCTURED_CODES else ""
+    return _finished(number, whole, pci.lower(), int(pid), process, rest, {}, prefix, line_no)
 
 
 #: Builds a Prefix from a tuple of its four fields without the named tuple's Python-level __new__.
@@ -349,11 +341,7 @@ def _process_name(rest: str) -> tuple[str | None, str]:
     """The process name that opens `rest` (up to ", "), and what follows it."""
     cut = rest.find(", ")
     name, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut + 2:])
-    return (None if name.strip("'") in _NO_NAME else name), rest
-
-
-#: What the driver prints for a process it cannot name.
-_NO_NAME = frozenset({"<unknown>", ""})
+    return (None if name.strip("'") in {"<unknown>", ""} else name), rest
 
 
 def _finished(code: int, whole: str, pci: str, pid: int | None, process: str | None, rest: str,

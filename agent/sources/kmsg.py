@@ -187,15 +187,13 @@ class KernelLogProcessor:
         cached = self._pods.get(pid)
         if cached is not None and now - cached[0] < _POD_CACHE_SECONDS:
             return cached[1]
-        lookups = self._lookups
-        if lookups < ATTRIBUTIONS_PER_SECOND and now > self._lookups_at:
-            lookups = min(ATTRIBUTIONS_PER_SECOND, lookups + (now - self._lookups_at) * ATTRIBUTIONS_PER_SECOND)
+        self._lookups = min(ATTRIBUTIONS_PER_SECOND,
+                            self._lookups + max(0.0, now - self._lookups_at) * ATTRIBUTIONS_PER_SECOND)
         self._lookups_at = now
-        if lookups < 1:
-            self._lookups = lookups
+        if self._lookups < 1:
             self.stats.unattributed += 1
             return None
-        self._lookups = lookups - 1
+        self._lookups -= 1
         pod = _read_pod(self._proc, pid)
         if len(self._pods) >= _POD_CACHE_SIZE:
             self._pods.clear()
@@ -218,38 +216,28 @@ class KernelLogProcessor:
 
     def observation_of(self, record: KernelRecord, now: float) -> Observation:
         attrs: dict[str, AttrValue] = {"message": record.message}
-        pid, process = record.pid, record.process
-        if pid is not None:
-            attrs["pid"] = pid
-            pod = self._pod_of(pid, now)
-            if pod is None:  # the common case in a storm: charged to the process name (workload_key's rule)
-                name = process.strip() if process else ""
-                attrs["workload"] = f"process/{name}" if name else ""
-            else:
+        if record.pid is not None:
+            attrs["pid"] = record.pid
+            pod = self._pod_of(record.pid, now)
+            if pod is not None:
                 attrs["pod_uid"] = pod.pod_uid
                 if pod.container_id:
                     attrs["container_id"] = pod.container_id
-                attrs["workload"] = workload_key(pod=pod, owners=self.owners(), process=process)
-        if process is not None:
-            attrs["process"] = process
-        seq = record.prefix.seq
-        if seq is not None:
-            attrs["kmsg_seq"] = seq
-        if record.extras:
-            for key, value in record.extras.items():
-                if isinstance(value, _ATTR_TYPES):
-                    attrs[key] = value
-        kind = record.kind
-        if kind == "xid":
-            code = record.code
-            return new_observation(Signal.XID, 1.0 if code is None else float(code), now, self.source,
-                                   self._gpu_at(record.pci), MappingProxyType(attrs))
-        if kind == "sxid":
+            owners = self.owners() if pod is not None else _NO_OWNERS  # only a pod has an owner to look up
+            attrs["workload"] = workload_key(pod=pod, owners=owners, process=record.process)
+        if record.process is not None:
+            attrs["process"] = record.process
+        if record.prefix.seq is not None:
+            attrs["kmsg_seq"] = record.prefix.seq
+        for key, value in record.extras.items():
+            if isinstance(value, _ATTR_TYPES):
+                attrs[key] = value
+        signal = _RECORD_SIGNALS[record.kind]
+        if signal is Signal.SXID:
             attrs["pci"] = record.pci
-            return Observation(Signal.SXID, float(record.code or 0), now, self.source, None, MappingProxyType(attrs))
+            return new_observation(signal, float(record.code or 0), now, self.source, None, MappingProxyType(attrs))
         value = float(record.code) if record.code is not None else 1.0
-        return Observation(_RECORD_SIGNALS[kind], value, now, self.source, self._gpu_at(record.pci),
-                           MappingProxyType(attrs))
+        return new_observation(signal, value, now, self.source, self._gpu_at(record.pci), MappingProxyType(attrs))
 
 
 def _from_user_space(line: str) -> bool:
