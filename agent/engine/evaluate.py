@@ -50,8 +50,7 @@ def evaluate(observation: Observation, state: EngineState, now: float, *, rules:
         return _on_reading(candidates, observation, model, gpu_key, state, now, rules)
     matched = [*candidates.plain, *_holding(candidates.checked, observation, model, rules)]
     if not matched:  # an event that a rule matched never reaches the fallbacks
-        fallbacks = _holding(candidates.fallback, observation, model, rules)
-        matched = [g for g in fallbacks if g.lead.code is not None] or fallbacks
+        matched = _fallbacks_holding(candidates, observation, model, rules)
     return _on_matches(matched, observation, gpu_key, state, now, rules)
 
 
@@ -60,8 +59,7 @@ def _on_reading(candidates: Candidates, obs: Observation, model: str, gpu_key: s
     """A level reading: the groups it matches count it, the other enabled groups read it as healthy."""
     matched = _holding(candidates.primary, obs, model, rules)
     if not matched:
-        fallbacks = _holding(candidates.fallback, obs, model, rules)
-        matched = [g for g in fallbacks if g.lead.code is not None] or fallbacks
+        matched = _fallbacks_holding(candidates, obs, model, rules)
     verdicts = _on_matches(matched, obs, gpu_key, state, now, rules)
     states = state.groups.get(gpu_key, {})
     for group in (*candidates.primary, *candidates.fallback):
@@ -69,6 +67,12 @@ def _on_reading(candidates: Candidates, obs: Observation, model: str, gpu_key: s
         if group_state is not None and group not in matched and _effective(group, model, rules).enabled:
             group_state.healthy(now)
     return verdicts
+
+
+def _fallbacks_holding(candidates: Candidates, obs: Observation, model: str, rules: RuleSet) -> list[RuleGroup]:
+    """When no other rule matched: the fallback groups that hold; only those with a code, where any of them do."""
+    fallbacks = _holding(candidates.fallback, obs, model, rules)
+    return [g for g in fallbacks if g.lead.code is not None] or fallbacks
 
 
 def _effective(group: RuleGroup, model: str, rules: RuleSet) -> Rule:
