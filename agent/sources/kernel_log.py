@@ -66,8 +66,10 @@ _RECOVERY = re.compile(r"recovery action changed from\s+" + _ACTION_VALUE + r"(?
 _LINK_TAIL = re.compile(r"\blink\s+(?P<link>\d{1,4})\s*\(\s*(?P<regs>[^()]{0,400})\)\s*\.?\s*$", re.IGNORECASE)
 _NVLINK5_HEAD = re.compile(r"(?<![A-Za-z0-9_])(?P<sub>[A-Za-z][A-Za-z0-9_]{0,39})\s+"
                            r"(?P<fatal>Fatal|Nonfatal|Non-fatal)\b", re.IGNORECASE)
-_SM = re.compile(r"\(\s*GPC\s+(?P<gpc>\d{1,4}),\s*TPC\s+(?P<tpc>\d{1,4})(?:,\s*SM\s+(?P<sm>\d{1,4}))?\s*\)",
-                 re.IGNORECASE)
+#: The last SM location in a text, "(GPC 4, TPC 1, SM 0)": the greedy lead moves the match to the driver's end of
+#: the line, past any location a process name may spell.
+_LAST_SM = re.compile(r"(?s:.*)\(\s*GPC\s+(?P<gpc>\d{1,4}),\s*TPC\s+(?P<tpc>\d{1,4})(?:,\s*SM\s+(?P<sm>\d{1,4}))?\s*\)",
+                      re.IGNORECASE)
 _HEX = re.compile(r"0x[0-9a-fA-F]{1,16}(?![0-9a-fA-F])")
 _TAIL_WINDOW = 512
 #: How many GPC/TPC locations (per parser) and processes per location the Xid 13 repeat memory keeps.
@@ -182,7 +184,7 @@ class KernelLogParser:
     def __init__(self) -> None:
         self.pci_to_uuid: dict[str, str] = {}
         self.skipped = 0
-        self._sm_history: OrderedDict[tuple[str, str], OrderedDict[str, None]] = OrderedDict()
+        self._sm_history: OrderedDict[tuple[str, str], OrderedDict[int | str, None]] = OrderedDict()
         self._lost_pci: str | None = None
         self._lost_lines = 0
         self._last_sxid: KernelRecord | None = None
@@ -261,17 +263,23 @@ class KernelLogParser:
     def _sm_repeats(self, record: KernelRecord) -> int:
         """How many distinct processes hit Xid 13 on this GPU's GPC/TPC, this one included (NVIDIA's
         WORKFLOW_XID_13 asks whether faults repeat on the same GPC and TPC). One crash's burst of lines is
-        one process; the memory is bounded (least recently used locations are forgotten)."""
-        key = (record.pci, str(record.extras["sm_location"]))
-        processes = self._sm_history.pop(key, None) or OrderedDict()
-        who = f"pid:{record.pid}" if record.pid is not None else f"name:{record.process or '?'}"
-        processes.pop(who, None)
-        processes[who] = None
-        while len(processes) > SM_PROCESSES_KEPT:
-            processes.popitem(last=False)
-        self._sm_history[key] = processes
-        while len(self._sm_history) > SM_LOCATIONS_KEPT:
-            self._sm_history.popitem(last=False)
+        one process; the memory is bounded (least recently used locations and processes are forgotten)."""
+        history = self._sm_history
+        key = (record.pci, record.extras["sm_location"])
+        processes = history.get(key)
+        if processes is None:
+            processes = history[key] = OrderedDict()
+            if len(history) > SM_LOCATIONS_KEPT:
+                history.popitem(last=False)
+        else:
+            history.move_to_end(key)
+        who = record.pid if record.pid is not None else record.process or "?"  # a pid (int) or a name (str)
+        if who in processes:
+            processes.move_to_end(who)
+        else:
+            processes[who] = None
+            if len(processes) > SM_PROCESSES_KEPT:
+                processes.popitem(last=False)
         return len(processes)
 
     def _sxid(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
@@ -325,12 +333,13 @@ KMSG_XID = re.compile(r"(?P<pri>[0-7]),(?P<seq>\d{1,20}),(?P<ts>\d{1,20}),[^;]{0
 
 
 def _kmsg_xid_record(match: re.Match[str], line: str, line_no: int) -> KernelRecord:
-    priority, seq, timestamp, pci, code, pid = match.group("pri", "seq", "ts", "pci", "code", "pid")
+    priority, seq, timestamp, pci, code, _whole, pid = match.groups()
     value, number = int(priority), int(code)
     prefix = _new_prefix(Prefix, (int(seq), int(timestamp), value >> 3, value & 7))
     process, rest = _process_name(line[match.end():].strip())
-    whole = line[match.start("whole"):].strip() if number in _STRUCTURED_CODES else ""
-    return _finished(number, whole, pci.lower(), int(pid), process, rest, {}, prefix, line_no)
+    extras = _xid_extras(number, line[match.start("whole"):].rstrip()) if number in _STRUCTURED_CODES else {}
+    return KernelRecord("xid", line_no, number, pci.lower(), int(pid), process, rest.strip()[:MAX_MESSAGE], extras,
+                        prefix)
 
 
 #: Builds a Prefix from a tuple of its four fields without the named tuple's Python-level __new__.
@@ -379,7 +388,15 @@ _STRUCTURED_CODES = frozenset({13, 45, 74, 154, *range(144, 151)})
 def _xid_extras(code: int, text: str) -> dict[str, Any]:
     extras: dict[str, Any] = {}
     tail = text[-_TAIL_WINDOW:]
-    if code == 45:
+    if code == 13:  # the commonest by far: an application's fault
+        location = _LAST_SM.match(tail)
+        if location:
+            gpc, tpc, sm = location.group("gpc", "tpc", "sm")
+            extras["gpc"], extras["tpc"] = int(gpc), int(tpc)
+            extras["sm_location"] = f"GPC {int(gpc)}, TPC {int(tpc)}"
+            if sm is not None:
+                extras["sm"] = int(sm)
+    elif code == 45:
         caused = _last(_CAUSED_BY, tail)
         if caused:
             extras["caused_by"] = int(caused.group(1))
@@ -401,13 +418,6 @@ def _xid_extras(code: int, text: str) -> dict[str, Any]:
                 extras[f"reg{n}"] = value.lower()
             if len(values) >= 5:
                 extras["nvlink_error_class"] = nvlink_error_class([int(v, 16) for v in values])
-    elif code == 13:
-        location = _last(_SM, tail)
-        if location:
-            gpc, tpc = int(location.group("gpc")), int(location.group("tpc"))
-            extras.update(gpc=gpc, tpc=tpc, sm_location=f"GPC {gpc}, TPC {tpc}")
-            if location.group("sm") is not None:
-                extras["sm"] = int(location.group("sm"))
     return extras
 
 

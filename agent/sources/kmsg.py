@@ -216,22 +216,26 @@ class KernelLogProcessor:
 
     def observation_of(self, record: KernelRecord, now: float) -> Observation:
         attrs: dict[str, AttrValue] = {"message": record.message}
-        if record.pid is not None:
-            attrs["pid"] = record.pid
-            pod = self._pod_of(record.pid, now)
-            if pod is not None:
+        pid, process = record.pid, record.process
+        if pid is not None:
+            attrs["pid"] = pid
+            pod = self._pod_of(pid, now)
+            if pod is None:
+                attrs["workload"] = workload_key(pod=None, owners=_NO_OWNERS, process=process)
+            else:
                 attrs["pod_uid"] = pod.pod_uid
                 if pod.container_id:
                     attrs["container_id"] = pod.container_id
-            owners = self.owners() if pod is not None else _NO_OWNERS  # only a pod has an owner to look up
-            attrs["workload"] = workload_key(pod=pod, owners=owners, process=record.process)
-        if record.process is not None:
-            attrs["process"] = record.process
-        if record.prefix.seq is not None:
-            attrs["kmsg_seq"] = record.prefix.seq
-        for key, value in record.extras.items():
-            if isinstance(value, _ATTR_TYPES):
-                attrs[key] = value
+                attrs["workload"] = workload_key(pod=pod, owners=self.owners(), process=process)
+        if process is not None:
+            attrs["process"] = process
+        seq = record.prefix.seq
+        if seq is not None:
+            attrs["kmsg_seq"] = seq
+        if record.extras:
+            for key, value in record.extras.items():
+                if isinstance(value, _ATTR_TYPES):
+                    attrs[key] = value
         signal = _RECORD_SIGNALS[record.kind]
         if signal is Signal.SXID:
             attrs["pci"] = record.pci

@@ -132,6 +132,22 @@ def test_xid_13_carries_the_sm_location():
         4, 1, 0, "GPC 4, TPC 1")
 
 
+def test_xid_13_location_is_the_drivers_not_one_a_process_name_spells():
+    """The driver prints the SM location last: a process named "(GPC 9, TPC 9)" cannot move it."""
+    record = one("NVRM: Xid (PCI:0000:3b:00): 13, pid=5, name=x (GPC 9, TPC 9, SM 9), Graphics SM Warp Exception on "
+                 "(GPC 4, TPC 1, SM 0): Out Of Range Address")
+    assert (record.extras["gpc"], record.extras["tpc"], record.extras["sm"]) == (4, 1, 0)
+
+
+def test_xid_13_keeps_only_the_most_recent_processes_of_a_location():
+    """The repeat memory is bounded: past SM_PROCESSES_KEPT processes the oldest are forgotten."""
+    from agent.sources.kernel_log import SM_PROCESSES_KEPT
+    parser = KernelLogParser()
+    counts = [parser.feed(_xid13(pid)).extras["sm_location_processes"] for pid in range(SM_PROCESSES_KEPT + 2)]
+    assert counts[-3:] == [SM_PROCESSES_KEPT] * 3
+    assert parser.feed(_xid13(SM_PROCESSES_KEPT + 1)).extras["sm_location_processes"] == SM_PROCESSES_KEPT
+
+
 def test_a_number_longer_than_python_converts_is_skipped_not_raised():
     parser = KernelLogParser()
     assert parser.feed("NVRM: Xid (PCI:0000:48:00): " + "9" * 5000 + ", x") is None
