@@ -10,6 +10,7 @@ Usage: python scripts/bench_engine.py [--quick]
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -119,7 +120,8 @@ def main() -> None:
     scale = 10 if args.quick else 1
     rules = load_rules(builtin_rules_dir())
     distinct = kernel_log(200_000 // scale, 1.0)
-    print(f"python {sys.version.split()[0]}, {len(rules.rules)} rules ({len(rules.for_signal(Signal.XID))} Xid)")
+    print(f"python {sys.version.split()[0]} ({os.path.realpath(sys.executable)}), {len(rules.rules)} rules "
+          f"({len(rules.for_signal(Signal.XID))} Xid)")
     show("distinct-line Xid storm, parser only", run_path(distinct, None))
     x1 = run_path(distinct, rules)
     show("distinct-line Xid storm, parser + engine", x1)
