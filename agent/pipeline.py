@@ -539,7 +539,7 @@ class Pipeline:
             ended = self.record.faults.pop(key, None)
             if ended is not None and ended.action.quarantines and self.metrics:
                 self.metrics.time_to_recovery.observe(max(0.0, now - ended.since))
-        self.record.node.forget_cleared({k for k, _ in self.record.faults})
+        self.record.node.forget_cleared({k for k, _ in self.record.faults}, pods_live=self._options.pods_live)
         for step in verdict_events([verdict], self.inventory, self.inventory.name):
             self.record.owe(OwedEvent.of(step, salt=f"{verdict.kind}@{verdict.at}"))
         log = self._log.bind(gpu=verdict.gpu_key, rule_id=verdict.rule_id)

@@ -177,10 +177,12 @@ class NodeState:
         elif step.kind is StepKind.UNMARK_REPLACEMENT:
             self.replacement.discard(step.gpu_key)
 
-    def forget_cleared(self, active_gpu_keys: set[str]) -> None:
-        """Drop per-GPU eviction and reset memory once that GPU has no active fault left."""
+    def forget_cleared(self, active_gpu_keys: set[str], *, pods_live: bool = True) -> None:
+        """Drop per-GPU eviction and reset memory once that GPU has no active fault left. Without a live pod
+        list, evictions are remembered while any fault is active: a pod evicted for one GPU is gone, and must
+        not be evicted for another once the first has recovered (see _evicted_for)."""
         for key in list(self.evicted):
-            if key not in active_gpu_keys:
+            if key not in active_gpu_keys and (pods_live or not active_gpu_keys):
                 del self.evicted[key]
         self.resets &= active_gpu_keys
         for key in set(self.verifying) - active_gpu_keys:
@@ -451,7 +453,7 @@ def _remedy_steps(
     steps: list[Step] = []
     key = fault.gpu_key
     if fault.action.evicts:
-        already = node.evicted.get(key, set()) | {s.target for s in planned if s.kind is StepKind.EVICT}
+        already = _evicted_for(fault, node, options) | {s.target for s in planned if s.kind is StepKind.EVICT}
         for pod in pods_on_gpu(fault, inventory, options.own_pod):
             if pod.key not in already and not pod.terminating:
                 steps.append(Step(StepKind.EVICT, pod.key, f"holds faulty {_gpu_text(fault)}: {fault.summary}",
@@ -494,8 +496,19 @@ def _busy(fault: ActiveFault, inventory: NodeInventory, node: NodeState, options
     """A pod still listed on the GPU keeps it busy, evicted or not, until it is gone (live pod list)."""
     if options.pods_live:
         return bool(pods_on_gpu(fault, inventory))
-    evicted = node.evicted.get(fault.gpu_key, set())
+    evicted = _evicted_for(fault, node, options)
     return any(p.key not in evicted for p in pods_on_gpu(fault, inventory))
+
+
+def _evicted_for(fault: ActiveFault, node: NodeState, options: PlanOptions) -> set[str]:
+    """The pods already moved off this fault's GPU. With a live pod list, those evicted for it: a pod of the
+    same name evicted for another GPU may be a new incarnation here (a StatefulSet's), and the list shows an
+    evicted one as terminating or gone. With a fixed list (local mode, `simulate`) nothing shows that, so a
+    pod evicted for any GPU is gone: a pod on two faulty GPUs, or on one GPU and then the whole node (too
+    many faulty GPUs), is evicted once."""
+    if options.pods_live:
+        return node.evicted.get(fault.gpu_key, set())
+    return set().union(*node.evicted.values())
 
 
 def _planned(steps: list[Step], kind: StepKind, gpu_key: str) -> bool:

@@ -247,3 +247,19 @@ def test_a_reset_verdict_that_ends_another_gpus_wait_does_not_break_the_tick(shi
     p.reconcile(2.0)
     failed = p.tick(200.0).verdicts
     assert [v.rule_id for v in failed if v.gpu_key == gpu(0).key] == ["gpu-reset-failed"]
+
+
+def test_with_a_fixed_pod_list_a_pod_on_two_faulty_gpus_is_evicted_once_even_after_one_recovers(shipped_rules):
+    """Local mode lists pods once: the pod evicted for GPU 0 is not evicted for GPU 1, then or after GPU 0's
+    release."""
+    actuator = _FaultDuring()
+    shared = NodeInventory("node-1", (gpu(0), gpu(1)), (PodRef("ml", "pair", "u0", (gpu(0).uuid, gpu(1).uuid)),))
+    p = Pipeline(rules=shipped_rules, inventory=shared, policy=GuardPolicy(mode=Mode.REMEDIATE), actuator=actuator,
+                 clock=lambda: 100.0, inline=False)
+    p.handle(obs(Signal.XID, 48, 1.0, gpu_ref=gpu(0)), 1.0)
+    p.reconcile(1.0)
+    p.handle(obs(Signal.XID, 48, 2.0, gpu_ref=gpu(1)), 2.0)
+    p.reconcile(2.0)
+    p.handle(obs(Signal.OPERATOR_RELEASE, 1, 3.0, gpu_ref=gpu(0)), 3.0)
+    p.reconcile(3.0)
+    assert [target for kind, target in actuator.targets if kind is StepKind.EVICT] == ["ml/pair"]

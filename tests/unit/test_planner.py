@@ -138,6 +138,73 @@ def test_too_many_faulty_gpus_take_the_whole_node_out():
     assert evicted == ["ml/pair", "ml/trainer-0", "ml/trainer-1"]
 
 
+def _applied(verdicts, node, options=OPTIONS, inventory=NODE):
+    """Plan for the verdicts (active with every earlier one applied to `node`) and apply the steps."""
+    steps = plan(verdicts, active_of(*verdicts), node, inventory, options=options)
+    for step in steps:
+        node.apply(step)
+    return steps
+
+
+def evictions(steps):
+    return sorted(s.target for s in steps if s.kind is StepKind.EVICT)
+
+
+def test_with_a_fixed_pod_list_a_pod_on_two_faulty_gpus_is_evicted_once():
+    """Local mode and simulate list pods once: a pod evicted for one GPU is gone, not evicted for its other."""
+    node = NodeState()
+    first = fault(2, action=Action.RESET_GPU, rule="xid-48")
+    assert evictions(_applied([first], node)) == ["ml/pair"]
+    assert evictions(_applied([first, fault(3, action=Action.RESET_GPU, rule="xid-48")], node)) == []
+
+
+def test_with_a_fixed_pod_list_a_pod_is_not_evicted_again_once_its_first_gpu_recovered():
+    """The pod evicted for GPU 2 is still gone when GPU 2 recovers while GPU 3 stays faulty."""
+    node = NodeState()
+    first, second = fault(2, action=Action.RESET_GPU, rule="xid-48"), fault(3, action=Action.RESET_GPU, rule="xid-48")
+    _applied([first], node)
+    _applied([first, second], node)
+    node.forget_cleared({second.gpu_key}, pods_live=False)
+    assert evictions(_applied([second], node)) == []
+
+
+def test_with_a_live_pod_list_a_recovered_gpus_evictions_are_forgotten():
+    """A live list shows what is on the node: the memory of a recovered GPU's evictions goes with its fault."""
+    node = NodeState(evicted={GPUS[2].key: {"ml/pair"}, GPUS[3].key: set()})
+    node.forget_cleared({GPUS[3].key}, pods_live=True)
+    assert GPUS[2].key not in node.evicted
+
+
+def test_with_a_fixed_pod_list_a_gpu_whose_pods_were_evicted_for_another_is_reset():
+    """The pod that held both GPUs was evicted for the first: the second is idle and is reset at once."""
+    node = NodeState()
+    first = fault(2, action=Action.RESET_GPU, rule="xid-48")
+    _applied([first], node)
+    steps = _applied([first, fault(3, action=Action.RESET_GPU, rule="xid-48")], node)
+    assert (StepKind.RESET_GPU, GPUS[3].uuid) in kinds(steps)
+
+
+def test_with_a_fixed_pod_list_the_whole_node_evicts_only_the_pods_not_evicted_yet():
+    """Once too many GPUs are faulty every GPU pod goes, but those already evicted for their GPU only once."""
+    node = NodeState()
+    options = PlanOptions(node_name="node-1", own_pod="gpu-health/agent-abc", max_faulty_gpus=2)
+    earlier = [fault(i, action=Action.RESET_GPU, rule="xid-48") for i in range(2)]
+    assert evictions(_applied(earlier, node, options)) == ["ml/trainer-0", "ml/trainer-1"]
+    assert evictions(_applied([*earlier, fault(2, action=Action.RESET_GPU, rule="xid-48")], node, options)) == [
+        "ml/pair"]
+
+
+def test_with_a_live_pod_list_a_pod_of_the_same_name_on_another_faulty_gpu_is_evicted():
+    """A StatefulSet's pod comes back under its name: listed again on a faulty GPU, it is a new incarnation."""
+    node = NodeState()
+    live = PlanOptions(node_name="node-1", own_pod="gpu-health/agent-abc", pods_live=True)
+    first = fault(0, action=Action.RESET_GPU, rule="xid-48")
+    assert evictions(_applied([first], node, live)) == ["ml/trainer-0"]
+    moved = NodeInventory("node-1", GPUS, (PodRef("ml", "trainer-0", "u9", (GPUS[1].uuid,)),))
+    steps = _applied([first, fault(1, action=Action.RESET_GPU, rule="xid-48")], node, live, moved)
+    assert evictions(steps) == ["ml/trainer-0"]
+
+
 def test_node_state_survives_its_annotation():
     node = NodeState(tainted=True, evicted={"GPU-1": {"ml/a"}}, resets={"GPU-1"}, reboot_requested=True)
     node.apply(plan([fault(1)], active_of(fault(1)), NodeState(), NODE, options=OPTIONS)[1])
