@@ -54,7 +54,7 @@ from agent.remediation import (
     decide,
     plan,
 )
-from agent.remediation.planner import next_settled, verdict_events
+from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
 from agent.remediation.resets import reset_by_driver_log, unclean
 from agent.remediation.spread import APPLICATION_XIDS, WorkloadSpread
@@ -539,7 +539,10 @@ class Pipeline:
             ended = self.record.faults.pop(key, None)
             if ended is not None and ended.action.quarantines and self.metrics:
                 self.metrics.time_to_recovery.observe(max(0.0, now - ended.since))
-        self.record.node.forget_cleared({k for k, _ in self.record.faults}, pods_live=self._options.pods_live)
+        faults = self.record.faults
+        still_held = None if self._options.pods_live else pods_on_faulty_gpus(faults.values(), self.inventory,
+                                                                             self._options)
+        self.record.node.forget_cleared({k for k, _ in faults}, still_held=still_held)
         for step in verdict_events([verdict], self.inventory, self.inventory.name):
             self.record.owe(OwedEvent.of(step, salt=f"{verdict.kind}@{verdict.at}"))
         log = self._log.bind(gpu=verdict.gpu_key, rule_id=verdict.rule_id)

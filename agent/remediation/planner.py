@@ -177,12 +177,18 @@ class NodeState:
         elif step.kind is StepKind.UNMARK_REPLACEMENT:
             self.replacement.discard(step.gpu_key)
 
-    def forget_cleared(self, active_gpu_keys: set[str], *, pods_live: bool = True) -> None:
-        """Drop per-GPU eviction and reset memory once that GPU has no active fault left. Without a live pod
-        list, evictions are remembered while any fault is active: a pod evicted for one GPU is gone, and must
-        not be evicted for another once the first has recovered (see _evicted_for)."""
+    def forget_cleared(self, active_gpu_keys: set[str], *, still_held: set[str] | None = None) -> None:
+        """Drop per-GPU eviction and reset memory once that GPU has no active fault left. With a fixed pod
+        list, `still_held` names the pods on a GPU that is still faulty (pods_on_faulty_gpus): those stay
+        remembered as evicted, since a pod evicted for one GPU is gone and must not be evicted for another
+        once the first has recovered (see _evicted_for)."""
         for key in list(self.evicted):
-            if key not in active_gpu_keys and (pods_live or not active_gpu_keys):
+            if key in active_gpu_keys:
+                continue
+            kept = self.evicted[key] & still_held if still_held else set()
+            if kept:
+                self.evicted[key] = kept
+            else:
                 del self.evicted[key]
         self.resets &= active_gpu_keys
         for key in set(self.verifying) - active_gpu_keys:
@@ -369,6 +375,12 @@ def _whole_node_if_too_many(active: Iterable[ActiveFault], options: PlanOptions)
     summary = f"{len(faulty)} GPUs of the node are faulty (more than {options.max_faulty_gpus}): node taken out"
     return [*faults, ActiveFault("node-too-many-faulty-gpus", NODE_KEY, worst.severity, Action.DRAIN, summary,
                                  worst.since)]
+
+
+def pods_on_faulty_gpus(active: Iterable[ActiveFault], inventory: NodeInventory, options: PlanOptions) -> set[str]:
+    """The pods holding a GPU with an active fault (every GPU pod while the node as a whole is out)."""
+    return {pod.key for fault in _whole_node_if_too_many(active, options)
+            for pod in pods_on_gpu(fault, inventory, options.own_pod)}
 
 
 def verdict_events(verdicts: Iterable[Verdict], inventory: NodeInventory, node_name: str) -> list[Step]:

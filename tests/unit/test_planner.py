@@ -10,6 +10,7 @@ from agent.model import (
     frozen_attrs,
 )
 from agent.remediation import ActiveFault, NodeState, PlanOptions, plan
+from agent.remediation.planner import pods_on_faulty_gpus
 from tests.conftest import gpu
 
 GPUS = tuple(gpu(i) for i in range(4))
@@ -158,20 +159,49 @@ def test_with_a_fixed_pod_list_a_pod_on_two_faulty_gpus_is_evicted_once():
     assert evictions(_applied([first, fault(3, action=Action.RESET_GPU, rule="xid-48")], node)) == []
 
 
+def _recovered(node, *still_active, options=OPTIONS, pods_live=False):
+    """What the pipeline does when faults clear: forget what only the recovered GPUs needed."""
+    active = active_of(*still_active)
+    held = None if pods_live else pods_on_faulty_gpus(active.values(), NODE, options)
+    node.forget_cleared({key for key, _ in active}, still_held=held)
+
+
 def test_with_a_fixed_pod_list_a_pod_is_not_evicted_again_once_its_first_gpu_recovered():
-    """The pod evicted for GPU 2 is still gone when GPU 2 recovers while GPU 3 stays faulty."""
+    """The pod evicted for GPU 2 is still gone when GPU 2 recovers while GPU 3, which it also held, stays faulty."""
     node = NodeState()
     first, second = fault(2, action=Action.RESET_GPU, rule="xid-48"), fault(3, action=Action.RESET_GPU, rule="xid-48")
     _applied([first], node)
     _applied([first, second], node)
-    node.forget_cleared({second.gpu_key}, pods_live=False)
+    _recovered(node, second)
     assert evictions(_applied([second], node)) == []
+
+
+def test_with_a_fixed_pod_list_a_fault_elsewhere_does_not_keep_a_recovered_gpus_evictions():
+    """Once GPU 0 recovered, a fault on GPU 1 (which trainer-0 never held) does not make trainer-0 count as
+    gone: GPU 0's next fault evicts it again."""
+    node = NodeState()
+    elsewhere = fault(1, action=Action.NOTIFY, severity=Severity.DEGRADED, rule="hot")
+    first = fault(0, action=Action.RESET_GPU, rule="xid-48")
+    assert "ml/trainer-0" in evictions(_applied([elsewhere, first], node))
+    _recovered(node, elsewhere)
+    assert evictions(_applied([elsewhere, fault(0, action=Action.RESET_GPU, rule="xid-79")], node)) == [
+        "ml/trainer-0"]
+
+
+def test_with_a_fixed_pod_list_the_whole_nodes_evictions_are_kept_while_it_is_out():
+    """Pods evicted because too many GPUs are faulty stay evicted while that lasts, on no GPU of their own."""
+    node = NodeState()
+    options = PlanOptions(node_name="node-1", own_pod="gpu-health/agent-abc", max_faulty_gpus=1)
+    faults = [fault(i, action=Action.RESET_GPU, rule="xid-48") for i in (0, 2)]
+    assert evictions(_applied(faults, node, options)) == ["ml/pair", "ml/trainer-0", "ml/trainer-1"]
+    _recovered(node, *faults, options=options)
+    assert evictions(_applied(faults, node, options)) == []
 
 
 def test_with_a_live_pod_list_a_recovered_gpus_evictions_are_forgotten():
     """A live list shows what is on the node: the memory of a recovered GPU's evictions goes with its fault."""
     node = NodeState(evicted={GPUS[2].key: {"ml/pair"}, GPUS[3].key: set()})
-    node.forget_cleared({GPUS[3].key}, pods_live=True)
+    _recovered(node, fault(3, action=Action.RESET_GPU, rule="xid-48"), pods_live=True)
     assert GPUS[2].key not in node.evicted
 
 
