@@ -31,9 +31,9 @@ from agent.sources.kernel_log import KERNEL_FACILITY, KMSG_XID, KernelLogParser,
 CURSOR_NAME = "kmsg"
 _POD_CACHE_SECONDS = 5.0
 _POD_CACHE_SIZE = 4096
-#: At most this many /proc/<pid>/cgroup reads per second (each costs ~5 us even for an exited process): in a
+#: At most this many /proc/<pid>/cgroup reads a second (each costs ~5 us even for an exited process): in a
 #: storm of records from ever-new pids the rest are charged to their process name instead of stalling the source.
-ATTRIBUTIONS_PER_SECOND = 1000.0
+ATTRIBUTIONS_PER_SECOND = 1000
 _GPU_CACHE_SIZE = 256
 _ATTR_TYPES = (str, int, float, bool)
 _RECORD_SIGNALS = {"xid": Signal.XID, "sxid": Signal.SXID, "gpu_lost": Signal.GPU_LOST}
@@ -123,8 +123,9 @@ class KernelLogProcessor:
         self.stats = KmsgStats()
         self._pods: dict[int, tuple[float, PodAttribution | None]] = {}
         self._gpus: dict[str, GpuRef] = {}
-        self._lookups = ATTRIBUTIONS_PER_SECOND
-        self._lookups_at = -math.inf
+        #: /proc reads in the second that began at _lookups_since (ATTRIBUTIONS_PER_SECOND at most).
+        self._lookups = 0
+        self._lookups_since = -math.inf
 
     @property
     def failing(self) -> bool:
@@ -187,13 +188,12 @@ class KernelLogProcessor:
         cached = self._pods.get(pid)
         if cached is not None and now - cached[0] < _POD_CACHE_SECONDS:
             return cached[1]
-        self._lookups = min(ATTRIBUTIONS_PER_SECOND,
-                            self._lookups + max(0.0, now - self._lookups_at) * ATTRIBUTIONS_PER_SECOND)
-        self._lookups_at = now
-        if self._lookups < 1:
+        if now - self._lookups_since >= 1.0 or now < self._lookups_since:  # a new second (or the clock went back)
+            self._lookups_since, self._lookups = now, 0
+        if self._lookups >= ATTRIBUTIONS_PER_SECOND:
             self.stats.unattributed += 1
             return None
-        self._lookups -= 1
+        self._lookups += 1
         pod = _read_pod(self._proc, pid)
         if len(self._pods) >= _POD_CACHE_SIZE:
             self._pods.clear()

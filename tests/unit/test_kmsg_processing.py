@@ -51,6 +51,22 @@ def test_an_xid_with_a_pid_is_charged_to_its_pod(tmp_path: Path):
     assert observation.attrs["container_id"] == CONTAINER
 
 
+def test_a_storm_of_new_pids_reads_proc_at_most_so_often_a_second(tmp_path: Path):
+    """Past ATTRIBUTIONS_PER_SECOND /proc reads in a second the rest are charged to their process name; the
+    next second reads again."""
+    from agent.sources.kmsg import ATTRIBUTIONS_PER_SECOND
+    for pid in (1, 2, 3):
+        fake_proc(tmp_path, 100_000 + ATTRIBUTIONS_PER_SECOND + pid)
+    processor = KernelLogProcessor(proc_root=tmp_path)
+    for pid in range(100_000, 100_000 + ATTRIBUTIONS_PER_SECOND):
+        processor.handle(XID.format(seq=pid, code=13, pid=pid, msg=f"storm {pid}"), 5.0)
+    [late] = processor.handle(XID.format(seq=1, code=13, pid=100_000 + ATTRIBUTIONS_PER_SECOND + 1, msg="x"), 5.9)
+    [next_second] = processor.handle(XID.format(seq=2, code=13, pid=100_000 + ATTRIBUTIONS_PER_SECOND + 2,
+                                                msg="y"), 6.0)
+    assert (processor.stats.unattributed, late.attrs["workload"], next_second.attrs["workload"]) == (
+        1, "process/python3", f"pod/{POD_UID}")
+
+
 def test_an_xid_is_charged_to_the_workload_that_owns_its_pod(tmp_path: Path):
     """The pod listing names the pod's controller: every pod of one job is one workload."""
     owners = {POD_UID: "ml/Deployment/trainer"}
