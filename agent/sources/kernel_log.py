@@ -337,9 +337,8 @@ def _kmsg_xid_record(match: re.Match[str], line: str, line_no: int) -> KernelRec
     value, number = int(priority), int(code)
     prefix = _new_prefix(Prefix, (int(seq), int(timestamp), value >> 3, value & 7))
     process, rest = _process_name(line[match.end():].strip())
-    extras = _xid_extras(number, line[match.start("whole"):].rstrip()) if number in _STRUCTURED_CODES else {}
-    return KernelRecord("xid", line_no, number, pci.lower(), int(pid), process, rest.strip()[:MAX_MESSAGE], extras,
-                        prefix)
+    whole = line[match.start("whole"):] if number in _STRUCTURED_CODES else ""
+    return _finished(number, whole, pci.lower(), int(pid), process, rest, {}, prefix, line_no)
 
 
 #: Builds a Prefix from a tuple of its four fields without the named tuple's Python-level __new__.
