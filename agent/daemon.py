@@ -331,6 +331,7 @@ class Daemon:
         for thread in [*self._threads, reconciler]:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._drain(timeout=0, stop=None)
+        self._safe_step("journal_record_failed", self.pipeline.write_cursors)
         if reconciler.is_alive():
             # An API call still hangs: what it did not apply is in the journal for the next agent.
             log.warning("reconciler_abandoned", reason="an API call did not return before shutdown")
@@ -345,13 +346,15 @@ class Daemon:
             self.pipeline.wake.clear()
 
     def _drain(self, *, timeout: float, stop: threading.Event | None) -> None:
+        """Handle queued observations until `timeout` has passed (the loop then ticks and beats, even in a storm
+        that keeps the backlog full); with no `stop`, until the backlog is empty."""
         deadline = self.clock() + timeout
         while True:
             observation = self.backlog.get(timeout=max(0.0, deadline - self.clock()))
             if observation is None:
                 return
             self._safe_step("observation_failed", self.pipeline.handle, observation)
-            if stop is not None and stop.is_set():
+            if stop is not None and (stop.is_set() or self.clock() >= deadline):
                 return
 
     def _safe_step(self, event: str, func: Callable[..., object], *args: object) -> None:

@@ -208,6 +208,8 @@ class Pipeline:
         self._metrics_primed = False
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
+        #: The input cursors as last written: one that moved since is written by the next save or tick.
+        self._saved_cursors = dict(self.record.cursors)
         self._restore_engine(list(self.record.faults.values()))
         self._merge_gpus(self.record.gpus)
 
@@ -260,6 +262,7 @@ class Pipeline:
         """The record (and with it the input cursors) to the journal: before acknowledging, before acting."""
         self.record.generation += 1
         self.record.gpus = self.inventory.gpus
+        self._saved_cursors = dict(self.record.cursors)
         if self.journal is not None:
             self._safely("journal_record_failed", self.journal.save_record, self.inventory.name,
                          self.record.to_json(), cursors=self.record.cursors)
@@ -272,15 +275,16 @@ class Pipeline:
             gpus_before = self.inventory.gpus
             verifying_before = dict(self.record.node.verifying)
             verdicts = self._classify(observation, now)
-            acknowledged = self._acknowledge(observation)
-            if verdicts or acknowledged or self.inventory.gpus != gpus_before or \
+            self._acknowledge(observation)  # written with what it changed, else by the next save or tick
+            if verdicts or self.inventory.gpus != gpus_before or \
                     self.record.node.verifying != verifying_before or \
                     self.inventory.gpus != self.record.gpus:
                 self._save()
         return self._after(verdicts, now)
 
     def tick(self, now: float | None = None) -> Outcome:
-        """Let time pass: quiet windows may clear faults; a reconciliation pass runs when one is due."""
+        """Let time pass: quiet windows may clear faults; a reconciliation pass runs when one is due; input
+        cursors that moved since the last write are written."""
         now = self.clock() if now is None else now
         with self._lock:
             verdicts = [self._escalate(v) for v in [*tick(self.engine, now, rules=self.rules),
@@ -289,9 +293,15 @@ class Pipeline:
                 self._record_verdict(verdict, now, None)
             verdicts += self._drills_ended(now)
             verdicts += self._resets_unverified(now)
-            if verdicts:
+            if verdicts or self.record.cursors != self._saved_cursors:
                 self._save()
         return self._after(verdicts, now)
+
+    def write_cursors(self) -> None:
+        """Write input cursors that moved since the last write (a graceful stop: nothing is read again)."""
+        with self._lock:
+            if self.record.cursors != self._saved_cursors:
+                self._save()
 
     def _after(self, verdicts: list[Verdict], now: float) -> Outcome:
         if verdicts:
@@ -426,7 +436,10 @@ class Pipeline:
         return verdicts
 
     def _acknowledge(self, observation: Observation) -> bool:
-        """A kernel-log record is acknowledged (its cursor moves) in the same write as what it changed."""
+        """Move the kernel-log cursor past this record, in memory. It is written in the same write as what the
+        record changed; a record that changed nothing durable is written by the next save or tick (at most a
+        tick of such records is read again after a crash, and re-reading them acts on nothing twice): in a storm
+        of distinct lines the record is written once a tick, not once a line."""
         seq = observation.attrs.get("kmsg_seq")
         if observation.source != KMSG_CURSOR or not isinstance(seq, int) or not self.engine.boot_id:
             return False

@@ -5,7 +5,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.journal import Journal
 from agent.metrics import Metrics
-from agent.model import NodeInventory, PodRef, Signal, StepKind, StepResult
+from agent.model import NodeInventory, Observation, PodRef, Signal, StepKind, StepResult, frozen_attrs
 from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import GuardPolicy, Mode
 from tests.conftest import gpu, obs
@@ -263,3 +263,55 @@ def test_with_a_fixed_pod_list_a_pod_on_two_faulty_gpus_is_evicted_once_even_aft
     p.handle(obs(Signal.OPERATOR_RELEASE, 1, 3.0, gpu_ref=gpu(0)), 3.0)
     p.reconcile(3.0)
     assert [target for kind, target in actuator.targets if kind is StepKind.EVICT] == ["ml/pair"]
+
+
+def _kmsg_xid(code: int, seq: int, at: float) -> Observation:
+    """A kernel-log Xid on GPU 0 as the kmsg source gives it: source "kmsg", its record's sequence number."""
+    return obs(Signal.XID, code, at, source="kmsg", kmsg_seq=seq, message=f"m{seq}")
+
+
+def _booted(rules, journal: Journal) -> Pipeline:
+    booted = pipeline(rules, journal)
+    booted.handle(Observation(Signal.BOOT, 0, 0.5, "kmsg", attrs=frozen_attrs({"boot_id": "boot-a"})), 0.5)
+    return booted
+
+
+def test_a_kernel_log_record_that_changes_nothing_is_written_by_the_next_tick_not_by_itself(shipped_rules,
+                                                                                             tmp_path: Path):
+    """In a storm the record is written once a tick, not once a line: repeats of an active fault move the
+    cursor in memory; the write that raised the fault carried its own cursor, the tick carries the rest."""
+    journal = Journal(tmp_path / "j.db")
+    first = _booted(shipped_rules, journal)
+    assert first.handle(_kmsg_xid(31, 1, 1.0), 1.0).verdicts
+    for seq in range(2, 50):
+        assert first.handle(_kmsg_xid(31, seq, 1.0 + seq / 1000), 1.0 + seq / 1000).verdicts == []
+    assert journal.cursor("kmsg") == "boot-a:1"
+    first.tick(2.0)
+    assert journal.cursor("kmsg") == "boot-a:49"
+
+
+def test_records_read_again_after_a_crash_before_the_tick_raise_nothing_twice(shipped_rules, tmp_path: Path):
+    """A crash before the tick: the new agent reads again only the records that changed nothing durable, and
+    classifying them again raises nothing; its own tick then acknowledges them."""
+    journal = Journal(tmp_path / "j.db")
+    first = _booted(shipped_rules, journal)
+    first.handle(_kmsg_xid(31, 1, 1.0), 1.0)
+    for seq in range(2, 6):
+        first.handle(_kmsg_xid(31, seq, 1.0 + seq / 1000), 1.0 + seq / 1000)
+    second = pipeline(shipped_rules, Journal(tmp_path / "j.db"))  # the first was killed: no tick, no stop
+    assert second.record.cursors["kmsg"] == "boot-a:1"
+    again = [second.handle(_kmsg_xid(31, seq, 2.0), 2.0).verdicts for seq in range(2, 6)]
+    assert again == [[], [], [], []]
+    assert set(second.active) == set(first.active)
+    second.tick(3.0)
+    assert journal.cursor("kmsg") == "boot-a:5"
+
+
+def test_a_graceful_stop_writes_the_cursor_of_every_record_handled(shipped_rules, tmp_path: Path):
+    """write_cursors (the daemon's last step) leaves nothing to read again."""
+    journal = Journal(tmp_path / "j.db")
+    first = _booted(shipped_rules, journal)
+    first.handle(_kmsg_xid(31, 1, 1.0), 1.0)
+    first.handle(_kmsg_xid(31, 2, 1.1), 1.1)
+    first.write_cursors()
+    assert journal.cursor("kmsg") == "boot-a:2"
