@@ -315,7 +315,9 @@ class Pipeline:
     def _classify(self, observation: Observation, now: float) -> list[Verdict]:
         if observation.gpu is not None:
             self._learn(observation.gpu)
-            observation = dataclasses.replace(observation, gpu=self.inventory.resolve(observation.gpu))
+            resolved = self.inventory.resolve(observation.gpu)
+            if resolved is not observation.gpu:
+                observation = dataclasses.replace(observation, gpu=resolved)
         if self.metrics:
             self.metrics.observed(observation)
         observation = self._not_the_gpus_if_elsewhere(observation)
@@ -415,10 +417,12 @@ class Pipeline:
         elsewhere = self.spread.note(workload, observation.gpu_key, observation.at)
         if not elsewhere:
             return observation
-        for (gpu_key, rule_id), state in self.engine.rules.items():
-            rule = self.rules.get(rule_id)
-            if gpu_key in elsewhere and rule is not None and rule.window.distinct == "workload" and not state.active:
-                state.distinct.pop(workload, None)
+        counting = self.rules.counting_distinct("workload")
+        for gpu_key in elsewhere:  # only these rules on these GPUs: not every rule's state on every observation
+            for rule_id in counting:
+                state = self.engine.rules.get((gpu_key, rule_id))
+                if state is not None and not state.active:
+                    state.distinct.pop(workload, None)
         attrs = {k: v for k, v in observation.attrs.items() if k != "workload"}
         attrs["workload_elsewhere"] = workload
         return dataclasses.replace(observation, attrs=frozen_attrs(attrs))

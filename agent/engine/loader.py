@@ -25,11 +25,19 @@ class RuleSet:
     _by_signal: dict[Signal, tuple[Rule, ...]] = field(default_factory=dict, repr=False)
     _by_id: dict[str, Rule] = field(default_factory=dict, repr=False)
     _per_model: dict[tuple[str, str], Rule] = field(default_factory=dict, repr=False)
+    _by_distinct: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for rule in self.rules:
             self._by_id[rule.id] = rule
             self._by_signal[rule.signal] = (*self._by_signal.get(rule.signal, ()), rule)
+            distinct = rule.window.distinct
+            if distinct:
+                self._by_distinct[distinct] = (*self._by_distinct.get(distinct, ()), rule.id)
+
+    def counting_distinct(self, attr: str) -> tuple[str, ...]:
+        """The ids of the rules whose window counts distinct values of this attribute."""
+        return self._by_distinct.get(attr, ())
 
     def for_signal(self, signal: Signal) -> tuple[Rule, ...]:
         return self._by_signal.get(signal, ())
