@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -387,8 +388,10 @@ class NodeInventory:
         return tuple(p for p in self.pods if p.holds(gpu_uuid))
 
 
+@functools.lru_cache(maxsize=1024)
 def normalise_pci(bus_id: str) -> str:
-    """Compare PCI bus ids as `dddd:bb:dd` lower-case, whatever domain width or function a source printed."""
+    """Compare PCI bus ids as `dddd:bb:dd` lower-case, whatever domain width or function a source printed.
+    Cached: resolving a kernel-log GPU against the inventory normalises the same few addresses on every line."""
     text = bus_id.strip().lower().removeprefix("pci:")
     if "." in text.rsplit(":", 1)[-1]:
         text = text.rsplit(".", 1)[0]

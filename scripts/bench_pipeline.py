@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints what the agent's classification step costs per kernel-log record in a storm, the durable record
 included: a storm of distinct raw /dev/kmsg Xid lines through the kernel-log processor and Pipeline.handle
-(local mode, journal on disk, eight GPUs), ticking once a simulated second as the daemon's loop does.
+(local mode, journal on disk, metrics, eight GPUs), ticking once a simulated second as the daemon's loop does.
 
 Every raw kmsg record carries its sequence number, which the pipeline acknowledges; the figure shows whether
 that costs a write of the durable record per line or per tick. Usage: python scripts/bench_pipeline.py [--quick]
@@ -15,9 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from agent.engine import builtin_rules_dir, load_rules
 from agent.journal import Journal
 from agent.logs import configure_logging
+from agent.metrics import Metrics
 from agent.model import GpuRef, NodeInventory, Observation, Signal, frozen_attrs
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy
@@ -36,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the lines")
     args = parser.parse_args()
-    configure_logging("warning", "json")
+    configure_logging("error", "json")  # verdicts are logged at warning: thousands in a storm
     lines = kernel_log(20_000 if args.quick else 200_000, 1.0)
     with tempfile.TemporaryDirectory() as work:
         journal = Journal(Path(work) / "journal.db")
@@ -50,7 +53,7 @@ def main() -> None:
 
         journal.save_record = counted  # type: ignore[method-assign]
         pipeline = Pipeline(rules=load_rules(builtin_rules_dir()), inventory=INVENTORY,
-                            policy=GuardPolicy(), journal=journal, inline=False, clock=lambda: 1_000.0)
+                            policy=GuardPolicy(), journal=journal, metrics=Metrics(CollectorRegistry()), inline=False, clock=lambda: 1_000.0)
         pipeline.handle(Observation(Signal.BOOT, 0, 999.0, "kmsg", attrs=frozen_attrs({"boot_id": "bench"})))
         processor = KernelLogProcessor(dedup_seconds=1.0)
         observations, next_tick = 0, 1_001.0

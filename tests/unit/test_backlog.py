@@ -123,3 +123,32 @@ def test_the_backlog_is_exported_as_metrics_read_at_scrape_time():
     assert "gpu_health_backlog_depth 1.0" in text
     assert "gpu_health_backlog_coalesced_total 2.0" in text
     assert "gpu_health_backlog_dropped_total 0.0" in text
+
+
+def test_get_many_takes_the_oldest_in_order_at_most_the_limit_each_with_its_folded_count():
+    """One lock for a run of observations: the same ones, in the same order and counts, as one get at a time."""
+    backlog = Backlog(capacity=4)
+    for n in range(1000):  # two waiting before the high-water mark, then repeats folded into the second
+        backlog.put(obs(Signal.XID, 31, float(n)))
+    backlog.put(obs(Signal.XID, 79, 2000.0, gpu_ref=on(5)))
+    first = backlog.get_many(2, timeout=0)
+    assert [(o.value, o.at, o.count) for o in first] == [(31, 0.0, 1), (31, 1.0, 999)]
+    assert [(o.value, o.count) for o in backlog.get_many(10, timeout=0)] == [(79, 1)]
+    assert backlog.depth == 0
+
+
+def test_get_many_gives_nothing_when_nothing_came_in_time():
+    """An empty backlog waits at most the timeout, then gives an empty run."""
+    assert Backlog(capacity=4).get_many(10, timeout=0.01) == []
+
+
+def test_a_repeat_of_a_kind_taken_by_get_many_is_queued_anew_not_lost():
+    """A kind taken out can no longer fold: its next repeat, past the high-water mark, waits as a new entry
+    instead of vanishing into the one already handed to the engine."""
+    backlog = Backlog(capacity=2)  # high-water mark 1
+    backlog.put(obs(Signal.XID, 31, 0.0))
+    backlog.put(obs(Signal.XID, 79, 1.0, gpu_ref=on(5)))
+    assert len(backlog.get_many(10, timeout=0)) == 2
+    backlog.put(obs(Signal.XID, 48, 2.0, gpu_ref=on(6)))  # the backlog at its high-water mark again
+    backlog.put(obs(Signal.XID, 79, 3.0, gpu_ref=on(5), count=3))
+    assert [(o.value, o.count) for o in drain(backlog)] == [(48, 1), (79, 3)]
