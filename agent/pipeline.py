@@ -42,6 +42,7 @@ from agent.model import (
     Verdict,
     VerdictKind,
     frozen_attrs,
+    new_observation,
 )
 from agent.remediation import (
     ActiveFault,
@@ -317,7 +318,8 @@ class Pipeline:
             self._learn(observation.gpu)
             resolved = self.inventory.resolve(observation.gpu)
             if resolved is not observation.gpu:
-                observation = dataclasses.replace(observation, gpu=resolved)
+                observation = new_observation(observation.signal, observation.value, observation.at,
+                                              observation.source, resolved, observation.attrs, observation.count)
         if self.metrics:
             self.metrics.observed(observation)
         observation = self._not_the_gpus_if_elsewhere(observation)
@@ -425,7 +427,8 @@ class Pipeline:
                     state.distinct.pop(workload, None)
         attrs = {k: v for k, v in observation.attrs.items() if k != "workload"}
         attrs["workload_elsewhere"] = workload
-        return dataclasses.replace(observation, attrs=frozen_attrs(attrs))
+        return new_observation(observation.signal, observation.value, observation.at, observation.source,
+                               observation.gpu, frozen_attrs(attrs), observation.count)
 
     def _drills_ended(self, now: float) -> list[Verdict]:
         """A drill's fault ends by itself once its alert has had time to fire: released, that fault only."""

@@ -82,6 +82,13 @@ def test_the_storm_paths_observation_factory_builds_what_the_constructor_builds(
         Signal.XID, 31.0, 5.0, "kmsg", gpu, attrs, 1]
 
 
+def test_the_observation_factory_keeps_a_folded_count():
+    """A storm's folded repeats survive being rebuilt with a resolved GPU."""
+    attrs = frozen_attrs({"pid": 7})
+    assert new_observation(Signal.XID, 31.0, 5.0, "kmsg", None, attrs, 12) == \
+        Observation(Signal.XID, 31.0, 5.0, "kmsg", None, attrs, 12)
+
+
 def test_an_observation_from_the_factory_is_still_frozen():
     """Bypassing the frozen __init__ must not leave a writable observation behind."""
     observation = new_observation(Signal.XID, 79.0, 1.0, "kmsg", None, frozen_attrs({}))

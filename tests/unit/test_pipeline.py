@@ -5,7 +5,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.journal import Journal
 from agent.metrics import Metrics
-from agent.model import NodeInventory, Observation, PodRef, Signal, StepKind, StepResult, frozen_attrs
+from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal, StepKind, StepResult, frozen_attrs
 from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import GuardPolicy, Mode
 from tests.conftest import gpu, obs
@@ -315,3 +315,11 @@ def test_a_graceful_stop_writes_the_cursor_of_every_record_handled(shipped_rules
     first.handle(_kmsg_xid(31, 2, 1.1), 1.1)
     first.write_cursors()
     assert journal.cursor("kmsg") == "boot-a:2"
+
+
+def test_a_folded_observation_keeps_its_count_when_its_gpu_is_resolved(shipped_rules):
+    """A kernel-log storm's observation names the GPU by PCI address and carries the repeats folded into it:
+    resolved to the inventory's GPU, it still counts every one of them."""
+    p = pipeline(shipped_rules)
+    p.handle(obs(Signal.XID, 31, 1.0, gpu_ref=GpuRef(pci_bus_id=gpu(0).pci_bus_id), count=5), 1.0)
+    assert p.occurrences(gpu(0).key, "xid-31") == 5

@@ -48,3 +48,11 @@ def test_the_memory_of_workloads_is_bounded():
     for n in range(10):
         spread.note(f"w{n}", "gpu0", float(n))
     assert spread.note("w0", "gpu1", 11.0) == set()  # w0 was forgotten
+
+
+def test_a_fault_of_a_workload_seen_elsewhere_keeps_its_folded_count(shipped_rules):
+    """Marked as the workload's (workload_elsewhere), a storm's observation still counts all its repeats."""
+    p = pipeline(shipped_rules)
+    fault(p, 0, "a/Job/x", 10.0)
+    p.handle(obs(Signal.XID, 31, 20.0, gpu_ref=gpu(1), count=4, workload="a/Job/x"), 20.0)
+    assert p.occurrences(gpu(1).key, "xid-31") == 4
