@@ -263,10 +263,12 @@ class Pipeline:
         """The record (and with it the input cursors) to the journal: before acknowledging, before acting."""
         self.record.generation += 1
         self.record.gpus = self.inventory.gpus
-        self._saved_cursors = dict(self.record.cursors)
-        if self.journal is not None:
-            self._safely("journal_record_failed", self.journal.save_record, self.inventory.name,
-                         self.record.to_json(), cursors=self.record.cursors)
+        cursors = dict(self.record.cursors)
+        if self.journal is not None and self._safely("journal_record_failed", self.journal.save_record,
+                                                     self.inventory.name, self.record.to_json(),
+                                                     cursors=cursors) is False:
+            return  # not written: the next tick tries the cursors again
+        self._saved_cursors = cursors
 
     # ---- classification (never touches the API) ----
     def handle(self, observation: Observation, now: float | None = None) -> Outcome:

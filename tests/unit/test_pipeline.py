@@ -323,3 +323,23 @@ def test_a_folded_observation_keeps_its_count_when_its_gpu_is_resolved(shipped_r
     p = pipeline(shipped_rules)
     p.handle(obs(Signal.XID, 31, 1.0, gpu_ref=GpuRef(pci_bus_id=gpu(0).pci_bus_id), count=5), 1.0)
     assert p.occurrences(gpu(0).key, "xid-31") == 5
+
+
+def test_cursors_whose_write_failed_are_written_by_a_later_tick(shipped_rules, tmp_path: Path, monkeypatch):
+    """A write of the record that failed (a full disk) does not count as written: a later tick tries again."""
+    import sqlite3
+
+    journal = Journal(tmp_path / "j.db")
+    first = _booted(shipped_rules, journal)
+    first.handle(_kmsg_xid(31, 1, 1.0), 1.0)
+    first.handle(_kmsg_xid(31, 2, 1.1), 1.1)
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(journal, "save_record", disk_full)
+        first.tick(2.0)
+    assert journal.cursor("kmsg") == "boot-a:1"
+    first.tick(3.0)
+    assert journal.cursor("kmsg") == "boot-a:2"
