@@ -333,7 +333,6 @@ class Daemon:
         for thread in [*self._threads, reconciler]:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._drain(timeout=0, stop=None)
-        self._safe_step("journal_record_failed", self.pipeline.write_cursors)
         if reconciler.is_alive():
             # An API call still hangs: what it did not apply is in the journal for the next agent.
             log.warning("reconciler_abandoned", reason="an API call did not return before shutdown")

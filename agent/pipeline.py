@@ -209,8 +209,6 @@ class Pipeline:
         self._metrics_primed = False
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
-        #: The input cursors as last written: one that moved since is written by the next save or tick.
-        self._saved_cursors = dict(self.record.cursors)
         self._restore_engine(list(self.record.faults.values()))
         self._merge_gpus(self.record.gpus)
 
@@ -229,7 +227,11 @@ class Pipeline:
             return NodeRecord(), True
         document = self._safely("journal_read_failed", journal.record, self.inventory.name)
         if isinstance(document, dict):
-            return NodeRecord.from_json(document), False
+            record = NodeRecord.from_json(document)
+            written = self._safely("journal_read_failed", journal.cursor, KMSG_CURSOR)
+            if isinstance(written, str) and newer_cursor(written, record.cursors.get(KMSG_CURSOR)):
+                record.cursors[KMSG_CURSOR] = written  # acknowledged alone, after the record's last write
+            return record, False
         record = NodeRecord()
         legacy = self._safely("journal_read_failed", journal.active_faults, self.inventory.name) or []
         for verdict in legacy:
@@ -263,12 +265,16 @@ class Pipeline:
         """The record (and with it the input cursors) to the journal: before acknowledging, before acting."""
         self.record.generation += 1
         self.record.gpus = self.inventory.gpus
-        cursors = dict(self.record.cursors)
-        if self.journal is not None and self._safely("journal_record_failed", self.journal.save_record,
-                                                     self.inventory.name, self.record.to_json(),
-                                                     cursors=cursors) is False:
-            return  # not written: the next tick tries the cursors again
-        self._saved_cursors = cursors
+        if self.journal is not None:
+            self._safely("journal_record_failed", self.journal.save_record, self.inventory.name,
+                         self.record.to_json(), cursors=self.record.cursors)
+
+    def _save_kmsg_cursor(self) -> None:
+        """A kernel-log record that changed nothing else is acknowledged by writing its cursor alone: one small
+        transaction, not the whole record (a storm of distinct lines wrote the whole record once a line)."""
+        if self.journal is not None:
+            self._safely("journal_record_failed", self.journal.set_cursor, KMSG_CURSOR,
+                         self.record.cursors[KMSG_CURSOR])
 
     # ---- classification (never touches the API) ----
     def handle(self, observation: Observation, now: float | None = None) -> Outcome:
@@ -278,16 +284,17 @@ class Pipeline:
             gpus_before = self.inventory.gpus
             verifying_before = dict(self.record.node.verifying)
             verdicts = self._classify(observation, now)
-            self._acknowledge(observation)  # written with what it changed, else by the next save or tick
+            acknowledged = self._acknowledge(observation)
             if verdicts or self.inventory.gpus != gpus_before or \
                     self.record.node.verifying != verifying_before or \
                     self.inventory.gpus != self.record.gpus:
                 self._save()
+            elif acknowledged:
+                self._save_kmsg_cursor()
         return self._after(verdicts, now)
 
     def tick(self, now: float | None = None) -> Outcome:
-        """Let time pass: quiet windows may clear faults; a reconciliation pass runs when one is due; input
-        cursors that moved since the last write are written."""
+        """Let time pass: quiet windows may clear faults; a reconciliation pass runs when one is due."""
         now = self.clock() if now is None else now
         with self._lock:
             verdicts = [self._escalate(v) for v in [*tick(self.engine, now, rules=self.rules),
@@ -296,15 +303,9 @@ class Pipeline:
                 self._record_verdict(verdict, now, None)
             verdicts += self._drills_ended(now)
             verdicts += self._resets_unverified(now)
-            if verdicts or self.record.cursors != self._saved_cursors:
+            if verdicts:
                 self._save()
         return self._after(verdicts, now)
-
-    def write_cursors(self) -> None:
-        """Write input cursors that moved since the last write (a graceful stop: nothing is read again)."""
-        with self._lock:
-            if self.record.cursors != self._saved_cursors:
-                self._save()
 
     def _after(self, verdicts: list[Verdict], now: float) -> Outcome:
         if verdicts:
@@ -445,10 +446,9 @@ class Pipeline:
         return verdicts
 
     def _acknowledge(self, observation: Observation) -> bool:
-        """Move the kernel-log cursor past this record, in memory. It is written in the same write as what the
-        record changed; a record that changed nothing durable is written by the next save or tick (at most a
-        tick of such records is read again after a crash, and re-reading them acts on nothing twice): in a storm
-        of distinct lines the record is written once a tick, not once a line."""
+        """Move the kernel-log cursor past this record. It is written in the same write as what the record
+        changed, or alone (_save_kmsg_cursor): never later, since a record read again after a crash would be
+        classified without what the agent knew in memory (which workloads faulted elsewhere, the windows)."""
         seq = observation.attrs.get("kmsg_seq")
         if observation.source != KMSG_CURSOR or not isinstance(seq, int) or not self.engine.boot_id:
             return False

@@ -181,34 +181,3 @@ def test_the_loop_gets_its_tick_back_in_a_storm_that_keeps_the_backlog_full(tmp_
     daemon._drain(timeout=0, stop=None)
     assert daemon.backlog.depth == 0
     daemon.journal.close()
-
-
-class _KernelLogRecordsAtStop:
-    """Emits a boot and a kernel-log Xid, and on its way out, once the loop has had its last tick, a repeat
-    of that Xid, which changes nothing."""
-
-    name = "kmsg"
-
-    def run(self, emit, stop):
-        from agent.model import frozen_attrs
-        emit(Observation(Signal.BOOT, 0, time.time(), "kmsg", attrs=frozen_attrs({"boot_id": "boot-a"})))
-        emit(Observation(Signal.XID, 31, time.time(), "kmsg", gpu(0), frozen_attrs({"kmsg_seq": 1})))
-        stop.wait()
-        time.sleep(1.0)  # the loop ticks every 0.2 s: it has left by now, and the stop waits for this source
-        emit(Observation(Signal.XID, 31, time.time(), "kmsg", gpu(0), frozen_attrs({"kmsg_seq": 2})))
-
-
-def test_a_stop_writes_the_cursor_of_every_record_handled(tmp_path: Path):
-    """A record handled by the last drain, after the loop's last tick, changed nothing: the stop still writes
-    its cursor, so the next agent does not read it again."""
-    config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db"),
-                                    "GPU_HEALTH_TICK_SECONDS": "0.2"})
-    daemon = Daemon(config, sources=[_KernelLogRecordsAtStop()], rules=load_rules(builtin_rules_dir()),
-                    registry=CollectorRegistry())
-    stop = threading.Event()
-    thread = threading.Thread(target=daemon.run, args=(stop,))
-    thread.start()
-    assert wait_for(lambda: daemon.pipeline.record.cursors.get("kmsg") == "boot-a:1")
-    stop.set()
-    thread.join(timeout=10)
-    assert Journal(tmp_path / "j.db").cursor("kmsg") == "boot-a:2"

@@ -276,45 +276,33 @@ def _booted(rules, journal: Journal) -> Pipeline:
     return booted
 
 
-def test_a_kernel_log_record_that_changes_nothing_is_written_by_the_next_tick_not_by_itself(shipped_rules,
-                                                                                             tmp_path: Path):
-    """In a storm the record is written once a tick, not once a line: repeats of an active fault move the
-    cursor in memory; the write that raised the fault carried its own cursor, the tick carries the rest."""
+def test_a_kernel_log_record_that_changes_nothing_writes_its_cursor_alone_not_the_record(shipped_rules,
+                                                                                         tmp_path: Path):
+    """In a storm of repeats the durable record is not rewritten once a line: each record's cursor is
+    written alone, at once; the write that raised the fault carried its own."""
     journal = Journal(tmp_path / "j.db")
     first = _booted(shipped_rules, journal)
     assert first.handle(_kmsg_xid(31, 1, 1.0), 1.0).verdicts
+    generation = journal.record("node-1")["generation"]
     for seq in range(2, 50):
         assert first.handle(_kmsg_xid(31, seq, 1.0 + seq / 1000), 1.0 + seq / 1000).verdicts == []
-    assert journal.cursor("kmsg") == "boot-a:1"
-    first.tick(2.0)
-    assert journal.cursor("kmsg") == "boot-a:49"
+        assert journal.cursor("kmsg") == f"boot-a:{seq}"
+    assert journal.record("node-1")["generation"] == generation
 
 
-def test_records_read_again_after_a_crash_before_the_tick_raise_nothing_twice(shipped_rules, tmp_path: Path):
-    """A crash before the tick: the new agent reads again only the records that changed nothing durable, and
-    classifying them again raises nothing; its own tick then acknowledges them."""
+def test_after_a_crash_no_record_handled_is_read_again(shipped_rules, tmp_path: Path):
+    """The new agent resumes after the last record handled, though the record was last written before it:
+    records classified with what the dead agent knew in memory (here, that workload w faulted on GPU 1, so
+    it does not count against GPU 0) are never classified again without it."""
     journal = Journal(tmp_path / "j.db")
     first = _booted(shipped_rules, journal)
-    first.handle(_kmsg_xid(31, 1, 1.0), 1.0)
-    for seq in range(2, 6):
-        first.handle(_kmsg_xid(31, seq, 1.0 + seq / 1000), 1.0 + seq / 1000)
-    second = pipeline(shipped_rules, Journal(tmp_path / "j.db"))  # the first was killed: no tick, no stop
-    assert second.record.cursors["kmsg"] == "boot-a:1"
-    again = [second.handle(_kmsg_xid(31, seq, 2.0), 2.0).verdicts for seq in range(2, 6)]
-    assert again == [[], [], [], []]
-    assert set(second.active) == set(first.active)
-    second.tick(3.0)
-    assert journal.cursor("kmsg") == "boot-a:5"
-
-
-def test_a_graceful_stop_writes_the_cursor_of_every_record_handled(shipped_rules, tmp_path: Path):
-    """write_cursors (the daemon's last step) leaves nothing to read again."""
-    journal = Journal(tmp_path / "j.db")
-    first = _booted(shipped_rules, journal)
-    first.handle(_kmsg_xid(31, 1, 1.0), 1.0)
-    first.handle(_kmsg_xid(31, 2, 1.1), 1.1)
-    first.write_cursors()
-    assert journal.cursor("kmsg") == "boot-a:2"
+    first.handle(obs(Signal.XID, 13, 1.0, source="kmsg", kmsg_seq=1), 1.0)
+    first.handle(obs(Signal.XID, 13, 2.0, gpu_ref=gpu(1), source="kmsg", kmsg_seq=2, workload="w"), 2.0)
+    for seq, workload in ((3, "a"), (4, "b"), (5, "w")):
+        assert first.handle(obs(Signal.XID, 13, seq, source="kmsg", kmsg_seq=seq, workload=workload), seq) \
+            .verdicts == []
+    second = pipeline(shipped_rules, Journal(tmp_path / "j.db"))  # the first was killed here
+    assert second.record.cursors["kmsg"] == "boot-a:5"
 
 
 def test_a_folded_observation_keeps_its_count_when_its_gpu_is_resolved(shipped_rules):
@@ -323,23 +311,3 @@ def test_a_folded_observation_keeps_its_count_when_its_gpu_is_resolved(shipped_r
     p = pipeline(shipped_rules)
     p.handle(obs(Signal.XID, 31, 1.0, gpu_ref=GpuRef(pci_bus_id=gpu(0).pci_bus_id), count=5), 1.0)
     assert p.occurrences(gpu(0).key, "xid-31") == 5
-
-
-def test_cursors_whose_write_failed_are_written_by_a_later_tick(shipped_rules, tmp_path: Path, monkeypatch):
-    """A write of the record that failed (a full disk) does not count as written: a later tick tries again."""
-    import sqlite3
-
-    journal = Journal(tmp_path / "j.db")
-    first = _booted(shipped_rules, journal)
-    first.handle(_kmsg_xid(31, 1, 1.0), 1.0)
-    first.handle(_kmsg_xid(31, 2, 1.1), 1.1)
-
-    def disk_full(*args: object, **kwargs: object) -> None:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(journal, "save_record", disk_full)
-        first.tick(2.0)
-    assert journal.cursor("kmsg") == "boot-a:1"
-    first.tick(3.0)
-    assert journal.cursor("kmsg") == "boot-a:2"
