@@ -57,8 +57,9 @@ def main() -> None:
 
         journal.save_record = record_written  # type: ignore[method-assign]
         journal.set_cursor = cursor_written  # type: ignore[method-assign]
-        pipeline = Pipeline(rules=load_rules(builtin_rules_dir()), inventory=INVENTORY,
-                            policy=GuardPolicy(), journal=journal, metrics=Metrics(CollectorRegistry()), inline=False, clock=lambda: 1_000.0)
+        pipeline = Pipeline(rules=load_rules(builtin_rules_dir()), inventory=INVENTORY, policy=GuardPolicy(),
+                            journal=journal, metrics=Metrics(CollectorRegistry()), inline=False,
+                            clock=lambda: 1_000.0)
         pipeline.handle(Observation(Signal.BOOT, 0, 999.0, "kmsg", attrs=frozen_attrs({"boot_id": "bench"})))
         processor = KernelLogProcessor(dedup_seconds=1.0)
         observations, next_tick = 0, 1_001.0

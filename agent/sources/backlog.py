@@ -104,10 +104,7 @@ class Backlog:
                     if remaining is not None and remaining <= 0:
                         return None
                     self._ready.wait(remaining)
-            entry = self._entries.popleft()
-            if entry.key is not None and self._waiting.get(entry.key) is entry:
-                del self._waiting[entry.key]
-        return _with_folded(entry)
+            return self._take_oldest()
 
     def get_many(self, limit: int, timeout: float | None = None) -> list[Observation]:
         """The oldest waiting observations (each with its folded count), at most `limit`, taken under one lock:
@@ -118,13 +115,17 @@ class Backlog:
             return []
         taken = [first]
         with self._ready:
-            entries, waiting = self._entries, self._waiting
-            while entries and len(taken) < limit:
-                entry = entries.popleft()
-                if entry.key is not None and waiting.get(entry.key) is entry:
-                    del waiting[entry.key]
-                taken.append(_with_folded(entry))
+            while self._entries and len(taken) < limit:
+                taken.append(self._take_oldest())
         return taken
+
+    def _take_oldest(self) -> Observation:
+        """Under the lock: the oldest entry out of the queue and out of the fold index (a repeat of its kind
+        then waits anew), with the count folded into it."""
+        entry = self._entries.popleft()
+        if entry.key is not None and self._waiting.get(entry.key) is entry:
+            del self._waiting[entry.key]
+        return _with_folded(entry)
 
     def _fold(self, waiting: _Entry, observation: Observation) -> None:
         self._coalesced += 1
