@@ -1,11 +1,18 @@
 # A slim image for the DaemonSet. NVML (libnvidia-ml.so.1) is not in the image: the NVIDIA container
 # runtime injects the host driver's copy (NVIDIA_DRIVER_CAPABILITIES=utility in daemonset.yaml).
+# The storm path (agent/hot_path.py) is compiled with mypyc here, which needs a C compiler; the runtime
+# stage has none. `gpu-health-agent --version` says whether the modules it runs are compiled.
 FROM python:3.11-slim AS build
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY rules ./rules
-RUN pip install --no-cache-dir --prefix=/install .
+COPY scripts/compile-hot-path ./scripts/
+RUN pip install --no-cache-dir ".[compile]" \
+    && python scripts/compile-hot-path /src \
+    && pip install --no-cache-dir --prefix=/install . \
+    && cd / && PYTHONPATH=/install/lib/python3.11/site-packages python -m agent --version | grep -q "compiled with mypyc"
 
 FROM python:3.11-slim
 COPY --from=build /install /usr/local

@@ -30,6 +30,7 @@ from agent.daemon import Daemon, rules_dir_of
 from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
 from agent.errors import AgentError, InputError, InputErrors
 from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
+from agent.hot_path import describe as describe_storm_path
 from agent.httpserver import AgentHttpServer
 from agent.journal import Journal
 from agent.k8s.detect import cluster_configured
@@ -166,8 +167,16 @@ class _MonitoringPluginCommand(click.Command):
             raise
 
 
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"gpu-health-agent, version {__version__} ({describe_storm_path()})")
+    ctx.exit()
+
+
 @click.group(cls=_OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gpu-health-agent")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="Show the version, and whether the storm path is compiled, and exit.")
 def main() -> None:
     """Node-level GPU health and self-healing agent for Kubernetes."""
 

@@ -19,6 +19,7 @@ from agent.drill import DrillBox, drills_dir
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
+from agent.hot_path import describe as describe_storm_path
 from agent.journal import Journal
 from agent.logs import get_logger
 from agent.metrics import Metrics
@@ -308,7 +309,8 @@ class Daemon:
     def run(self, stop: threading.Event) -> None:
         log.info("agent_starting", node=self.config.node_name, mode=str(self.config.mode),
                  dry_run=self.config.dry_run, sources=[s.name for s in self.sources],
-                 rules=len(self.pipeline.rules.rules), local_mode=self.cluster is None)
+                 rules=len(self.pipeline.rules.rules), local_mode=self.cluster is None,
+                 storm_path=describe_storm_path())
         for source in self.sources:
             thread = threading.Thread(target=self._run_source, args=(source, stop), name=f"source-{source.name}",
                                       daemon=True)

@@ -24,6 +24,7 @@ def test_xid_154_with_a_plain_recovery_value_parses():
     assert (record.code, record.extras["recovery_action_from"], record.extras["recovery_action"]) == (154, 0, 2)
 
 
+@pytest.mark.interpreted_only
 def test_a_line_that_breaks_a_decoder_is_skipped_and_counted(monkeypatch):
     """Whatever goes wrong inside the parser, the line is dropped and counted, and the next line is read."""
     def broken(code, text):

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from agent.model import Signal
 from agent.sources.attribution import parse_cgroup, pod_of_pid
 from agent.sources.dedup import Deduplicator
@@ -174,6 +176,7 @@ class _RaisesOn(KernelLogParser):
         return super().kmsg_xid(match, line, line_no)
 
 
+@pytest.mark.interpreted_only
 def test_a_record_that_cannot_be_handled_is_skipped_and_counted():
     counted = []
     processor = KernelLogProcessor(parser=_RaisesOn(), count=lambda name, n: counted.append((name, n)))
@@ -183,6 +186,7 @@ def test_a_record_that_cannot_be_handled_is_skipped_and_counted():
     assert (counted, processor.stats.unreadable) == ([("unreadable", 1)], 1)
 
 
+@pytest.mark.interpreted_only
 def test_a_source_whose_records_keep_failing_is_failing_until_one_is_handled():
     processor = KernelLogProcessor(parser=_RaisesOn())
     for n in range(FAILING_AFTER):
