@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from agent.engine import EngineState, RuleSet, builtin_rules_dir, evaluate, load_rules
+from agent.hot_path import describe
 from agent.model import Signal
 from agent.sources.kmsg import KernelLogProcessor
 
@@ -121,7 +122,7 @@ def main() -> None:
     rules = load_rules(builtin_rules_dir())
     distinct = kernel_log(200_000 // scale, 1.0)
     print(f"python {sys.version.split()[0]} ({os.path.realpath(sys.executable)}), {len(rules.rules)} rules "
-          f"({len(rules.for_signal(Signal.XID))} Xid)")
+          f"({len(rules.for_signal(Signal.XID))} Xid), {describe()}")
     show("distinct-line Xid storm, parser only", run_path(distinct, None))
     x1 = run_path(distinct, rules)
     show("distinct-line Xid storm, parser + engine", x1)

@@ -14,6 +14,7 @@ Usage: scripts/bench_memory.py [SETTLE_SECONDS]
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,7 +26,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_DIR = REPO / "tests" / "fakenvml" / "build"
-sys.path.insert(0, str(REPO))
+# The tree this interpreter's `agent` comes from: the checkout (.venv), or the copy whose storm path
+# scripts/bench-all compiled (.bench-venv). The agent measured runs from it.
+_AGENT = importlib.util.find_spec("agent")
+TREE = Path(_AGENT.origin).parent.parent if _AGENT is not None and _AGENT.origin else REPO
+sys.path.insert(0, str(TREE))
 
 from tests.conftest import FIXTURES, eight_gpus  # noqa: E402
 
@@ -79,7 +84,7 @@ def settled_rss(folder: Path, exporter_url: str, settle: float, kubeconfig: Path
     log = folder / f"agent-{time.monotonic_ns()}.log"
     with log.open("wb") as stderr:
         agent = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", "0"], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO)
+                                 stdout=subprocess.DEVNULL, stderr=stderr, cwd=TREE)
     try:
         started = time.monotonic()
         samples: list[float] = []
@@ -114,19 +119,19 @@ def import_costs(top: int = 12) -> list[tuple[str, float, float]]:
                "for n in sys.modules:\n    top = n.split('.')[0]\n"
                "    if n not in before and sys.modules[n] is not None and not top.startswith('_') and top not in order:\n"
                "        order.append(top)\nprint(' '.join(order))")
-    names = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, cwd=REPO,
+    names = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, cwd=TREE,
                            check=True).stdout.split()
     in_order = (f"{RSS_OF_SELF}import importlib, json\nlast = rss()\ncosts = {{}}\n"
                 f"for name in {names!r}:\n    importlib.import_module(name)\n    now = rss()\n"
                 "    costs[name] = now - last\n    last = now\n"
                 f"for name in {AGENT_MODULES!r}:\n    importlib.import_module(name)\n"
                 "costs['agent'] = costs.get('agent', 0) + rss() - last\nprint(json.dumps(costs))")
-    added = json.loads(subprocess.run([sys.executable, "-c", in_order], capture_output=True, text=True, cwd=REPO,
+    added = json.loads(subprocess.run([sys.executable, "-c", in_order], capture_output=True, text=True, cwd=TREE,
                                       check=True).stdout)
 
     def rss_after(statement: str) -> float:
         code = f"{RSS_OF_SELF}{statement}\nprint(rss())"
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TREE, check=False)
         return float(done.stdout.strip() or "nan")
 
     bare = rss_after("")
@@ -136,8 +141,10 @@ def import_costs(top: int = 12) -> list[tuple[str, float, float]]:
 
 def main() -> None:
     settle = float(sys.argv[1]) if len(sys.argv) > 1 else 15.0
+    from agent.hot_path import describe  # noqa: PLC0415 - after the path is set
     from tests.realcluster.controlplane import ControlPlane  # noqa: PLC0415 - after the path is set
 
+    print(f"the agent from {TREE}, python {sys.version.split()[0]}, {describe()}")
     exporter, url = _exporter()
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
@@ -164,7 +171,7 @@ def main() -> None:
     loaded = subprocess.run([sys.executable, "-c", "import sys; " + "; ".join(f"import {m}" for m in AGENT_MODULES)
                              + "; print(' '.join(sorted(n for n in ('kubernetes', 'rich', 'pygments', "
                              "'import_linter', 'pytest') if sys.modules.get(n) is not None)))"],
-                            capture_output=True, text=True, cwd=REPO, check=True).stdout.strip()
+                            capture_output=True, text=True, cwd=TREE, check=True).stdout.strip()
     print(f"kubernetes package / dev tools loaded: {loaded or 'none'}")
 
 

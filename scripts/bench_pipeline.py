@@ -19,6 +19,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from agent.engine import builtin_rules_dir, load_rules
+from agent.hot_path import describe
 from agent.journal import Journal
 from agent.logs import configure_logging
 from agent.metrics import Metrics
@@ -74,7 +75,8 @@ def main() -> None:
                 next_tick += 1.0
         cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
         journal.close()
-    print(f"python {sys.version.split()[0]}, {len(lines):,} distinct raw kmsg Xid lines, {observations:,} observations")
+    print(f"python {sys.version.split()[0]}, {describe()}, {len(lines):,} distinct raw kmsg Xid lines, "
+          f"{observations:,} observations")
     print(f"kernel-log processor + Pipeline.handle (journal)  {cpu / len(lines) * 1e6:8.1f} us CPU/line "
           f"{len(lines) / max(cpu, 1e-9):>10,.0f} lines/s  ({wall:.1f} s wall)")
     print(f"journal writes: the whole record {writes['record']:,}, a cursor alone {writes['cursor']:,} "
