@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from agent.sources.nvlink5 import decode
@@ -90,19 +90,38 @@ class Prefix(NamedTuple):
     level: int | None = None
 
 
-@dataclass(slots=True)
+_NO_PREFIX = Prefix()
+
+
+@dataclass(slots=True, init=False)
 class KernelRecord:
-    """One recognised record. `pci` is the bus id as printed (lower-case, without `PCI:`)."""
+    """One recognised record. `pci` is the bus id as printed (lower-case, without `PCI:`).
+
+    Its __init__ is written out rather than generated: mypyc compiles a written one, while the dataclass's
+    generated one stays interpreted, and one record is built per driver line of a storm."""
 
     kind: str
     line: int
-    code: int | None = None
-    pci: str = ""
-    pid: int | None = None
-    process: str | None = None
-    message: str = ""
-    extras: dict[str, Any] = field(default_factory=dict)
-    prefix: Prefix = field(default_factory=Prefix)
+    code: int | None
+    pci: str
+    pid: int | None
+    process: str | None
+    message: str
+    extras: dict[str, Any]
+    prefix: Prefix
+
+    def __init__(self, kind: str, line: int, code: int | None = None, pci: str = "", pid: int | None = None,
+                 process: str | None = None, message: str = "", extras: dict[str, Any] | None = None,
+                 prefix: Prefix = _NO_PREFIX) -> None:
+        self.kind = kind
+        self.line = line
+        self.code = code
+        self.pci = pci
+        self.pid = pid
+        self.process = process
+        self.message = message
+        self.extras = {} if extras is None else extras
+        self.prefix = prefix
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {"line": self.line, "kind": self.kind, "code": self.code, "pci": self.pci,
