@@ -9,13 +9,16 @@ COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY rules ./rules
 COPY scripts/compile-hot-path ./scripts/
+# The agent and its dependencies go to /install whatever this stage already has (--ignore-installed: pip
+# would otherwise leave out every dependency the compile step installed here).
 RUN pip install --no-cache-dir ".[compile]" \
     && python scripts/compile-hot-path /src \
-    && pip install --no-cache-dir --prefix=/install . \
-    && cd / && PYTHONPATH=/install/lib/python3.11/site-packages python -m agent --version | grep -q "compiled with mypyc"
+    && pip install --no-cache-dir --ignore-installed --prefix=/install .
 
 FROM python:3.11-slim
 COPY --from=build /install /usr/local
+# The runtime stage itself must import the agent and run its storm path compiled.
+RUN gpu-health-agent --version | grep -q "compiled with mypyc"
 # Root with every capability dropped but SYSLOG (set in the DaemonSet): /dev/kmsg needs it.
 USER 0
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
-from agent.hot_path import compiled_modules
 from agent.model import GpuRef, Observation, Signal, frozen_attrs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,18 +128,6 @@ def no_retry_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     from agent.k8s import retry
     monkeypatch.setattr(retry, "WAIT", False)
     monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On the compiled build (scripts/test's second run), tests marked interpreted_only are skipped: they
-    replace a function or subclass a class of the storm path, which compiled code neither sees nor allows."""
-    compiled = compiled_modules()
-    if not compiled:
-        return
-    skip = pytest.mark.skip(reason=f"the storm path is compiled ({len(compiled)} modules): no fault can be injected")
-    for item in items:
-        if item.get_closest_marker("interpreted_only"):
-            item.add_marker(skip)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

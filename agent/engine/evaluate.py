@@ -383,7 +383,7 @@ def _number(value: float) -> str:
 def _evidence(rule: Rule, obs: Observation, st: RuleState, gpu_key: str) -> Mapping[str, AttrValue]:
     evidence: dict[str, AttrValue] = {
         "signal": str(obs.signal),
-        "value": obs.value,
+        "value": float(obs.value),  # a float in both builds: compiled code reads the declared float as one
         "source": obs.source,
         "occurrences": st.occurrences,
         "window_count": rule.window.count,

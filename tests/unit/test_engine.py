@@ -43,6 +43,12 @@ def test_one_fatal_xid_raises_one_fatal_verdict():
     assert verdict.gpu_key == gpu().uuid
 
 
+def test_the_evidence_keeps_the_value_as_a_float_whatever_type_the_source_gave():
+    """A source may pass 79 or 79.0; the journal's evidence reads 79.0 in the interpreted and compiled builds."""
+    [verdict], _ = run(obs(Signal.XID, 79, 5.0))
+    assert type(verdict.evidence["value"]) is float and verdict.evidence["value"] == 79.0
+
+
 def test_the_summary_is_filled_from_the_observation():
     [verdict], _ = run(obs(Signal.XID, 13, pid=4242))
     assert verdict.summary == "Xid 13 pid 4242"

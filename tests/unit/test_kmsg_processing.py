@@ -2,12 +2,9 @@
 
 from pathlib import Path
 
-import pytest
-
 from agent.model import Signal
 from agent.sources.attribution import parse_cgroup, pod_of_pid
 from agent.sources.dedup import Deduplicator
-from agent.sources.kernel_log import KernelLogParser
 from agent.sources.kmsg import FAILING_AFTER, KernelLogProcessor
 from tests.conftest import obs
 
@@ -162,38 +159,46 @@ def test_a_kernel_banner_in_a_text_log_still_names_the_gpu():
     assert observation.gpu.uuid == "GPU-0f9a5c0e-1234-5678-9abc-def012345678"
 
 
-class _RaisesOn(KernelLogParser):
-    """The parser with a bug for one kind of line (as the real one had for some Xid 154 lines)."""
+class _BrokenPodListing:
+    """The pod listing (the `owners` callable) failing for the records marked "boom": something inside the
+    handling of one record raises, as the parser once did for some Xid 154 lines. A dependency of the
+    processor, so the fault is injected the same way into the interpreted and the compiled storm path."""
 
-    def feed(self, line: str, line_no: int = 0):
-        if "boom" in line:
+    def __init__(self) -> None:
+        self.failing = False
+
+    def __call__(self) -> dict[str, str]:
+        if self.failing:
             raise ValueError("invalid literal for int() with base 0: '02'")
-        return super().feed(line, line_no)
-
-    def kmsg_xid(self, match, line: str, line_no: int):
-        if "boom" in line:
-            raise ValueError("invalid literal for int() with base 0: '02'")
-        return super().kmsg_xid(match, line, line_no)
+        return {}
 
 
-@pytest.mark.interpreted_only
-def test_a_record_that_cannot_be_handled_is_skipped_and_counted():
+def _handle(processor: KernelLogProcessor, owners: _BrokenPodListing, line: str, now: float) -> list:
+    owners.failing = "boom" in line
+    return processor.handle(line, now)
+
+
+def test_a_record_that_cannot_be_handled_is_skipped_and_counted(tmp_path: Path):
+    """The record is dropped and counted as unreadable; the next record is handled."""
     counted = []
-    processor = KernelLogProcessor(parser=_RaisesOn(), count=lambda name, n: counted.append((name, n)))
-    assert processor.handle(XID.format(seq=1, code=154, pid=1, msg="boom"), 0.0) == []
-    [observation] = processor.handle(XID.format(seq=2, code=79, pid=1, msg="off the bus"), 1.0)
+    owners = _BrokenPodListing()
+    processor = KernelLogProcessor(proc_root=fake_proc(tmp_path, 1), owners=owners,
+                                   count=lambda name, n: counted.append((name, n)))
+    assert _handle(processor, owners, XID.format(seq=1, code=154, pid=1, msg="boom"), 0.0) == []
+    [observation] = _handle(processor, owners, XID.format(seq=2, code=79, pid=1, msg="off the bus"), 1.0)
     assert observation.value == 79
     assert (counted, processor.stats.unreadable) == ([("unreadable", 1)], 1)
 
 
-@pytest.mark.interpreted_only
-def test_a_source_whose_records_keep_failing_is_failing_until_one_is_handled():
-    processor = KernelLogProcessor(parser=_RaisesOn())
+def test_a_source_whose_records_keep_failing_is_failing_until_one_is_handled(tmp_path: Path):
+    """FAILING_AFTER unreadable records in a row make the source failing; one handled record ends it."""
+    owners = _BrokenPodListing()
+    processor = KernelLogProcessor(proc_root=fake_proc(tmp_path, 1), owners=owners)
     for n in range(FAILING_AFTER):
         assert not processor.failing
-        processor.handle(XID.format(seq=n, code=154, pid=1, msg="boom"), float(n))
+        _handle(processor, owners, XID.format(seq=n, code=154, pid=1, msg=f"boom {n}"), float(n))
     assert processor.failing
-    processor.handle(XID.format(seq=99, code=79, pid=1, msg="off the bus"), 99.0)
+    _handle(processor, owners, XID.format(seq=99, code=79, pid=1, msg="off the bus"), 99.0)
     assert not processor.failing
 
 
