@@ -115,6 +115,12 @@ class Signal(StrEnum):
     NVLINK_DOWN = "nvlink_down"
     PCIE_REPLAYS = "pcie_replays"
     PCIE_LINK = "pcie_link"
+    #: The PCIe link generation, read only while the GPU is busy (an idle GPU lowers it to save power).
+    PCIE_LINK_GEN = "pcie_link_gen"
+    #: The GPU's fabric registration (NVSwitch systems, GB200 NVL72): state, status, health mask.
+    GPU_FABRIC = "gpu_fabric"
+    #: ECC mode, current (the value: 1 on, 0 off) and pending.
+    ECC_MODE = "ecc_mode"
     SOURCE_UNREADABLE = "source_unreadable"
     DCGM_HEALTH = "dcgm_health"
     BOOT = "boot"

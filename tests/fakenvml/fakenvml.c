@@ -28,10 +28,17 @@
  * A value of null for "retired_pages", "remapped_rows", "ecc" or "nvlink" makes those calls NotSupported;
  * so does a missing "sram" for nvmlDeviceGetSramEccErrorStatus.
  * "fail_all": every device call on that GPU returns this NVML error (16: a GPU that requires a reset).
+ * "ecc_mode": {"current": 1, "pending": 1} (default both on); with current 0 the ECC counters, remapped
+ * rows and retired pages read NotSupported, as on a real GPU with ECC off. "memory_bus_width": bits
+ * (default 5120, HBM3; null: NotSupported).
+ * "fabric": {"state": 3, "status": 0, "health_mask": 0, "health_summary": 1, "clique_id": 1, "version": 3}
+ * answers nvmlDeviceGetGpuFabricInfoV (state 3 Completed; status an NVML return code); absent or null
+ * is NotSupported (a PCIe-only GPU); "version": 2 is a driver that takes only the v2 struct.
  * A call named in "hang" blocks until the state no longer names it.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -438,11 +445,26 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigne
     LEAVE(NVML_SUCCESS);
 }
 
+static int ecc_off(jnode *gpu) {
+    jnode *mode = jget(gpu, "ecc_mode");
+    return mode && mode->type == J_OBJ && !jnum(mode, "current", 1);
+}
+
 nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending) {
     ENTER("nvmlDeviceGetEccMode");
     jnode *ecc = jget(gpu, "ecc");
     if (ecc && ecc->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
-    *current = *pending = 1;
+    jnode *mode = jget(gpu, "ecc_mode");
+    *current = (int)jnum(mode, "current", 1);
+    *pending = (int)jnum(mode, "pending", *current);
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryBusWidth(nvmlDevice_t device, unsigned int *bits) {
+    ENTER("nvmlDeviceGetMemoryBusWidth");
+    jnode *width = jget(gpu, "memory_bus_width");
+    if (width && width->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *bits = (unsigned int)jnum(gpu, "memory_bus_width", 5120);
     LEAVE(NVML_SUCCESS);
 }
 
@@ -450,7 +472,7 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type, in
                                          unsigned long long *count) {
     ENTER("nvmlDeviceGetTotalEccErrors");
     jnode *ecc = jget(gpu, "ecc");
-    if (ecc && ecc->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if ((ecc && ecc->type == J_NULL) || ecc_off(gpu)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     const char *key = error_type == 0 ? (counter_type == 0 ? "sbe_volatile" : "sbe_aggregate")
                                       : (counter_type == 0 ? "dbe_volatile" : "dbe_aggregate");
     *count = (unsigned long long)jnum(ecc, key, 0);
@@ -462,7 +484,7 @@ nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, int error_type
                                              unsigned long long *count) {
     ENTER("nvmlDeviceGetMemoryErrorCounter");
     jnode *ecc = jget(gpu, "ecc");
-    if (ecc && ecc->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if ((ecc && ecc->type == J_NULL) || ecc_off(gpu)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     char key[8];
     snprintf(key, sizeof key, "%d", location);
     *count = error_type == 1 && counter_type == 0 ? (unsigned long long)jnum(jget(ecc, "locations"), key, 0) : 0;
@@ -474,7 +496,7 @@ static nvmlReturn_t retired_pages(nvmlDevice_t device, const char *call, int cau
                                   unsigned long long *addresses, unsigned long long *timestamps) {
     ENTER(call);
     jnode *pages = jget(gpu, "retired_pages");
-    if (!pages || pages->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (!pages || pages->type == J_NULL || ecc_off(gpu)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     unsigned int have = (unsigned int)jnum(pages, cause == 0 ? "sbe" : "dbe", 0);
     if (!addresses || *count < have) { *count = have; LEAVE(have ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS); }
     jnode *times = jget(pages, cause == 0 ? "sbe_timestamps" : "dbe_timestamps");
@@ -549,7 +571,7 @@ nvmlReturn_t nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t device, fake_sram_stat
 nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *pending) {
     ENTER("nvmlDeviceGetRetiredPagesPendingStatus");
     jnode *pages = jget(gpu, "retired_pages");
-    if (!pages || pages->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (!pages || pages->type == J_NULL || ecc_off(gpu)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     *pending = (int)jnum(pages, "pending", 0);
     LEAVE(NVML_SUCCESS);
 }
@@ -558,7 +580,7 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corr, 
                                        unsigned int *pending, unsigned int *failure) {
     ENTER("nvmlDeviceGetRemappedRows");
     jnode *rows = jget(gpu, "remapped_rows");
-    if (rows && rows->type == J_NULL) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if ((rows && rows->type == J_NULL) || ecc_off(gpu)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     *corr = (unsigned int)jnum(rows, "corr", 0);
     *unc = (unsigned int)jnum(rows, "unc", 0);
     *pending = (unsigned int)jnum(rows, "pending", 0);
@@ -638,6 +660,39 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
     jnode *u = jget(gpu, "utilization");
     utilization->gpu = (unsigned int)jnum(u, "gpu", 0);
     utilization->memory = (unsigned int)jnum(u, "memory", 0);
+    LEAVE(NVML_SUCCESS);
+}
+
+/* nvmlGpuFabricInfo_v2_t / _v3_t as the public NVML documentation lays them out; version = (v << 24) | size. */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} fake_fabric_info_t;
+#define FAKE_FABRIC_V2 0x02000024u
+#define FAKE_FABRIC_V3 0x03000028u
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, fake_fabric_info_t *info) {
+    ENTER("nvmlDeviceGetGpuFabricInfoV");
+    jnode *fabric = jget(gpu, "fabric");
+    if (!fabric || fabric->type != J_OBJ) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (!info) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    int newest = (int)jnum(fabric, "version", 3);
+    unsigned int version = info->version;
+    if (version != FAKE_FABRIC_V2 && !(version == FAKE_FABRIC_V3 && newest >= 3))
+        LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    memset(info, 0, version == FAKE_FABRIC_V3 ? sizeof(*info) : offsetof(fake_fabric_info_t, healthSummary));
+    info->version = version;
+    for (int i = 0; i < 16; i++) info->clusterUuid[i] = (unsigned char)(0xc0 + i);
+    info->status = (nvmlReturn_t)jnum(fabric, "status", 0);
+    info->cliqueId = (unsigned int)jnum(fabric, "clique_id", 1);
+    info->state = (unsigned int)jnum(fabric, "state", 3);
+    info->healthMask = (unsigned int)jnum(fabric, "health_mask", 0);
+    if (version == FAKE_FABRIC_V3) info->healthSummary = (unsigned char)jnum(fabric, "health_summary", 0);
     LEAVE(NVML_SUCCESS);
 }
 

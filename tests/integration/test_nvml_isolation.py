@@ -1,0 +1,88 @@
+"""A GPU whose readings all fail, or whose calls hang, is Unknown on its own: the other GPUs keep being read."""
+
+from agent.model import Signal
+from tests.conftest import eight_gpus, wait_for
+from tests.integration.test_nvml import judge, source
+
+#: Every call of the fake library that returns a health reading (identity, MIG layout, limits,
+#: utilisation and the process list are auxiliary: they may still answer on a GPU that reads nothing).
+READING_CALLS = [
+    "nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", "nvmlDeviceGetFieldValues", "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetMemoryErrorCounter", "nvmlDeviceGetSramEccErrorStatus",
+    "nvmlDeviceGetRetiredPages", "nvmlDeviceGetRetiredPages_v2", "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetGpuFabricInfoV"]
+UNKNOWN = 999
+
+
+def unreadable_of(observations, index):
+    return [o.value for o in observations if o.signal is Signal.SOURCE_UNREADABLE and o.gpu.index == index]
+
+
+def test_a_gpu_none_of_whose_readings_succeed_is_unknown_though_it_still_names_itself(fake_nvml):
+    """NVML_ERROR_UNKNOWN on every reading, the handle, MIG mode and process list still answering: Unknown."""
+    nvml = source()
+    try:
+        nvml.poll()
+        fake_nvml.write(eight_gpus(**{"2": {"errors": dict.fromkeys(READING_CALLS, UNKNOWN)}}))
+        observations = nvml.poll()
+        assert unreadable_of(observations, 2) == [1]
+        verdicts, pipeline = judge(observations)
+        assert [(v.rule_id, str(v.severity)) for v in verdicts if v.gpu.index == 2] == [
+            ("source-unreadable", "unknown")]
+        assert pipeline.gpu_statuses()[nvml.gpus[2].ref.key] == "unknown"
+        assert [o for o in observations if o.signal is Signal.GPU_POLLED and o.gpu.index == 2] == []
+    finally:
+        nvml.stop()
+
+
+def test_an_nvlink_state_that_cannot_be_read_is_no_reading_of_links_up(fake_nvml):
+    """A failing nvmlDeviceGetNvLinkState never reads as "no link down"."""
+    nvml = source()
+    try:
+        nvml.poll()
+        fake_nvml.write(eight_gpus(**{"1": {"errors": {"nvmlDeviceGetNvLinkState": UNKNOWN}}}))
+        observations = nvml.poll()
+        assert [o for o in observations if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 1] == []
+        assert "nvmlDeviceGetNvLinkState" in nvml.gpus[1].readings["errors"]
+    finally:
+        nvml.stop()
+
+
+def test_a_gpu_whose_calls_hang_is_unknown_and_the_other_seven_keep_being_read(fake_nvml):
+    """Poll after poll, a hung GPU costs one thread: it is Unknown; the others stay read and healthy."""
+    fake_nvml.write(eight_gpus(**{"5": {"hang": ["nvmlDeviceGetPowerUsage"]}}))
+    nvml = source(timeout=0.2)
+    try:
+        for _ in range(12):  # more polls than the node-wide bound on hung calls (8)
+            observations = nvml.poll()
+            assert unreadable_of(observations, 5) == [1]
+            assert all(unreadable_of(observations, i) == [0] for i in range(8) if i != 5)
+            assert {o.gpu.index for o in observations if o.signal is Signal.TEMPERATURE} >= {0, 1, 2, 3, 4, 6, 7}
+            assert nvml.caller.hung <= 1
+        [message] = [o.attrs["message"] for o in observations if o.signal is Signal.SOURCE_UNREADABLE and o.value]
+        assert "nvmlDeviceGetPowerUsage is still hung" in str(message)
+        _, pipeline = judge(observations)
+        statuses = pipeline.gpu_statuses()
+        assert statuses[nvml.gpus[5].ref.key] == "unknown"
+        assert {statuses[g.ref.key] for g in nvml.gpus if g.ref.index != 5} == {"healthy"}
+        fake_nvml.write(eight_gpus())
+        assert wait_for(lambda: nvml.caller.hung == 0, timeout=5)
+        assert unreadable_of(nvml.poll(), 5) == [0]
+    finally:
+        nvml.stop()
+
+
+def test_hung_calls_stay_bounded_in_all_when_every_gpu_hangs(fake_nvml):
+    """Eight wedged GPUs cost at most eight threads, whatever the number of polls."""
+    fake_nvml.write(eight_gpus(**{str(i): {"hang": ["nvmlDeviceGetPowerUsage"]} for i in range(8)}))
+    nvml = source(timeout=0.1)
+    try:
+        for _ in range(3):
+            observations = nvml.poll()
+            assert [unreadable_of(observations, i) for i in range(8)] == [[1]] * 8
+        assert nvml.caller.hung == 8
+    finally:
+        fake_nvml.write(eight_gpus())
+        nvml.stop()
