@@ -168,3 +168,16 @@ def test_the_dra_scenario_taints_one_device_and_evicts_only_its_pod():
     assert cluster["node"]["taints"] == []
     assert [a["target"] for a in report["actions"] if a["kind"] == "evict"] == ["ml/trainer-3"]
     assert "ml/trainer-3" not in cluster["pods"] and len(cluster["pods"]) == 8
+
+
+def test_fabric_manager_down_quarantines_the_node_until_the_fabric_completes():
+    """Fabric NotStarted on every GPU: tainted at 120 s, nothing evicted, untainted once Completed and quiet."""
+    report = run("fabric-manager-down")
+    faults = {v["gpu"]["index"] for v in report["verdicts"] if v["rule_id"] == "fabric-not-registered"
+              and v["kind"] == "fault"}
+    assert faults == set(range(8))
+    kinds = [a["kind"] for a in report["actions"]]
+    assert "taint" in kinds and "untaint" in kinds and "evict" not in kinds
+    degraded = [v for v in report["verdicts"] if v["rule_id"] == "fabric-degraded-bandwidth"]
+    assert [(v["kind"], v["gpu"]["index"]) for v in degraded][:1] == [("fault", 3)]
+    assert set(report["gpu_status"].values()) == {"healthy"}
