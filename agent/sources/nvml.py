@@ -132,16 +132,20 @@ class NvmlSource:
     # ---- discovery ----
     def _discover(self, index: int) -> GpuState:
         calls, nvml = self.calls, self.nvml
-        handle = calls.call("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index)
+        key = f"gpu{index}"
+        handle = calls.call("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index, key=key)
         try:
-            uuid = text(calls.call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
-            pci = text(calls.call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle).busId)
-            name = text(calls.call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle))
-        except nvml.NVMLError as exc:
-            # A GPU that cannot even name itself is still a GPU of this node: known by index, read as lost.
+            uuid = text(calls.call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle, key=key))
+            pci = text(calls.call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle, key=key).busId)
+            name = text(calls.call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle, key=key))
+        except (nvml.NVMLError, CallTimeout, TooManyHungCalls) as exc:
+            # A GPU that cannot even name itself is still a GPU of this node: known by index, read as lost
+            # (GPU_IS_LOST) or Unknown (another error, or a call that hung: the other GPUs are still found).
             gpu = GpuState(GpuRef(index=index), handle, handle_key(handle))
             gpu.readings["discovery_error"] = str(exc)
             gpu.lost = getattr(exc, "value", None) == ERROR_GPU_IS_LOST
+            if isinstance(exc, CallTimeout):
+                gpu.hung_call = exc.name
             return gpu
         gpu = GpuState(GpuRef(index, uuid, pci.lower(), name), handle, handle_key(handle))
         mig = calls.optional(gpu, "nvmlDeviceGetMigMode", nvml.nvmlDeviceGetMigMode, handle, aux=True)

@@ -100,12 +100,13 @@ class NvmlCalls:
         finally:
             self._reading.set(None)
 
-    def call(self, name: str, func: Callable[..., Any], *args: Any, aux: bool = False) -> Any:
+    def call(self, name: str, func: Callable[..., Any], *args: Any, aux: bool = False, key: str | None = None) -> Any:
         """A driver call: on the poll's worker thread it runs directly (the whole poll of a GPU is under
-        one deadline); anywhere else it gets a deadline of its own. `aux`: not a health reading."""
+        one deadline); anywhere else it gets a deadline of its own, its hang charged to `key` (a GPU).
+        `aux`: not a health reading."""
         reading = self._reading.get()
         if reading is None:
-            return self.caller.call(name, func, *args)
+            return self.caller.call(name, func, *args, key=key)
         if reading.abandoned.is_set():
             raise Abandoned
         reading.current = name
@@ -126,7 +127,7 @@ class NvmlCalls:
         if name in gpu.unsupported:
             return None
         try:
-            return self.call(name, func, *args, aux=aux)
+            return self.call(name, func, *args, aux=aux, key=gpu.caller_key)
         except self.nvml.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code == ERROR_GPU_IS_LOST:

@@ -7,9 +7,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from agent.logs import get_logger
 from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs
 from agent.sources.base import Emit
-from agent.sources.nvml_calls import ERROR_TIMEOUT, GpuState, NvmlCalls, handle_key
+from agent.sources.bounded import CallTimeout, TooManyHungCalls
+from agent.sources.nvml_calls import ERROR_TIMEOUT, GpuLost, GpuState, NvmlCalls, handle_key
+
+log = get_logger("agent.sources.nvml")
 
 NO_MIG_INSTANCE = 0xFFFFFFFF
 EVENT_DBE, EVENT_XID = 0x2, 0x8
@@ -30,12 +34,15 @@ def watch_events(calls: NvmlCalls, gpus: list[GpuState], emit: Emit, stop: threa
         return
     by_handle = {gpu.handle_key: gpu for gpu in gpus}
     for gpu in gpus:
-        supported = calls.optional(gpu, "nvmlDeviceGetSupportedEventTypes", nvml.nvmlDeviceGetSupportedEventTypes,
-                                   gpu.handle)
-        mask = int(supported or 0) & WANTED_EVENTS
-        if mask:
-            calls.optional(gpu, "nvmlDeviceRegisterEvents", nvml.nvmlDeviceRegisterEvents, gpu.handle, mask,
-                           event_set)
+        try:
+            supported = calls.optional(gpu, "nvmlDeviceGetSupportedEventTypes",
+                                       nvml.nvmlDeviceGetSupportedEventTypes, gpu.handle)
+            mask = int(supported or 0) & WANTED_EVENTS
+            if mask:
+                calls.optional(gpu, "nvmlDeviceRegisterEvents", nvml.nvmlDeviceRegisterEvents, gpu.handle, mask,
+                               event_set)
+        except (CallTimeout, TooManyHungCalls, GpuLost) as exc:  # that GPU's events only; the others still come
+            log.warning("nvml_events_not_registered", gpu=gpu.ref.uuid or gpu.ref.index, error=str(exc))
     try:
         while not stop.is_set():
             try:

@@ -86,3 +86,45 @@ def test_hung_calls_stay_bounded_in_all_when_every_gpu_hangs(fake_nvml):
     finally:
         fake_nvml.write(eight_gpus())
         nvml.stop()
+
+
+def test_a_gpu_that_hangs_while_it_is_discovered_is_unknown_and_the_others_are_found(fake_nvml):
+    """nvmlDeviceGetUUID hung on GPU 5 at start: the source still starts, GPU 5 Unknown, the others healthy."""
+    fake_nvml.write(eight_gpus(**{"5": {"hang": ["nvmlDeviceGetUUID"]}}))
+    nvml = source(timeout=0.2)
+    try:
+        assert [bool(g.ref.uuid) for g in nvml.gpus] == [True] * 5 + [False] + [True] * 2
+        observations = nvml.poll()
+        [message] = [o.attrs["message"] for o in observations if o.signal is Signal.SOURCE_UNREADABLE and o.value]
+        assert "nvmlDeviceGetUUID is still hung" in str(message)
+        _, pipeline = judge(observations)
+        statuses = pipeline.gpu_statuses()
+        assert statuses[nvml.gpus[5].ref.key] == "unknown"
+        assert {statuses[g.ref.key] for g in nvml.gpus if g.ref.index != 5} == {"healthy"}
+    finally:
+        fake_nvml.write(eight_gpus())
+        nvml.stop()
+
+
+def test_a_gpu_that_hangs_registering_for_events_leaves_the_others_their_events(fake_nvml):
+    """nvmlDeviceGetSupportedEventTypes hung on GPU 2: an Xid on GPU 4 still arrives; the hang is GPU 2's."""
+    import threading
+
+    from agent.sources.nvml_events import watch_events
+
+    nvml = source(timeout=0.2)
+    seen, stop = [], threading.Event()
+    try:
+        state = eight_gpus(**{"2": {"hang": ["nvmlDeviceGetSupportedEventTypes"]}})
+        state["events"] = [{"id": 1, "gpu": 4, "type": 8, "data": 79}]
+        fake_nvml.write(state)
+        thread = threading.Thread(target=watch_events, args=(nvml.calls, nvml.gpus, seen.append, stop),
+                                  kwargs={"wait_ms": 50, "clock": lambda: 0.0}, daemon=True)
+        thread.start()
+        assert wait_for(lambda: any(o.signal is Signal.XID for o in seen), timeout=10)
+        assert [(o.gpu.index, o.value) for o in seen if o.signal is Signal.XID] == [(4, 79)]
+        assert nvml.caller.hung_for(nvml.gpus[2].caller_key) == 1  # charged to GPU 2: its polls wait for it
+    finally:
+        stop.set()
+        fake_nvml.write(eight_gpus())
+        nvml.stop()
