@@ -140,7 +140,10 @@ def _fabric_info(calls: NvmlCalls, gpu: GpuState) -> Any:
     while True:
         factory = getattr(nvml, FABRIC_INFO_VERSIONS.get(gpu.fabric_version, ""), None)
         if factory is None:
-            return None
+            if gpu.fabric_version <= min(FABRIC_INFO_VERSIONS):
+                return None
+            gpu.fabric_version -= 1  # an older pynvml without this struct: the older one
+            continue
         info = factory()
         try:
             calls.call("nvmlDeviceGetGpuFabricInfoV", func, gpu.handle, ctypes.byref(info))

@@ -160,3 +160,12 @@ def test_a_narrowed_pcie_width_is_degraded_and_says_to_reseat(fake_nvml):
     assert of_gpu(verdicts, 0) == [("pcie-link-downtrained", "degraded", "notify")]
     assert "re-seat" in next(v.summary for v in verdicts if v.rule_id == "pcie-link-downtrained")
     assert pipeline.gpu_statuses()[nvml.gpus[0].ref.key] == "degraded"
+
+
+def test_a_pynvml_without_the_v3_fabric_struct_reads_the_v2_one(fake_nvml, monkeypatch):
+    """An older nvidia-ml-py lacks c_nvmlGpuFabricInfo_v3_t: the v2 struct is used, the fabric still read."""
+    import pynvml
+    monkeypatch.delattr(pynvml, "c_nvmlGpuFabricInfo_v3_t")
+    _, _, observations, nvml = polled_over(fake_nvml, everywhere(fabric={"state": NOT_STARTED}), seconds=0)
+    assert {o.gpu.index for o in observations if o.signal is Signal.GPU_FABRIC} == set(range(8))
+    assert nvml.gpus[0].fabric_version == 2
