@@ -123,6 +123,10 @@ class NvmlSource:
         self._reading: contextvars.ContextVar[_Reading | None] = contextvars.ContextVar("nvml_reading", default=None)
         self.driver_version = ""
         self.ready = threading.Event()
+        # The GPU reset's seam (release_for_reset below): while released, NVML is shut down and nothing reads it.
+        self._session = threading.RLock()
+        self._released = False
+        self._session_generation = 0
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -289,7 +293,11 @@ class NvmlSource:
 
     # ---- polling ----
     def poll(self) -> list[Observation]:
-        """One reading of every GPU (also what `check` uses)."""
+        """One reading of every GPU (also what `check` uses); none while NVML is released for a GPU reset."""
+        with self._session:
+            return [] if self._released else self._poll_all()
+
+    def _poll_all(self) -> list[Observation]:
         observations: list[Observation] = []
         for gpu in self.gpus:
             observations.extend(self.poll_gpu(gpu))
@@ -623,11 +631,21 @@ class NvmlSource:
 
     # ---- events ----
     def _events(self, emit: Emit, stop: threading.Event) -> None:
+        """Event sessions, one per NVML session: a GPU reset's release ends one, the reacquire starts the next."""
+        while not stop.is_set():
+            if self._released:
+                stop.wait(self.event_wait_ms / 1000)
+                continue
+            if not self._event_session(emit, stop, self._session_generation):
+                return
+
+    def _event_session(self, emit: Emit, stop: threading.Event, generation: int) -> bool:
+        """Wait for events until stopped or NVML's session changes; False when events cannot be had at all."""
         nvml = self.nvml
         try:
             event_set = self._call("nvmlEventSetCreate", nvml.nvmlEventSetCreate)
         except Exception:  # noqa: BLE001 - isolation: one failure must not stop the rest
-            return
+            return False
         by_handle = {gpu.handle_key: gpu for gpu in self.gpus}
         for gpu in self.gpus:
             supported = self._optional(gpu, "nvmlDeviceGetSupportedEventTypes", nvml.nvmlDeviceGetSupportedEventTypes,
@@ -639,7 +657,10 @@ class NvmlSource:
         try:
             while not stop.is_set():
                 try:
-                    data = nvml.nvmlEventSetWait_v2(event_set, self.event_wait_ms)
+                    with self._session:
+                        if self._released or generation != self._session_generation:
+                            return True
+                        data = nvml.nvmlEventSetWait_v2(event_set, self.event_wait_ms)
                 except nvml.NVMLError as exc:
                     if getattr(exc, "value", None) != ERROR_TIMEOUT:
                         stop.wait(self.event_wait_ms / 1000)
@@ -652,6 +673,33 @@ class NvmlSource:
         finally:
             with contextlib.suppress(Exception):  # freeing on a wedged driver is best effort
                 nvml.nvmlEventSetFree(event_set)
+        return True
+
+    # ---- the GPU reset's seam (agent/gpu/reset.py NvmlHandles) ----
+    def release_for_reset(self) -> None:
+        """nvmlShutdown, after the poll or event wait under way: NVML holds every /dev/nvidiaN open while it is
+        initialised, and the driver resets no GPU that any process holds. Nothing is read until reacquired."""
+        with self._session:
+            if not self._released:
+                self._released = True
+                self._call("nvmlShutdown", self.nvml.nvmlShutdown)
+
+    def reacquire_after_reset(self) -> None:
+        """nvmlInit and each GPU's handle again (by UUID); readings resume. Should nvmlInit fail, polls resume
+        anyway, so the GPUs read as unreadable (Unknown) rather than silently not at all."""
+        with self._session:
+            if not self._released:
+                return
+            try:
+                self._call("nvmlInit", self.nvml.nvmlInit)
+                for gpu in self.gpus:
+                    if gpu.ref.uuid:
+                        gpu.handle = self._call("nvmlDeviceGetHandleByUUID", self.nvml.nvmlDeviceGetHandleByUUID,
+                                                gpu.ref.uuid)
+                        gpu.handle_key = _handle_key(gpu.handle)
+            finally:
+                self._released = False
+                self._session_generation += 1
 
     def event_observation(self, gpu: GpuState, data: Any) -> Observation | None:
         """An NVML event as an observation: Xid, double-bit ECC, GPU unavailable, recovery action."""
