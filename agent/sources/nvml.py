@@ -685,17 +685,17 @@ class NvmlSource:
                 self._call("nvmlShutdown", self.nvml.nvmlShutdown)
 
     def reacquire_after_reset(self) -> None:
-        """nvmlInit and each GPU's handle again (by UUID); readings resume. Should nvmlInit fail, polls resume
+        """nvmlInit and each GPU's handle again; readings and event waits resume. Should nvmlInit fail, polls resume
         anyway, so the GPUs read as unreadable (Unknown) rather than silently not at all."""
         with self._session:
             if not self._released:
                 return
             try:
                 self._call("nvmlInit", self.nvml.nvmlInit)
-                for gpu in self.gpus:
-                    if gpu.ref.uuid:
-                        gpu.handle = self._call("nvmlDeviceGetHandleByUUID", self.nvml.nvmlDeviceGetHandleByUUID,
-                                                gpu.ref.uuid)
+                for gpu in self.gpus:  # by index, as discovered; a reset renumbers nothing
+                    if gpu.ref.index is not None:
+                        gpu.handle = self._call("nvmlDeviceGetHandleByIndex", self.nvml.nvmlDeviceGetHandleByIndex,
+                                                gpu.ref.index)
                         gpu.handle_key = _handle_key(gpu.handle)
             finally:
                 self._released = False
