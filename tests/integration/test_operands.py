@@ -67,7 +67,7 @@ def test_a_pause_a_crashed_agent_left_is_restored_by_the_next_agent(node):
     """The record on the Node is all a new agent needs: its restore puts the operands back."""
     cluster, raw = node
     pauser(raw, wait_seconds=0).pause()  # the agent dies here, mid-reset
-    assert "restored 3 operand label(s)" == pauser(raw).restore()
+    assert pauser(raw).restore() == "restored 3 operand label(s)"
     assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
 
 
