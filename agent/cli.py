@@ -532,7 +532,8 @@ def _render_line(line: TimelineLine, skipped: set[tuple[str, str, str]]) -> tupl
                 hidden += 1
                 continue
             skipped.add(key)
-        why = f" ({action.message})" if action.message and action.result.value not in {"planned", "applied"} else ""
+        said = action.result.value not in {"planned", "applied"} or action.step.kind is StepKind.RESET_GPU
+        why = f" ({action.message})" if action.message and said else ""  # a reset says how it went
         note = f" ({_STEP_NOTE[action.step.kind]})" if action.step.kind in _STEP_NOTE else ""
         out.append(f"{'':13}  action    {action.step.kind} {action.step.target}{note}: {action.result}{why}")
     return out, hidden
