@@ -108,3 +108,55 @@ def test_a_pause_whose_pods_do_not_go_in_time_says_which_are_left(node):
     clock = iter(range(0, 1000, 10))
     message = pauser(raw, wait_seconds=30, clock=lambda: float(next(clock)), sleep=lambda s: None).pause()
     assert "still on the node: gpu-operator/nvidia-device-plugin-x" in message
+
+
+def test_an_agent_started_after_a_crash_mid_reset_restores_the_operands(node, tmp_path):
+    """The daemon wires the GPU edge's reset procedure and, at start, puts back a pause an earlier agent left."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import load_config
+    from agent.daemon import Daemon
+    from agent.gpu.reset import ResetProcedure
+    from agent.k8s.cluster import build_cluster_side
+    from tests.conftest import wait_for
+    from tests.k8s_helpers import RULES
+
+    cluster, raw = node
+    pauser(raw, wait_seconds=0).pause()  # the earlier agent died here, mid-reset
+    config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db")})
+    side = build_cluster_side(raw.api_client, config, on_stuck=lambda pod: None)
+    daemon = Daemon(config, rules=RULES, sources=[object()], registry=CollectorRegistry(), cluster=side)  # type: ignore[list-item]
+    try:
+        assert isinstance(side.actuator.reset, ResetProcedure) and side.actuator.reset.operands is side.operands
+        assert wait_for(lambda: labels(cluster)[PLUGIN] == "true")
+        assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
+    finally:
+        daemon.journal.close()
+
+
+def test_a_failed_reset_names_the_holders_in_the_nodes_event(node):
+    """A GPU with a pending remap whose reset found it held: the Event names the process, and no reboot."""
+    from agent.gpu.holders import Holder
+    from agent.gpu.reset import ResetOutcome, ResetProcedure
+    from agent.model import NodeInventory, Observation, Signal
+    from tests.k8s_helpers import make_agent
+
+    cluster, raw = node
+    raw.delete(api_path("", "v1", "pods", namespace="ml", name="n1-trainer-6"))  # GPU 6 is idle
+    cluster.finish_termination("ml", "n1-trainer-6")
+    inventory = gpu_node("n1")
+    inventory = NodeInventory("n1", inventory.gpus, tuple(p for p in inventory.pods if not p.holds(
+        inventory.gpus[6].uuid)))
+
+    def held(uuid: str) -> ResetOutcome:
+        return ResetOutcome(False, "not reset: /dev/nvidia6 still held after 30s by pid 4242 (python)",
+                            (Holder(4242, "python"),))
+
+    agent = make_agent(cluster, None, inventory, populate_node=False, api_client=raw.api_client,
+                       reset=ResetProcedure(held, operands=pauser(raw, wait_seconds=0)))
+    agent.pipeline.handle(Observation(Signal.ROW_REMAP_PENDING, 1, 1.0, "nvml", inventory.gpus[6]), 1.0)
+    agent.pipeline.tick(20.0)
+    notes = [e["note"] for e in cluster.events() if "gpu-reset-failed" in e["note"] or "reset of" in e["note"]]
+    assert any("pid 4242 (python)" in n and "no reboot is requested" in n for n in notes), notes
+    assert not agent.pipeline.node.reboot_requested and agent.pipeline.node.tainted
+    assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
