@@ -26,10 +26,11 @@ import click
 from agent import __version__
 from agent.check import CheckReport, CheckStatus, check_node, exporter_reading, kmsg_snapshot, nvml_reading
 from agent.config import Config, RemediationConfig, config_as_yaml, load_config
-from agent.daemon import Daemon, rules_dir_of
+from agent.daemon import Daemon, device_reset_of, rules_dir_of
 from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
 from agent.errors import AgentError, InputError, InputErrors
 from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
+from agent.gpu.helper import serve as serve_resets
 from agent.hot_path import describe as describe_storm_path
 from agent.httpserver import AgentHttpServer
 from agent.journal import Journal
@@ -246,6 +247,26 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         daemon.run(stop)
     finally:
         server.close()
+
+
+@main.command(name="reset-helper")
+@click.option("--config", "config_path", type=click.Path(), help="Config file (YAML): remediation.reset_*.")
+@_reporting_bad_input
+def reset_helper(config_path: str | None) -> None:
+    """Serve GPU resets on remediation.reset_helper_socket (the DaemonSet's privileged gpu-reset container)."""
+    config = _config(config_path)
+    configure_logging(config.log.level, config.log.format)
+    socket_path = config.remediation.reset_helper_socket
+    if not socket_path:
+        raise AgentError("remediation.reset_helper_socket is not set: the reset helper has nowhere to listen")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    click.echo(f"gpu-health-agent reset helper: listening on {socket_path}", err=True)
+    try:
+        serve_resets(socket_path, device_reset_of(config), stop=stop)
+    except OSError as exc:
+        raise AgentError(f"cannot listen on {socket_path}: {exc.strerror or exc}") from None
 
 
 def _serve(config: Config, daemon: Daemon) -> AgentHttpServer:
@@ -511,7 +532,8 @@ def _render_line(line: TimelineLine, skipped: set[tuple[str, str, str]]) -> tupl
                 hidden += 1
                 continue
             skipped.add(key)
-        why = f" ({action.message})" if action.message and action.result.value not in {"planned", "applied"} else ""
+        said = action.result.value not in {"planned", "applied"} or action.step.kind is StepKind.RESET_GPU
+        why = f" ({action.message})" if action.message and said else ""  # a reset says how it went
         note = f" ({_STEP_NOTE[action.step.kind]})" if action.step.kind in _STEP_NOTE else ""
         out.append(f"{'':13}  action    {action.step.kind} {action.step.target}{note}: {action.result}{why}")
     return out, hidden

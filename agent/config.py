@@ -74,6 +74,20 @@ class RemediationConfig(_Section):
     reset_command: list[str] = Field(default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{uuid}"])
     reset_timeout_seconds: float = Field(default=120.0, gt=0)
     reset_settle_seconds: float = Field(default=10.0, ge=0)
+    #: The reset container's socket (daemonset/): the privileged part of a reset runs there. Empty: in the
+    #: agent's own process (which then needs the privileges itself; docs/remediation.md).
+    reset_helper_socket: str = ""
+    #: The GPU Operator's per-node operand labels paused for a reset (the operands that hold the GPUs open).
+    reset_operand_labels: list[str] = Field(default_factory=lambda: [
+        "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery",
+        "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.dcgm"])
+    reset_operand_wait_seconds: float = Field(default=120.0, gt=0)
+    #: How long the GPU's device file may stay held (pods terminating) before the reset gives up, naming who.
+    reset_holder_wait_seconds: float = Field(default=30.0, ge=0)
+    #: Where the holders are looked for: the host's /proc (mounted at /host/proc in the reset container).
+    reset_proc_root: str = "/proc"
+    #: Process names not waited for: the driver coordinates a reset with its persistence daemon.
+    reset_ignored_holders: list[str] = Field(default_factory=lambda: ["nvidia-persistenced"])
     reboot_sentinel_path: str = ""
     max_faulty_gpus: int = Field(default=2, ge=0)
     replace_after_recoveries: int = Field(default=2, ge=1)

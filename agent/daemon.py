@@ -19,6 +19,8 @@ from agent.drill import DrillBox, drills_dir
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.errors import AgentError, InputErrors
+from agent.gpu.helper import HelperClient
+from agent.gpu.reset import DeviceReset, ResetExecutor, ResetProcedure
 from agent.hot_path import describe as describe_storm_path
 from agent.journal import Journal
 from agent.logs import get_logger
@@ -57,6 +59,25 @@ START_WAIT_SECONDS = 10.0
 
 def rules_dir_of(config: Config) -> Path:
     return Path(config.rules_dir) if config.rules_dir else builtin_rules_dir()
+
+
+def device_reset_of(config: Config) -> DeviceReset:
+    """The privileged part of a reset as configured: where it runs (the reset container, or this process)."""
+    settings = config.remediation
+    proc = Path(settings.reset_proc_root)
+    return DeviceReset(command=list(settings.reset_command), timeout_seconds=settings.reset_timeout_seconds,
+                       holder_wait_seconds=settings.reset_holder_wait_seconds, proc_root=proc,
+                       driver_root=proc / "driver" / "nvidia" / "gpus",
+                       ignored_holders=frozenset(settings.reset_ignored_holders))
+
+
+def reset_executor_of(config: Config) -> ResetExecutor:
+    """The reset container through its socket where one is configured, else the reset in this process."""
+    settings = config.remediation
+    if settings.reset_helper_socket:
+        return HelperClient(settings.reset_helper_socket,
+                            timeout_seconds=settings.reset_timeout_seconds + settings.reset_holder_wait_seconds + 30)
+    return device_reset_of(config)
 
 
 def guard_policy_of(config: Config) -> GuardPolicy:
@@ -256,6 +277,11 @@ class Daemon:
                         details=frozen_attrs({"reason": "JournalRecreated", "type": "Warning"}))
             self.pipeline.record.owe(OwedEvent.of(note, salt=str(clock())))
         if cluster is not None:
+            # The GPU edge's reset procedure: the operands paused through this node's writer, the agent's own
+            # NVML session released around the reset, the privileged part in the reset container.
+            cluster.actuator.reset = ResetProcedure(reset_executor_of(config), operands=cluster.operands,
+                                                    nvml=self.nvml)
+            threading.Thread(target=self._restore_operands, name="restore-operands", daemon=True).start()
             if self.nvml is not None and cluster.pods.gpus_by_pod_uid is None:
                 cluster.pods.gpus_by_pod_uid = self.nvml.gpus_by_pod_uid
                 cluster.pods.mig_parents = self.nvml.mig_parents
@@ -271,6 +297,18 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self._running: dict[str, bool] = {}
         self._finished: set[str] = set()
+
+    def _restore_operands(self) -> None:
+        """Operands an earlier agent paused for a reset and did not restore (it crashed mid-reset) come back."""
+        if self.cluster is None or self.cluster.operands is None:
+            return
+        try:
+            done = self.cluster.operands.restore()
+        except Exception as exc:  # noqa: BLE001 - the next reset restores them first
+            log.warning("operands_not_restored", error=f"{type(exc).__name__}: {exc}")
+            return
+        if done:
+            log.warning("operands_restored_after_restart", result=done)
 
     def _forget_released(self, verdict: Verdict) -> None:
         """An operator released a missing GPU: NVML forgets it, so the next poll does not raise it again."""

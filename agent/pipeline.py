@@ -65,6 +65,7 @@ from agent.sources.kmsg import cursor_value, newer_cursor
 BOOT_CURSOR = "boot_id"
 NODE_STATE_CURSOR = "node_state"
 _ROUNDS = 3
+_RESET_WHEN_IDLE = frozenset({Action.RESET_WHEN_IDLE, Action.QUARANTINE_RESET_WHEN_IDLE})
 _TOOK_EFFECT = frozenset({StepResult.APPLIED, StepResult.PLANNED, StepResult.DRY_RUN})
 
 
@@ -397,8 +398,18 @@ class Pipeline:
         return bool(verdicts)
 
     def _reset_failed(self, gpu: GpuRef | None, now: float, message: str) -> list[Verdict]:
-        failed = Observation(Signal.RESET_FAILED, 1, now, "remediation", gpu, frozen_attrs({"message": message}))
+        when_idle = self._only_reset_when_idle(gpu.key if gpu is not None else NODE_KEY)
+        failed = Observation(Signal.RESET_FAILED, 1, now, "remediation", gpu,
+                             frozen_attrs({"message": message, "when_idle_only": when_idle}))
         return self._classify(failed, now)
+
+    def _only_reset_when_idle(self, key: str) -> bool:
+        """Whether every fault acting on this GPU asks only for a reset once it is idle (a pending row remap or
+        page retirement, a contained Xid 94): then a failed reset keeps the GPU out, it does not call for a
+        reboot that would disrupt the node's other GPUs (rules/node.yaml gpu-reset-failed-when-idle)."""
+        acting = [f.action for (k, _), f in self.record.faults.items()
+                  if k == key and (f.action.resets or f.action.quarantines)]
+        return bool(acting) and all(a in _RESET_WHEN_IDLE for a in acting)
 
     def _resets_unverified(self, now: float) -> list[Verdict]:
         """A reset with no clean poll within the deadline failed: the node needs a reboot."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.engine import RuleSet
+from agent.gpu.reset import ResetOutcome, ResetProcedure, ResetRunner
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
@@ -15,11 +16,13 @@ from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import NodeWriter
+from agent.k8s.operands import OperandPauser
 from agent.k8s.raw import RawApi
 from agent.model import Observation, Signal, action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
+from agent.simulation.gpu_operator import OPERANDS, SimulatedGpuOperator
 from agent.sources.scenario import Scenario, expand, inventory
 
 
@@ -105,16 +108,50 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
         budget = LeaseBudget(raw, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
         devices = DeviceIsolator(raw, node_name=name, taint_key=writer.taint_key,
                                  setting="device") if scenario.node.dra else None
+        reset = _operator_node_reset(cluster, scenario, writer, raw) if scenario.node.gpu_operator \
+            else _no_gpu_reset
         actuator = K8sActuator(writer=writer, events=EventRecorder(raw, instance=f"{name}/simulate"),
-                               evictor=Evictor(raw),
-                               reset=lambda uuid: (True, f"simulated reset of {uuid} (no GPU here)"),
-                               devices=devices)
+                               evictor=Evictor(raw), reset=reset, devices=devices)
         report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal,
                           clock=clock)
     finally:
         server.stop()
     report.cluster = cluster
     return report
+
+
+def _no_gpu_reset(uuid: str) -> tuple[bool, str]:
+    return True, f"simulated reset of {uuid} (no GPU here)"
+
+
+def _operator_node_reset(cluster: FakeCluster, scenario: Scenario, writer: NodeWriter, raw: RawApi) -> ResetRunner:
+    """The real reset procedure on a simulated GPU Operator node: its operands paused through the fake API
+    server (their pods go as the DaemonSet controller removes them), the agent's NVML released, and a simulated
+    nvidia-smi that refuses while anything still holds the GPU."""
+    operator = SimulatedGpuOperator(cluster, inventory(scenario))
+    operator.install()
+
+    def nvidia_smi(uuid: str) -> ResetOutcome:
+        ok, message = operator.nvidia_smi(uuid)
+        return ResetOutcome(ok, message)
+
+    waited = [0.0]  # the pause's own clock: each wait lets the DaemonSet controller act once, no real time passes
+
+    def wait(seconds: float) -> None:
+        waited[0] += seconds
+        operator.reconcile()
+
+    operands = OperandPauser(writer, raw, labels=tuple(OPERANDS), wait_seconds=60, clock=lambda: waited[0],
+                             sleep=wait)
+    procedure = ResetProcedure(nvidia_smi, operands=operands, nvml=operator.nvml)
+
+    def reset(uuid: str) -> tuple[bool, str]:
+        try:
+            return procedure(uuid)
+        finally:
+            operator.reconcile()  # the restored operands' pods come back
+
+    return reset
 
 
 def simulate(

@@ -1,9 +1,9 @@
-"""Carries out remediation steps on the cluster: conditions, the taint, evictions, resets, reboot requests."""
+"""Carries out remediation steps on the cluster: conditions, the taint, evictions, reboot requests; a GPU reset
+through the GPU edge's procedure it is given."""
 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from agent.k8s.node import (
 from agent.model import Step, StepKind, StepResult
 from agent.remediation.record import NodeObservation
 
+#: The GPU edge's reset procedure (agent/gpu/reset.py ResetProcedure): GPU UUID in, (done, what happened) out.
 ResetRunner = Callable[[str], tuple[bool, str]]
 
 _ACTIONS = {
@@ -37,20 +38,9 @@ _ACTIONS = {
 }
 
 
-def command_reset_runner(command: list[str], *, timeout_seconds: float = 120.0) -> ResetRunner:
-    """Resets a GPU with a configured command (`nvidia-smi --gpu-reset -i {uuid}` by default)."""
-
-    def run(uuid: str) -> tuple[bool, str]:
-        argv = [part.replace("{uuid}", uuid) for part in command]
-        try:
-            done = subprocess.run(  # noqa: S603 - the operator's configured command
-                argv, capture_output=True, text=True, timeout=timeout_seconds, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return False, f"{argv[0]}: {exc}"
-        output = (done.stdout + done.stderr).strip().splitlines()
-        return done.returncode == 0, f"exit {done.returncode}: {output[-1] if output else ''}"
-
-    return run
+def unwired_reset(uuid: str) -> tuple[bool, str]:
+    """The reset of an actuator no reset procedure was given to (agent/gpu/reset.py builds the real one)."""
+    return False, f"no reset procedure wired: {uuid} not reset"
 
 
 @dataclass(slots=True)
@@ -60,7 +50,7 @@ class K8sActuator:
     writer: NodeWriter
     events: EventRecorder
     evictor: Evictor
-    reset: ResetRunner
+    reset: ResetRunner = unwired_reset
     reboot_sentinel: str = ""
     on_stuck: Callable[[str], None] = lambda pod: None
     opt_out_label: str = ""

@@ -10,12 +10,13 @@ from typing import Any
 
 from agent.config import Config
 from agent.diagnostics import command_runner
-from agent.k8s.actuator import K8sActuator, command_reset_runner
+from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter
+from agent.k8s.operands import OperandPauser
 from agent.k8s.pods import PodFinder
 from agent.k8s.raw import RawApi
 
@@ -29,11 +30,13 @@ class ClusterSide:
     pods: PodFinder
     writer: NodeWriter
     own_pod: str
+    #: Pauses the GPU Operator's operands for a reset (the GPU edge's procedure is handed it by the daemon).
+    operands: OperandPauser | None = None
 
 
 def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[str], None],
                        on_budget: Callable[[int, int], None] = lambda in_use, limit: None,
-                       clock: Callable[[], float] = time.time) -> ClusterSide:
+                       clock: Callable[[], float] = time.time, reset: ResetRunner = unwired_reset) -> ClusterSide:
     settings = config.remediation
     raw = RawApi(api_client)
     writer = NodeWriter(raw, config.node_name, taint_key=settings.taint_key,
@@ -46,7 +49,7 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
         writer=writer,
         events=EventRecorder(raw, instance=f"{config.node_name}/{os.environ.get('POD_NAME', 'agent')}"),
         evictor=Evictor(raw, deadline_seconds=settings.eviction_deadline_seconds),
-        reset=command_reset_runner(settings.reset_command, timeout_seconds=settings.reset_timeout_seconds),
+        reset=reset,
         reboot_sentinel=settings.reboot_sentinel_path,
         on_stuck=on_stuck,
         opt_out_label=settings.opt_out_label,
@@ -59,7 +62,9 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
                          gpu_node_selector=settings.gpu_node_selector, clock=clock, on_usage=on_budget)
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
                      dra_gpus=devices.gpus_by_pod)
-    return ClusterSide(actuator, budget, pods, writer, own_pod)
+    operands = OperandPauser(writer, raw, labels=tuple(settings.reset_operand_labels),
+                             wait_seconds=settings.reset_operand_wait_seconds)
+    return ClusterSide(actuator, budget, pods, writer, own_pod, operands)
 
 
 def request_release(api_client: Any, node_name: str, gpu: str = "all") -> None:

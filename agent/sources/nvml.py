@@ -61,6 +61,10 @@ class NvmlSource:
         self.gpus: list[GpuState] = []
         self.driver_version = ""
         self.ready = threading.Event()
+        # The GPU reset's seam (release_for_reset below): while released, NVML is shut down and nothing reads it.
+        self._session = threading.RLock()
+        self._released = False
+        self._session_generation = 0
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -79,9 +83,7 @@ class NvmlSource:
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
         self.start()
-        events = threading.Thread(target=watch_events, args=(self.calls, self.gpus, emit, stop),
-                                  kwargs={"wait_ms": self.event_wait_ms, "clock": self.clock},
-                                  name="nvml-events", daemon=True)
+        events = threading.Thread(target=self._events, args=(emit, stop), name="nvml-events", daemon=True)
         events.start()
         self.ready.set()
         try:
@@ -192,7 +194,11 @@ class NvmlSource:
 
     # ---- polling ----
     def poll(self) -> list[Observation]:
-        """One reading of every GPU (also what `check` uses)."""
+        """One reading of every GPU (also what `check` uses); none while NVML is released for a GPU reset."""
+        with self._session:
+            return [] if self._released else self._poll_all()
+
+    def _poll_all(self) -> list[Observation]:
         observations: list[Observation] = []
         for gpu in self.gpus:
             observations.extend(self.poll_gpu(gpu))
@@ -322,6 +328,47 @@ class NvmlSource:
                 if pod is not None and uuid not in mapping.setdefault(pod.pod_uid, []):
                     mapping[pod.pod_uid].append(uuid)
         return mapping
+
+    # ---- the GPU reset's seam (agent/gpu/reset.py NvmlHandles) ----
+    def release_for_reset(self) -> None:
+        """nvmlShutdown, after the poll or event wait under way: NVML holds every /dev/nvidiaN open while it is
+        initialised, and the driver resets no GPU that any process holds. Nothing is read until reacquired."""
+        with self._session:
+            if not self._released:
+                self._released = True
+                self.calls.call("nvmlShutdown", self.nvml.nvmlShutdown)
+
+    def reacquire_after_reset(self) -> None:
+        """nvmlInit and each GPU's handle again; readings and event waits resume. Should nvmlInit fail, polls resume
+        anyway, so the GPUs read as unreadable (Unknown) rather than silently not at all."""
+        with self._session:
+            if not self._released:
+                return
+            try:
+                self.calls.call("nvmlInit", self.nvml.nvmlInit)
+                for gpu in self.gpus:  # by index, as discovered; a reset renumbers nothing
+                    if gpu.ref.index is not None:
+                        gpu.handle = self.calls.call("nvmlDeviceGetHandleByIndex",
+                                                     self.nvml.nvmlDeviceGetHandleByIndex, gpu.ref.index)
+                        gpu.handle_key = handle_key(gpu.handle)
+            finally:
+                self._released = False
+                self._session_generation += 1
+
+    def _events(self, emit: Emit, stop: threading.Event) -> None:
+        """Event sessions, one per NVML session: a GPU reset's release ends one, the reacquire starts the next."""
+        while not stop.is_set():
+            if self._released:
+                stop.wait(self.event_wait_ms / 1000)
+                continue
+            generation = self._session_generation
+
+            def current(generation: int = generation) -> bool:
+                return not self._released and generation == self._session_generation
+
+            if not watch_events(self.calls, self.gpus, emit, stop, wait_ms=self.event_wait_ms, clock=self.clock,
+                                session=self._session, current=current):
+                return
 
     def event_observation(self, gpu: GpuState, data: Any) -> Observation | None:
         """An NVML event as an observation (see nvml_events)."""

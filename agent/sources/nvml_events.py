@@ -25,13 +25,17 @@ _SIGNALS = {EVENT_XID: Signal.XID, EVENT_DBE: Signal.ECC_DBE, EVENT_GPU_UNAVAILA
 
 
 def watch_events(calls: NvmlCalls, gpus: list[GpuState], emit: Emit, stop: threading.Event, *, wait_ms: int,
-                 clock: Callable[[], float]) -> None:
-    """Register every GPU for the events it supports, then emit each event until `stop` is set."""
+                 clock: Callable[[], float], session: contextlib.AbstractContextManager[Any] | None = None,
+                 current: Callable[[], bool] = lambda: True) -> bool:
+    """Register every GPU for the events it supports, then emit each event until `stop` is set or NVML's session
+    is no longer `current` (a GPU reset released it: True, the caller starts the next session); False when
+    events cannot be had at all. Each wait runs under `session`, so a release waits for the wait under way."""
     nvml = calls.nvml
     try:
         event_set = calls.call("nvmlEventSetCreate", nvml.nvmlEventSetCreate)
     except Exception:  # noqa: BLE001 - isolation: one failure must not stop the rest
-        return
+        return False
+    held = session if session is not None else contextlib.nullcontext()
     by_handle = {gpu.handle_key: gpu for gpu in gpus}
     for gpu in gpus:
         try:
@@ -46,7 +50,10 @@ def watch_events(calls: NvmlCalls, gpus: list[GpuState], emit: Emit, stop: threa
     try:
         while not stop.is_set():
             try:
-                data = nvml.nvmlEventSetWait_v2(event_set, wait_ms)
+                with held:
+                    if not current():
+                        return True
+                    data = nvml.nvmlEventSetWait_v2(event_set, wait_ms)
             except nvml.NVMLError as exc:
                 if getattr(exc, "value", None) != ERROR_TIMEOUT:
                     stop.wait(wait_ms / 1000)
@@ -59,6 +66,7 @@ def watch_events(calls: NvmlCalls, gpus: list[GpuState], emit: Emit, stop: threa
     finally:
         with contextlib.suppress(Exception):  # freeing on a wedged driver is best effort
             nvml.nvmlEventSetFree(event_set)
+    return True
 
 
 def event_observation(gpu: GpuState, data: Any, now: float) -> Observation | None:

@@ -50,6 +50,9 @@ class ScenarioNode(_Strict):
     #: The GPUs are published in ResourceSlices (NVIDIA's DRA driver) and pods hold them through claims:
     #: `simulate` isolates a faulty GPU by DeviceTaintRule instead of tainting the node.
     dra: bool = False
+    #: The node runs the GPU Operator's operands (device plugin, GFD, DCGM, dcgm-exporter), which hold every GPU
+    #: open until a reset pauses them (simulate in a fake cluster: agent/simulation/gpu_operator.py).
+    gpu_operator: bool = False
 
 
 class ScenarioEvent(_Strict):

@@ -296,3 +296,24 @@ def test_a_mig_gpu_names_its_mig_devices(fake_nvml):
                                       "MIG-bbbb": "GPU-fa4e0000-0000-0000-0000-000000000001"}
     finally:
         nvml.stop()
+
+
+def test_nvml_let_go_for_a_reset_reads_nothing_and_reads_and_waits_for_events_again_after(fake_nvml):
+    """The GPU reset's seam: released, no poll touches NVML; reacquired, polls and events resume."""
+    nvml = NvmlSource(load_pynvml(), poll_seconds=3600, event_wait_ms=50)
+    seen, stop = [], threading.Event()
+    thread = threading.Thread(target=nvml.run, args=(seen.append, stop), daemon=True)
+    thread.start()
+    try:
+        assert nvml.ready.wait(5)
+        nvml.release_for_reset()
+        assert nvml.poll() == []
+        nvml.reacquire_after_reset()
+        assert len([o for o in nvml.poll() if o.signal is Signal.GPU_POLLED]) == 8
+        state = eight_gpus()
+        state["events"] = [{"id": 1, "gpu": 4, "type": 8, "data": 79}]
+        fake_nvml.write(state)
+        assert wait_for(lambda: any(o.signal is Signal.XID for o in seen))
+    finally:
+        stop.set()
+        thread.join(5)

@@ -186,3 +186,62 @@ def test_a_kubeconfig_with_an_exec_plugin_reaches_the_real_server(control_plane,
     api_client, _ = load_api_client(kubeconfig=str(kubeconfig))
     with api_client:
         assert RawApi(api_client).get(api_path("", "v1", "nodes", name=a))["metadata"]["name"] == a
+
+
+OPERANDS = ("nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery",
+            "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.dcgm")
+
+
+def test_an_agent_may_pause_and_restore_the_gpu_operator_operands_of_its_own_node(control_plane, two_nodes):
+    """A reset's operand pause passes RBAC and admission: true -> paused-for-gpu-reset -> true, with its record."""
+    from agent.k8s.operands import PAUSED_VALUE, OperandPauser
+
+    a, _ = two_nodes
+    control_plane.apply_shipped_manifests()
+    control_plane.core.patch_node(a, {"metadata": {"labels": dict.fromkeys(OPERANDS, "true")}})
+    apis = agent_apis(control_plane, a)
+    operands = OperandPauser(NodeWriter(apis, a, taint_key=TAINT), apis, labels=OPERANDS, wait_seconds=0)
+    operands.pause()
+    assert {k: node(control_plane, a).metadata.labels[k] for k in OPERANDS} == dict.fromkeys(OPERANDS, PAUSED_VALUE)
+    operands.restore()
+    assert {k: node(control_plane, a).metadata.labels[k] for k in OPERANDS} == dict.fromkeys(OPERANDS, "true")
+
+
+@pytest.mark.parametrize("change", [{"nvidia.com/gpu.deploy.device-plugin": "false"},
+                                    {"nvidia.com/gpu.deploy.device-plugin": None},
+                                    {"nvidia.com/gpu.deploy.dcgm": "paused-for-gpu-reset"},
+                                    {"nvidia.com/gpu.deploy.driver": "paused-for-gpu-reset"}])
+def test_an_agent_may_move_an_operand_label_only_between_true_and_its_pause(control_plane, two_nodes, change):
+    """Disabling, removing or adding an operand label, or touching another GPU Operator label, is denied."""
+    a, _ = two_nodes
+    control_plane.apply_shipped_manifests()
+    control_plane.core.patch_node(a, {"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "true",
+                                                              "nvidia.com/gpu.deploy.driver": "true"}}})
+    writer = NodeWriter(agent_apis(control_plane, a), a, taint_key=TAINT)
+    with pytest.raises(Forbidden):
+        writer.set_metadata(labels=change)
+    assert node(control_plane, a).metadata.labels["nvidia.com/gpu.deploy.device-plugin"] == "true"
+
+
+def test_the_agents_pod_with_its_reset_container_passes_admission(control_plane, two_nodes):
+    """The shipped DaemonSet's pod (agent and gpu-reset containers) is admitted in the agent's namespace:
+    validation and Pod Security as the namespace enforces it, server-side (dry run)."""
+    import subprocess
+
+    import yaml
+
+    from tests.conftest import REPO
+
+    a, _ = two_nodes
+    control_plane.apply_shipped_manifests()
+    rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset")], check=True, capture_output=True,
+                              text=True).stdout
+    [ds] = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") == "DaemonSet"]
+    template = ds["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": control_plane.unique("agent"), "labels": template["metadata"]["labels"]},
+           "spec": {**template["spec"], "nodeName": a}}
+    created = control_plane.core.create_namespaced_pod("gpu-health", pod, dry_run="All")
+    assert {c.name for c in created.spec.containers} == {"agent", "gpu-reset"}
+    reset = next(c for c in created.spec.containers if c.name == "gpu-reset")
+    assert reset.security_context.capabilities.add == ["SYS_ADMIN", "SYS_PTRACE"]

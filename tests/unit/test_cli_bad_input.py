@@ -87,6 +87,8 @@ CASES = [
     ("cleanup --all-nodes --node n1", USAGE),
     ("cleanup --all-nodes --kubeconfig MISSING", FAILED),
     ("cleanup --all-nodes --config LATIN", USAGE),
+    ("reset-helper", FAILED),
+    ("reset-helper --config BIN", USAGE),
 ]
 
 
@@ -140,3 +142,11 @@ def test_a_port_in_use_stops_run_with_one_line(files):
     assert result.exit_code == FAILED
     assert f"port {port}" in result.stderr and "in use" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_reset_helper_that_cannot_listen_stops_with_one_line(files):
+    """A socket in a place that cannot hold one is one line, not a traceback."""
+    env = local_env(files, GPU_HEALTH_REMEDIATION__RESET_HELPER_SOCKET="/proc/no-such-dir/reset.sock")
+    result = CliRunner().invoke(main, ["reset-helper"], env=env)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "cannot listen on /proc/no-such-dir/reset.sock" in result.output

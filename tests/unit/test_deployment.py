@@ -91,8 +91,12 @@ def daemonset():
     return ds["spec"]["template"]["spec"]
 
 
+def containers() -> dict[str, dict]:
+    return {c["name"]: c for c in daemonset()["containers"]}
+
+
 def test_the_daemonset_runs_least_privileged():
-    [container] = daemonset()["containers"]
+    container = containers()["agent"]
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
@@ -101,9 +105,33 @@ def test_the_daemonset_runs_least_privileged():
     assert (kmsg["mountPath"], kmsg["readOnly"]) == ("/dev/kmsg", True)
 
 
+def test_the_reset_container_holds_exactly_the_privileges_a_reset_needs():
+    """CAP_SYS_ADMIN (nvidia-smi --gpu-reset) and CAP_SYS_PTRACE (the holders' /proc/<pid>/fd), nothing more."""
+    assert set(containers()) == {"agent", "gpu-reset"}
+    reset = containers()["gpu-reset"]
+    security = reset["securityContext"]
+    assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_PTRACE"]}
+    assert reset["args"][0] == "reset-helper"
+    assert {m["mountPath"]: m.get("readOnly", False) for m in reset["volumeMounts"]} == {
+        "/run/gpu-health-agent": False, "/host/proc": True, "/etc/gpu-health-agent/config": True}
+    spec = daemonset()
+    assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
+
+
+def test_the_agent_and_the_reset_container_share_the_configured_socket():
+    """The agent asks the gpu-reset container over the socket the shipped config names, in their shared volume."""
+    config = load_config(DEPLOY / "config.yaml", env={"NODE_NAME": "n"})
+    socket_dir = str(Path(config.remediation.reset_helper_socket).parent)
+    for name in ("agent", "gpu-reset"):
+        assert socket_dir in {m["mountPath"] for m in containers()[name]["volumeMounts"]}
+    assert config.remediation.reset_proc_root == "/host/proc"
+
+
 def test_the_daemonset_knows_its_node_and_is_probed():
     spec = daemonset()
-    [container] = spec["containers"]
+    container = containers()["agent"]
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"

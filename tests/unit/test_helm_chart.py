@@ -134,7 +134,7 @@ def test_values_reach_the_agent_config_and_the_pod(helm):
     assert (config["mode"], config["remediation"]["budget_max_nodes"]) == ("remediate", 3)
     assert (config["remediation"]["isolation"], config["remediation"]["namespace"]) == ("device", "gpu")
     pod = rendered[("DaemonSet", "gpu-health-agent")]["spec"]["template"]["spec"]
-    assert pod["containers"][0]["image"] == "registry.example/gha:9.9"
+    assert [c["image"] for c in pod["containers"]] == ["registry.example/gha:9.9"] * 2  # the agent, gpu-reset
     assert (pod["runtimeClassName"], pod["nodeSelector"]) == ("nvidia", {"pool": "gpu"})
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "1Gi"
     assert pod["tolerations"] == [{"key": "gpu-health-agent.io/unhealthy", "operator": "Exists"}]

@@ -136,3 +136,23 @@ def test_the_pending_verification_survives_a_restart(shipped_rules, tmp_path):
     again = pipeline(shipped_rules, journal=Journal(tmp_path / "j.db"))
     assert again.node.verifying == {gpu(0).key: 20.0}
     assert [v.rule_id for v in again.handle(obs(Signal.GPU_POLLED, 1, 21.0, **CLEAN), 21.0).verdicts] == ["xid-48"]
+
+
+def test_a_failed_reset_of_a_gpu_with_only_a_pending_remap_keeps_it_out_without_a_reboot(shipped_rules):
+    """Issue 26 item 4: a pending row remap whose reset failed taints the GPU and requests no reboot."""
+    p = pipeline(shipped_rules, Resets(reset_works=False))
+    p.handle(obs(Signal.ROW_REMAP_PENDING, 1, 1.0), 1.0)
+    outcome = p.tick(20.0)
+    assert [v.rule_id for v in outcome.verdicts] == ["gpu-reset-failed-when-idle"]
+    assert "no reboot is requested" in outcome.verdicts[0].summary
+    assert p.node.tainted and not p.node.reboot_requested
+    assert not any(a.step.kind is StepKind.REBOOT_REQUEST for a in outcome.actions)
+
+
+def test_a_failed_reset_of_a_gpu_with_a_fault_beyond_reset_when_idle_still_requests_a_reboot(shipped_rules):
+    """A pending remap beside an Xid 48 (reset now): the failed reset asks for a reboot as before."""
+    p = pipeline(shipped_rules, Resets(reset_works=False))
+    p.handle(obs(Signal.ROW_REMAP_PENDING, 1, 1.0), 1.0)
+    outcome = reset_after_xid_48(p)
+    assert "gpu-reset-failed" in [v.rule_id for v in outcome.verdicts]
+    assert p.node.reboot_requested

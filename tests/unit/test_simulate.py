@@ -181,3 +181,23 @@ def test_fabric_manager_down_quarantines_the_node_until_the_fabric_completes():
     degraded = [v for v in report["verdicts"] if v["rule_id"] == "fabric-degraded-bandwidth"]
     assert [(v["kind"], v["gpu"]["index"]) for v in degraded][:1] == [("fault", 3)]
     assert set(report["gpu_status"].values()) == {"healthy"}
+
+
+def test_a_reset_on_a_gpu_operator_node_succeeds_and_leaves_the_7_gpu_job_alone():
+    """Issue 26 item 4: operands paused and restored, NVML released, GPU 6 reset, the job untouched, no reboot."""
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.k8s.operands import PAUSED_ANNOTATION
+    from agent.simulate import simulate_in_cluster
+    from agent.simulation.gpu_operator import OPERANDS
+
+    report = simulate_in_cluster(load_scenario("reset-on-a-gpu-operator-node"),
+                                 rules=load_rules(builtin_rules_dir()), policy=REMEDIATE).to_json()
+    [reset] = [a for a in report["actions"] if a["kind"] == "reset_gpu"]
+    assert reset["result"] == "applied" and reset["target"] == report["node"]["gpus"][6]["uuid"]
+    assert "successfully reset" in reset["message"] and "paused device-plugin" in reset["message"]
+    assert not {a["kind"] for a in report["actions"]} & {"evict", "taint", "reboot_request"}
+    cluster = report["cluster"]
+    assert {k: cluster["node"]["labels"][k] for k in OPERANDS} == dict.fromkeys(OPERANDS, "true")
+    assert PAUSED_ANNOTATION not in cluster["node"]["annotations"]
+    assert "ml/trainer-0" in cluster["pods"] and len([p for p in cluster["pods"] if p.startswith("gpu-operator/")]) == 4
+    assert set(report["gpu_status"].values()) == {"healthy"}

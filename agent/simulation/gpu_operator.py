@@ -1,0 +1,91 @@
+"""The simulation wing's GPU Operator node: the operands' DaemonSet pods come and go with their per-node
+`nvidia.com/gpu.deploy.<operand>` labels (as the DaemonSet controller makes them), and a GPU's holders are what
+nvidia-smi would find: the running operands (they hold every GPU), the pods the GPU is allocated to, and the
+agent's own NVML session unless released. The simulated nvidia-smi refuses to reset a GPU anyone holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.model import NodeInventory
+from agent.simulation.fake_apiserver.server import RESOURCES, FakeCluster
+
+NAMESPACE = "gpu-operator"
+#: Operand label -> its DaemonSet (GPU Operator names); all four hold every GPU of the node open.
+OPERANDS = {
+    "nvidia.com/gpu.deploy.device-plugin": "nvidia-device-plugin-daemonset",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery": "gpu-feature-discovery",
+    "nvidia.com/gpu.deploy.dcgm-exporter": "nvidia-dcgm-exporter",
+    "nvidia.com/gpu.deploy.dcgm": "nvidia-dcgm",
+}
+_PODS = next(r for r in RESOURCES if r.plural == "pods")
+
+
+@dataclass(slots=True)
+class SimulatedNvml:
+    """The agent's NVML session in a simulation: it holds every GPU unless released for a reset."""
+
+    held: bool = True
+
+    def release_for_reset(self) -> None:
+        self.held = False
+
+    def reacquire_after_reset(self) -> None:
+        self.held = True
+
+
+@dataclass(slots=True)
+class SimulatedGpuOperator:
+    cluster: FakeCluster
+    node: NodeInventory
+    nvml: SimulatedNvml = field(default_factory=SimulatedNvml)
+    resets: list[str] = field(default_factory=list)
+
+    def install(self) -> None:
+        """The operator's labels on the node (all `true`) and its operands' pods running there."""
+        self.cluster.add("namespaces", {"metadata": {"name": NAMESPACE}})
+        node = self.cluster.node(self.node.name)
+        labels = {**node["metadata"].get("labels", {}), **dict.fromkeys(OPERANDS, "true")}
+        self.cluster.patch(next(r for r in RESOURCES if r.plural == "nodes"), "", self.node.name,
+                           "application/merge-patch+json", {"metadata": {"labels": labels}})
+        self.reconcile()
+
+    def reconcile(self) -> None:
+        """The DaemonSet controller: an operand's pod where its label is `true`, none where it is not."""
+        labels = self.cluster.node(self.node.name)["metadata"].get("labels", {})
+        running = {p["metadata"]["name"] for p in self.cluster.pods_on(self.node.name)
+                   if p["metadata"]["namespace"] == NAMESPACE}
+        for label, daemonset in OPERANDS.items():
+            name = f"{daemonset}-{self.node.name}"
+            if labels.get(label) == "true" and name not in running:
+                self.cluster.add("pods", _operand_pod(self.node.name, name, daemonset, label), namespace=NAMESPACE)
+            elif labels.get(label) != "true" and name in running:
+                self.cluster.delete(_PODS, NAMESPACE, name)
+                self.cluster.finish_termination(NAMESPACE, name)
+
+    def holders(self, uuid: str) -> list[str]:
+        pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in self.cluster.pods_on(self.node.name)}
+        held = sorted(p for p in pods if p.startswith(f"{NAMESPACE}/"))
+        held += sorted(p.key for p in self.node.pods if p.holds(uuid) and p.key in pods)
+        return [*held, *(["the agent's NVML session"] if self.nvml.held else [])]
+
+    def nvidia_smi(self, uuid: str) -> tuple[bool, str]:
+        """`nvidia-smi --gpu-reset -i UUID` on this node: refused while anything holds the GPU."""
+        self.reconcile()
+        holders = self.holders(uuid)
+        if holders:
+            return False, f"nvidia-smi exit 255: unable to reset {uuid}: in use by {', '.join(holders)}"
+        self.resets.append(uuid)
+        return True, f"nvidia-smi exit 0: GPU {uuid} was successfully reset (simulated)"
+
+
+def _operand_pod(node: str, name: str, daemonset: str, label: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": daemonset},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+                                          "uid": f"owner-{daemonset}", "controller": True}]},
+        "spec": {"nodeName": node, "nodeSelector": {label: "true"},
+                 "containers": [{"name": "main", "image": f"nvcr.io/nvidia/{daemonset}:simulated"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }

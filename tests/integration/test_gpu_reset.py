@@ -1,0 +1,198 @@
+"""The GPU reset procedure end to end without a GPU: real processes hold fake device files, the real /proc is
+scanned, and a fake nvidia-smi refuses to reset while any process holds the GPU (tests/fixtures/gpu)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.gpu.helper import HelperClient, serve
+from agent.gpu.holders import device_minor, holders_of
+from agent.gpu.reset import DeviceReset, ResetOutcome, ResetProcedure
+from tests.conftest import gpu, wait_for
+
+FAKE_SMI = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "nvidia-smi"
+GPUS = [gpu(i) for i in range(8)]
+
+
+class Node:
+    """A fake GPU node: the driver's GPU table, /dev/nvidiaN as plain files, processes that hold them."""
+
+    def __init__(self, root: Path, env: pytest.MonkeyPatch) -> None:
+        self.driver, self.dev, self.log = root / "driver", root / "dev", root / "resets.log"
+        self.dev.mkdir()
+        for g in GPUS:
+            entry = self.driver / g.pci_bus_id
+            entry.mkdir(parents=True)
+            entry.joinpath("information").write_text(
+                f"Model: \t\t {g.model}\nGPU UUID: \t {g.uuid}\nBus Location: \t {g.pci_bus_id}\n"
+                f"Device Minor: \t {g.index}\n")
+            self.device(g.index or 0).touch()
+        self.processes: list[subprocess.Popen[bytes]] = []
+        for name, value in (("FAKE_NVIDIA_DRIVER", self.driver), ("FAKE_NVIDIA_DEV", self.dev),
+                            ("FAKE_NVIDIA_LOG", self.log)):
+            env.setenv(name, str(value))
+
+    def device(self, index: int) -> Path:
+        return self.dev / f"nvidia{index}"
+
+    def hold(self, *indices: int) -> subprocess.Popen[bytes]:
+        """A process (`sleep`) with these GPUs' device files open, as a CUDA job or an operand has them."""
+        opens = " ".join(f"exec {3 + n}<{self.device(i)};" for n, i in enumerate(indices))
+        process = subprocess.Popen(["bash", "-c", f"{opens} exec sleep 600"])
+        self.processes.append(process)
+        assert wait_for(lambda: all(any(h.pid == process.pid for h in holders_of(self.device(i))) for i in indices))
+        return process
+
+    def resets(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+    def reset_command(self, *, holder_wait: float = 0.0, ignored: frozenset[str] = frozenset()) -> DeviceReset:
+        return DeviceReset(command=[str(FAKE_SMI), "--gpu-reset", "-i", "{uuid}"], holder_wait_seconds=holder_wait,
+                           driver_root=self.driver, dev_root=self.dev, ignored_holders=ignored, poll_seconds=0.05)
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
+class Operands:
+    """The GPU Operator's operands as the procedure sees them: pausing one stops its pod (the process holding
+    every GPU goes, as the DaemonSet controller deletes it); restoring starts it again."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.pod = node.hold(*range(8))
+        self.calls: list[str] = []
+
+    def pause(self) -> str:
+        self.calls.append("pause")
+        self.pod.kill()
+        self.pod.wait()
+        return "paused device-plugin, dcgm-exporter"
+
+    def restore(self) -> str:
+        self.calls.append("restore")
+        self.pod = self.node.hold(*range(8))
+        return "restored 2 operand label(s)"
+
+
+class OwnNvml:
+    """The agent's own NVML session: while initialised it holds every GPU's device file open (in this process)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.files = [node.device(i).open("rb") for i in range(8)]
+        self.calls: list[str] = []
+
+    def release_for_reset(self) -> None:
+        self.calls.append("release")
+        for f in self.files:
+            f.close()
+
+    def reacquire_after_reset(self) -> None:
+        self.calls.append("reacquire")
+        self.files = [self.node.device(i).open("rb") for i in range(8)]
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    node = Node(tmp_path, monkeypatch)
+    yield node
+    node.close()
+
+
+@pytest.fixture
+def session(node):
+    nvml = OwnNvml(node)
+    yield nvml
+    nvml.close()
+
+
+def test_an_idle_gpu_is_reset_once_operands_and_the_agents_nvml_let_go_and_the_job_on_the_others_runs_on(
+        node, session):
+    """GPU 6 idle, a 7-GPU job on the rest: operands paused, NVML released, GPU 6 reset, all put back, job alive."""
+    job = node.hold(0, 1, 2, 3, 4, 5, 7)
+    operands = Operands(node)
+    procedure = ResetProcedure(node.reset_command(holder_wait=10.0), operands=operands, nvml=session)
+    ok, message = procedure(GPUS[6].uuid)
+    assert ok, message
+    assert node.resets() == [f"reset {GPUS[6].uuid}"]
+    assert job.poll() is None  # untouched
+    assert operands.calls == ["pause", "restore"] and session.calls == ["release", "reacquire"]
+    assert "paused device-plugin" in message and "restored" in message
+
+
+def test_a_gpu_still_held_is_not_reset_and_the_holder_is_named(node, session):
+    """A process the procedure cannot stop keeps GPU 6 busy: no reset is tried, the message names it."""
+    rogue = node.hold(6)
+    operands = Operands(node)
+    ok, message = ResetProcedure(node.reset_command(), operands=operands, nvml=session)(GPUS[6].uuid)
+    assert not ok
+    assert f"pid {rogue.pid} (sleep)" in message
+    assert node.resets() == []
+    assert operands.calls == ["pause", "restore"] and session.calls == ["release", "reacquire"]
+
+
+def test_the_fake_nvidia_smi_refuses_to_reset_a_gpu_a_process_holds(node):
+    """The fake is as strict as the real one: a holder the procedure does not wait for makes the reset fail."""
+    node.hold(6)
+    outcome = node.reset_command(ignored=frozenset({"sleep"}))(GPUS[6].uuid)
+    assert not outcome.ok
+    assert "being used by some other process" in outcome.message
+    assert node.resets() == []
+
+
+def test_operands_and_nvml_are_put_back_when_the_reset_itself_raises(node, session):
+    """Whatever the privileged part does, the operands are restored and NVML is reinitialised."""
+    operands = Operands(node)
+
+    def explode(uuid: str) -> ResetOutcome:
+        raise RuntimeError("helper crashed")
+
+    ok, message = ResetProcedure(explode, operands=operands, nvml=session)(GPUS[6].uuid)
+    assert not ok and "RuntimeError: helper crashed" in message
+    assert operands.calls == ["pause", "restore"] and session.calls == ["release", "reacquire"]
+
+
+def test_a_gpu_the_driver_does_not_list_is_not_reset(node):
+    """The UUID must be in the driver's GPU table (its device minor names the device file)."""
+    assert device_minor(GPUS[3].uuid, driver_root=node.driver) == 3
+    outcome = node.reset_command()("GPU-99999999-aaaa-bbbb-cccc-dddddddddddd")
+    assert not outcome.ok and "not in the driver's GPU table" in outcome.message
+    assert node.resets() == []
+
+
+def test_the_reset_container_answers_the_agent_over_its_socket(node):
+    """The agent's HelperClient gets the reset container's outcome, holders included."""
+    rogue = node.hold(6)
+    directory = tempfile.mkdtemp(prefix="gha")  # short: a Unix socket path is at most 107 bytes
+    socket_path = os.path.join(directory, "reset.sock")
+    stop = threading.Event()
+    server = threading.Thread(target=serve, args=(socket_path, node.reset_command()), kwargs={"stop": stop},
+                              daemon=True)
+    server.start()
+    try:
+        assert wait_for(lambda: os.path.exists(socket_path))
+        outcome = HelperClient(socket_path, timeout_seconds=30)(GPUS[6].uuid)
+        assert not outcome.ok and [h.pid for h in outcome.holders] == [rogue.pid]
+        rogue.kill()
+        rogue.wait()
+        assert HelperClient(socket_path, timeout_seconds=30)(GPUS[6].uuid).ok
+        assert not HelperClient(socket_path)("; rm -rf /").ok  # only a GPU UUID is ever passed on
+    finally:
+        stop.set()
+        server.join(5)
+        shutil.rmtree(directory, ignore_errors=True)
+    assert node.resets() == [f"reset {GPUS[6].uuid}"]
