@@ -30,6 +30,7 @@ from agent.model import (
     NODE_KEY,
     Action,
     ActionRecord,
+    FaultClass,
     GpuRef,
     NodeInventory,
     Observation,
@@ -57,6 +58,7 @@ from agent.remediation import (
 )
 from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
+from agent.remediation.recoveries import family_of
 from agent.remediation.resets import reset_by_driver_log, unclean
 from agent.remediation.spread import APPLICATION_XIDS, WorkloadSpread
 from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
@@ -250,6 +252,8 @@ class Pipeline:
 
     def _restore_engine(self, faults: list[ActiveFault]) -> None:
         restore(self.engine, [f.to_verdict() for f in faults])
+        for fault in faults:
+            self._pin_recovery(fault)
         self.engine.boot_id = self.record.cursors.get(BOOT_CURSOR, self.engine.boot_id)
         if faults:
             self._log.info("faults_restored", count=len(faults))
@@ -334,7 +338,7 @@ class Pipeline:
         if observation.signal is Signal.BOOT and self.engine.boot_id:
             self.record.cursors[BOOT_CURSOR] = self.engine.boot_id
         # A drill's verdict is held to notify (condition, Event, metrics) unless it was a full drill.
-        verdicts = [contain(self._escalate(v)) for v in verdicts]
+        verdicts = [contain(self._escalate(_in_family_of(v, observation))) for v in verdicts]
         for verdict in verdicts:
             self._record_verdict(verdict, now, observation.at)
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator" and self.on_released:
@@ -397,7 +401,15 @@ class Pipeline:
         return bool(verdicts)
 
     def _reset_failed(self, gpu: GpuRef | None, now: float, message: str) -> list[Verdict]:
-        failed = Observation(Signal.RESET_FAILED, 1, now, "remediation", gpu, frozen_attrs({"message": message}))
+        """A reset that failed is a fault of the family of the fault it was for (a driver fault's failed reset
+        says nothing about the GPU's hardware, so it never counts towards a replacement)."""
+        attrs: dict[str, str] = {"message": message}
+        key = gpu.key if gpu is not None else ""
+        wanting = [f for (k, _), f in self.record.faults.items() if k == key and f.action.resets]
+        if wanting:
+            worst = max(wanting, key=lambda f: (f.action.rank, family_of(f.fault_class) != ""))
+            attrs["fault_class"] = str(worst.fault_class)
+        failed = Observation(Signal.RESET_FAILED, 1, now, "remediation", gpu, frozen_attrs(attrs))
         return self._classify(failed, now)
 
     def _resets_unverified(self, now: float) -> list[Verdict]:
@@ -532,8 +544,10 @@ class Pipeline:
         recoveries = self.record.node.recoveries
         if verdict.kind is VerdictKind.CLEARED:
             why = str(verdict.evidence.get("why", ""))
+            ended = self.record.faults.get((verdict.gpu_key, verdict.rule_id))
+            fault_class = ended.fault_class if ended is not None else verdict.fault_class
             if why in {"verified GPU reset", "new boot"} and verdict.action.quarantines:
-                recoveries.add(verdict.gpu_key, verdict.fault_class, verdict.at)
+                recoveries.add(verdict.gpu_key, fault_class, verdict.at)
             return verdict
         if not verdict.action.quarantines or verdict.action is Action.REPLACE_GPU:
             return verdict
@@ -547,16 +561,27 @@ class Pipeline:
                                            f"{verdict.fault_class} faults: needs replacement)")
 
     def _fault_of(self, verdict: Verdict) -> ActiveFault:
+        """The fault as the record keeps it. One escalated to a replacement clears only by an operator's release
+        (or a new board): not by the reset or boot that its rule's fault clears by, which it outlived."""
+        if verdict.action is Action.REPLACE_GPU and "escalated_from" in verdict.evidence:
+            return ActiveFault.from_verdict(verdict, recovery="operator")
         rule = self.rules.get(verdict.rule_id)
         recovery = rule.recovery.kind if rule is not None else ""
         quiet = float(rule.recovery.quiet_seconds or 0.0) if rule is not None else 0.0
         return ActiveFault.from_verdict(verdict, recovery=recovery, quiet_seconds=quiet)
 
+    def _pin_recovery(self, fault: ActiveFault) -> None:
+        """The engine clears this fault as the record says, where that differs from its rule's recovery."""
+        rule = self.rules.get(fault.rule_id)
+        if rule is not None and fault.recovery == "operator" and rule.recovery.kind != "operator":
+            self.engine.pin_recovery(fault.gpu_key, fault.rule_id, fault.recovery)
+
     def _record_verdict(self, verdict: Verdict, now: float, latency_from: float | None) -> None:
         self._new_verdict.set()  # with the record's change, under the same lock: no pass sees one without the other
         key = (verdict.gpu_key, verdict.rule_id)
         if verdict.kind is VerdictKind.FAULT:
-            self.record.faults[key] = self._fault_of(verdict)
+            fault = self.record.faults[key] = self._fault_of(verdict)
+            self._pin_recovery(fault)
         else:
             ended = self.record.faults.pop(key, None)
             if ended is not None and ended.action.quarantines and self.metrics:
@@ -928,6 +953,15 @@ def _same_record(mirrored: Mapping[str, object] | None, document: Mapping[str, o
         return False
     return {k: v for k, v in mirrored.items() if k != "generation"} == \
         {k: v for k, v in document.items() if k != "generation"}
+
+
+def _in_family_of(verdict: Verdict, observation: Observation) -> Verdict:
+    """A failed reset's fault takes the family of the fault whose reset failed (the observation says which)."""
+    family = observation.attrs.get("fault_class")
+    if observation.signal is not Signal.RESET_FAILED or verdict.kind is not VerdictKind.FAULT or \
+            not isinstance(family, str) or family not in FaultClass.__members__.values():
+        return verdict
+    return dataclasses.replace(verdict, fault_class=FaultClass(family))
 
 
 _STATUS_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}

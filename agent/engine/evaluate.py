@@ -149,7 +149,7 @@ def _clear_where(
         rule = rules.get(rule_id)
         if not st.active or rule is None:
             continue
-        if applies(gpu_key, rule.recovery.kind, rule_id):
+        if applies(gpu_key, st.recovery or rule.recovery.kind, rule_id):
             verdicts.append(_clear(rule, gpu_key, st, now, why))
     return verdicts
 
@@ -270,7 +270,7 @@ def _record_hit(window: Window, counting: Counting, obs: Observation, now: float
 
 
 def _quiet_recovered(rule: Rule, st: RuleState, now: float) -> bool:
-    if rule.recovery.kind != "quiet" or st.last_match is None:
+    if rule.recovery.kind != "quiet" or st.recovery not in {"", "quiet"} or st.last_match is None:
         return False
     if now - st.last_match < rule.recovery.quiet_seconds:
         return False

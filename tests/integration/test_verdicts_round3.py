@@ -1,0 +1,99 @@
+"""Issue 26 (third round of verdicts): a replacement mark stays, failed resets keep their fault's family,
+the contained ECC incident decides, and every quarantine has a way back."""
+
+from agent.model import Observation, Signal, frozen_attrs
+from tests.k8s_helpers import gpu_node, grace_period_passes, make_agent
+
+REPLACE_LABEL = "gpu-health-agent.io/needs-replacement"
+
+
+def boot(agent, boot_id: str, at: float):
+    return agent.pipeline.handle(Observation(Signal.BOOT, 0, at, "kmsg", None, frozen_attrs({"boot_id": boot_id})), at)
+
+
+def xid48_three_times_each_reset_verified(agent):
+    for round_ in range(2):
+        agent.fault(2, xid=48, at=1000.0 * round_ + 1)
+        grace_period_passes(agent.cluster)
+        agent.pipeline.tick(1000.0 * round_ + 11)
+        agent.poll(2, at=1000.0 * round_ + 12)
+    return agent.fault(2, xid=48, at=3000.0)
+
+
+def test_a_reboot_does_not_clear_a_replacement_escalated_from_a_reset_fault(fake):
+    """Xid 48 back after two verified resets is marked for replacement; a reboot for a kernel patch keeps it."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    boot(agent, "boot-a", 0.5)
+    assert xid48_three_times_each_reset_verified(agent).verdicts[0].action == "replace_gpu"
+    cleared = boot(agent, "boot-b", 5000.0)
+    assert [v.rule_id for v in cleared.verdicts if v.gpu_key == "GPU-n1-0002"] == []
+    assert cluster.node("n1")["metadata"]["labels"][REPLACE_LABEL] == "true"
+    assert agent.pipeline.gpu_statuses()["GPU-n1-0002"] == "fatal"
+
+
+def test_a_reboot_does_not_clear_a_replacement_escalated_from_xid_79(fake):
+    """Xid 79 three times, each cleared by a reboot: the third is a replacement and the next reboot keeps it."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    boot(agent, "boot-0", 0.5)
+    for n in range(2):
+        agent.fault(2, xid=79, at=1000.0 * n + 1)
+        boot(agent, f"boot-{n + 1}", 1000.0 * n + 500)
+    assert agent.fault(2, xid=79, at=3000.0).verdicts[0].action == "replace_gpu"
+    boot(agent, "boot-9", 4000.0)
+    assert cluster.node("n1")["metadata"]["labels"][REPLACE_LABEL] == "true"
+
+
+def test_an_escalated_replacement_survives_a_restart_and_the_next_reboot(fake):
+    """Restarted from the Node's copy of the record, the replacement still clears only by a release."""
+    from tests.k8s_helpers import restart
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    boot(agent, "boot-a", 0.5)
+    xid48_three_times_each_reset_verified(agent)
+    again = restart(agent)
+    boot(again, "boot-b", 5000.0)
+    assert again.pipeline.gpu_statuses()["GPU-n1-0002"] == "fatal"
+    assert cluster.node("n1")["metadata"]["labels"][REPLACE_LABEL] == "true"
+
+
+def test_an_operator_release_clears_an_escalated_replacement(fake):
+    """The one way out of an escalated replacement (short of a new board) is the operator's release."""
+    from agent.k8s.cluster import request_release
+    from tests.k8s_helpers import operator_client
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    boot(agent, "boot-a", 0.5)
+    xid48_three_times_each_reset_verified(agent)
+    request_release(operator_client(server), "n1", "GPU-n1-0002")
+    agent.pipeline.reconcile(5000.0)
+    assert REPLACE_LABEL not in cluster.node("n1")["metadata"]["labels"]
+
+
+def test_a_failed_reset_of_a_driver_fault_never_counts_towards_replacement(fake):
+    """Xid 119 (GSP timeout, driver class) weekly, each reset failing and a reboot fixing it: never a replacement."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"), reset=lambda uuid: (False, "Insufficient Permissions"))
+    boot(agent, "boot-0", 0.5)
+    failed = []
+    for week in range(3):
+        start = week * 7 * 86400.0 + 1
+        agent.fault(2, xid=119, at=start)
+        grace_period_passes(cluster)
+        outcome = agent.pipeline.tick(start + 10)
+        failed += [v for v in outcome.verdicts if v.rule_id == "gpu-reset-failed" and v.kind == "fault"]
+        boot(agent, f"boot-{week + 1}", start + 600)
+    assert [(v.action, v.fault_class) for v in failed] == [("reboot_node", "driver")] * 3
+    assert agent.pipeline.node.recoveries.to_json() == {}
+
+
+def test_a_failed_reset_of_a_hardware_fault_counts_as_hardware(fake):
+    """The reset of an Xid 48 that failed is charged to the hardware family, like the Xid 48 itself."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"), reset=lambda uuid: (False, "reset refused"))
+    boot(agent, "boot-0", 0.5)
+    agent.fault(2, xid=48, at=1.0)
+    grace_period_passes(cluster)
+    outcome = agent.pipeline.tick(11.0)
+    assert [v.fault_class for v in outcome.verdicts if v.rule_id == "gpu-reset-failed"] == ["hardware"]
