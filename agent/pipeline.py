@@ -369,7 +369,7 @@ class Pipeline:
         key = observation.gpu_key
         node = self.record.node
         if reset_by_driver_log(observation) and key not in node.verifying and \
-                any(f.recovery == "reset" for (k, _), f in self.record.faults.items() if k == key):
+                any(f.recovery in {"reset", "recovered"} for (k, _), f in self.record.faults.items() if k == key):
             node.verifying[key] = now
             self._log.bind(gpu=key).info("reset_seen_in_driver_log", awaiting="a clean poll")
             return []
@@ -481,10 +481,10 @@ class Pipeline:
             if observation.signal is Signal.BOOT:
                 boot_id = str(observation.attrs.get("boot_id", ""))
                 why = "new boot" if previous_boot and boot_id != previous_boot and \
-                    fault.recovery in {"boot", "reset"} else ""
+                    fault.recovery in {"boot", "reset", "recovered"} else ""
             elif observation.signal is Signal.GPU_RESET:
                 why = "verified GPU reset" if observation.value and observation.gpu_key == key and \
-                    fault.recovery == "reset" else ""
+                    fault.recovery in {"reset", "recovered"} else ""
             else:
                 why = f"released by {observation.attrs.get('by', 'operator')}" \
                     if observation.gpu_key in {NODE_KEY, key} else ""

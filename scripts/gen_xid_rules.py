@@ -34,6 +34,8 @@ QUIET_APP = {"kind": "quiet", "quiet_seconds": 300}
 QUIET_INFO = {"kind": "quiet", "quiet_seconds": 60}
 QUIET_WARN = {"kind": "quiet", "quiet_seconds": 3600}
 RESET = {"kind": "reset"}
+#: The driver asks someone else to recover (the IMEX domain): it clears when the driver reports none again.
+RECOVERED = {"kind": "recovered"}
 BOOT = {"kind": "boot"}
 
 UNUSED_REASON = (
@@ -71,9 +73,10 @@ BUCKET_POLICY: dict[str, Policy] = {
         "Auxiliary power missing needs hands on the machine: no new work until an operator has checked it.",
     ),
     "WORKFLOW_NVLINK_ERR": Policy(
-        "degraded", "quarantine", "interconnect", RESET,
+        "degraded", "quarantine_reset_when_idle", "interconnect", RESET,
         "NVIDIA's workflow decodes the registers; many bits are benign or sympathetic. A reset or reboot "
-        "clears the link, so new work stays off the node but running work is not evicted on one Xid 74.",
+        "clears the link, so new work stays off the node but running work is not evicted on one Xid 74: the "
+        "GPU is reset once idle and a clean poll verifies it (a quarantine alone would never clear).",
     ),
 }
 
@@ -128,7 +131,7 @@ RECOVERY_ACTIONS: list[tuple[int, str, str, str, str, dict[str, Any]]] = [
     (2, "Node Reboot Required", "fatal", "reboot_node", "hardware", BOOT),
     (3, "Drain P2P", "degraded", "drain", "interconnect", {"kind": "quiet", "quiet_seconds": 300}),
     (4, "Drain and Reset", "degraded", "quarantine_reset_when_idle", "hardware", RESET),
-    (5, "Recover IMEX domain", "degraded", "quarantine", "interconnect", RESET),
+    (5, "Recover IMEX domain", "degraded", "quarantine", "interconnect", RECOVERED),
     (6, "Bus Reset", "fatal", "reset_gpu", "hardware", RESET),
     (7, "System Reboot", "fatal", "reboot_node", "hardware", BOOT),
 ]

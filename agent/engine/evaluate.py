@@ -128,13 +128,14 @@ def _lifecycle(obs: Observation, state: EngineState, now: float, rules: RuleSet)
         previous, state.boot_id = state.boot_id, boot_id
         if not previous or previous == boot_id:
             return []
-        return _clear_where(state, now, rules, "new boot", lambda key, kind, rule_id: kind in {"boot", "reset"})
+        return _clear_where(state, now, rules, "new boot",
+                            lambda key, kind, rule_id: kind in {"boot", "reset", "recovered"})
     if obs.signal is Signal.GPU_RESET:
         if not obs.value:
             return []
         target = obs.gpu_key
         return _clear_where(state, now, rules, "verified GPU reset",
-                            lambda key, kind, rule_id: key == target and kind == "reset")
+                            lambda key, kind, rule_id: key == target and kind in {"reset", "recovered"})
     target = obs.gpu_key
     only = str(obs.attrs.get("rule", ""))  # a release of one fault (a drill's end), not of the whole GPU
     return _clear_where(state, now, rules, f"released by {obs.attrs.get('by', 'operator')}",

@@ -97,3 +97,37 @@ def test_a_failed_reset_of_a_hardware_fault_counts_as_hardware(fake):
     grace_period_passes(cluster)
     outcome = agent.pipeline.tick(11.0)
     assert [v.fault_class for v in outcome.verdicts if v.rule_id == "gpu-reset-failed"] == ["hardware"]
+
+
+def xid154(agent, gpu: int, before: int, after: int, at: float):
+    attrs = frozen_attrs({"recovery_action_from": before, "recovery_action": after})
+    return agent.pipeline.handle(Observation(Signal.XID, 154, at, "kmsg", agent.inventory.gpus[gpu], attrs), at)
+
+
+def test_an_imex_domain_recovery_clears_once_the_driver_reports_none_and_a_poll_is_clean(fake):
+    """Xid 154 0 -> 5 (recover the IMEX domain), then the driver's 5 -> 0 and a clean poll: the fault clears."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    raised = xid154(agent, 3, 0, 5, 1.0)
+    assert [v.rule_id for v in raised.verdicts] == ["xid-154-action-5"]
+    xid154(agent, 3, 5, 0, 600.0)
+    cleared = agent.poll(3, at=601.0)
+    assert [(v.rule_id, v.kind) for v in cleared.verdicts] == [("xid-154-action-5", "cleared")]
+    assert agent.pipeline.gpu_statuses()["GPU-n1-0003"] == "healthy"
+
+
+def test_xid_74_whose_registers_cannot_be_read_is_reset_once_idle_and_clears(fake):
+    """Xid 74 on an A100 (no register decode): new work stays off, the GPU is reset once idle, a clean poll clears."""
+    from agent.model import GpuRef, NodeInventory, PodRef
+    cluster, server = fake
+    gpus = tuple(GpuRef(i, f"GPU-a-{i:04d}", f"0000:{0x18 + i:02x}:00.0", "NVIDIA A100-SXM4-80GB") for i in range(2))
+    pods = (PodRef("gpu-health", "gpu-health-agent-a", "uid-agent-a", (), daemonset=True),)
+    resets = []
+    agent = make_agent(cluster, server, NodeInventory("a", gpus, pods),
+                       reset=lambda uuid: (resets.append(uuid) or True, "reset"))
+    raised = agent.fault(1, xid=74, at=1.0)
+    assert [(v.rule_id, v.action) for v in raised.verdicts] == [("xid-74", "quarantine_reset_when_idle")]
+    agent.pipeline.tick(30.0)
+    assert resets == ["GPU-a-0001"]
+    cleared = agent.poll(1, at=31.0)
+    assert [(v.rule_id, v.kind) for v in cleared.verdicts] == [("xid-74", "cleared")]

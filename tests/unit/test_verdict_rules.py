@@ -137,11 +137,12 @@ def test_xid_74_with_serious_bits_on_hopper_drains_and_resets(shipped_rules):
 
 
 def test_xid_74_serious_bits_on_a_gpu_without_the_decode_keep_the_caution(shipped_rules):
-    """NVIDIA: the register decode is valid on Hopper only; an A100's bits decide nothing."""
+    """NVIDIA: the register decode is valid on Hopper only; an A100's bits decide nothing (the caution: new work
+    stays off and the GPU is reset once idle)."""
     from tests.conftest import gpu
     [verdict] = verdicts_for(shipped_rules, obs(Signal.XID, 74, gpu_ref=gpu(0, "NVIDIA A100-SXM4-80GB"),
                                                 nvlink_error_class="INVESTIGATE"))[0]
-    assert (verdict.rule_id, verdict.action) == ("xid-74", Action.QUARANTINE)
+    assert (verdict.rule_id, verdict.action) == ("xid-74", Action.QUARANTINE_RESET_WHEN_IDLE)
 
 
 def test_recovery_action_drain_p2p_moves_the_pods_using_the_gpu(shipped_rules):
