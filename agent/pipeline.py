@@ -65,6 +65,8 @@ from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
 from agent.sources.kmsg import cursor_value, newer_cursor
 
 BOOT_CURSOR = "boot_id"
+#: Why a fault cleared whose recovery the driver reported done (no reset): not a recovery of the GPU's hardware.
+DRIVER_RECOVERED = "recovery reported done by the driver, verified by a clean poll"
 NODE_STATE_CURSOR = "node_state"
 _ROUNDS = 3
 _TOOK_EFFECT = frozenset({StepResult.APPLIED, StepResult.PLANNED, StepResult.DRY_RUN})
@@ -330,6 +332,7 @@ class Pipeline:
         if self.metrics:
             self.metrics.observed(observation)
         observation = self._not_the_gpus_if_elsewhere(observation)
+        observation = self._contained_if_so(observation)
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator":
             self.record.node.recoveries.release(observation.gpu_key)
         previous_boot = self.engine.boot_id
@@ -381,8 +384,11 @@ class Pipeline:
             self._log.bind(gpu=key).info("reset_not_verified_yet", poll="; ".join(reasons))
             return []
         del node.verifying[key]
-        reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu,
-                            frozen_attrs({"by": "a reset verified by a clean poll"}))
+        awaiting = {f.recovery for (k, _), f in self.record.faults.items() if k == key} & {"reset", "recovered"}
+        attrs = {"by": "a reset verified by a clean poll"}
+        if awaiting == {"recovered"}:  # no reset: the driver reported the recovery it asked of someone else done
+            attrs = {"by": "the driver's report verified by a clean poll", "why": DRIVER_RECOVERED}
+        reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu, frozen_attrs(attrs))
         return self._classify(reset, now)
 
     def _diagnosed(self, action: ActionRecord, now: float) -> bool:
@@ -442,6 +448,21 @@ class Pipeline:
                     state.distinct.pop(workload, None)
         attrs = {k: v for k, v in observation.attrs.items() if k != "workload"}
         attrs["workload_elsewhere"] = workload
+        return new_observation(observation.signal, observation.value, observation.at, observation.source,
+                               observation.gpu, frozen_attrs(attrs), observation.count)
+
+    def _contained_if_so(self, observation: Observation) -> Observation:
+        """A volatile DBE on a GPU whose contained incident is active (Xid 94, or the driver's drain-and-reset)
+        is that incident's error, counted by NVML: it names the incident (`contained_by`), so the ECC rule defers
+        to it (nobody evicted, the reset once idle) instead of resetting the GPU under its co-tenants."""
+        if observation.signal is not Signal.ECC_DBE:
+            return observation
+        key = observation.gpu_key
+        contained = sorted(rule_id for (gpu_key, rule_id), f in self.record.faults.items()
+                           if gpu_key == key and f.action is Action.QUARANTINE_RESET_WHEN_IDLE)
+        if not contained:
+            return observation
+        attrs = {**observation.attrs, "contained_by": contained[0]}
         return new_observation(observation.signal, observation.value, observation.at, observation.source,
                                observation.gpu, frozen_attrs(attrs), observation.count)
 

@@ -164,8 +164,8 @@ def _tick(pipeline: Pipeline, clock: _VirtualClock, at: float, lines: list[Timel
 
 
 def _worth_showing(line: TimelineLine) -> bool:
-    if line.observation is not None and line.observation.signal is Signal.BOOT:
-        return bool(line.outcome.verdicts or line.outcome.actions)
+    if line.observation is not None and line.observation.signal is Signal.BOOT:  # the replayed first boot: quiet
+        return bool(line.outcome.verdicts or line.outcome.actions) or line.observation.at > 0
     return True
 
 

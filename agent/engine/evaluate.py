@@ -134,7 +134,8 @@ def _lifecycle(obs: Observation, state: EngineState, now: float, rules: RuleSet)
         if not obs.value:
             return []
         target = obs.gpu_key
-        return _clear_where(state, now, rules, "verified GPU reset",
+        why = obs.attrs.get("why")
+        return _clear_where(state, now, rules, why if isinstance(why, str) and why else "verified GPU reset",
                             lambda key, kind, rule_id: key == target and kind in {"reset", "recovered"})
     target = obs.gpu_key
     only = str(obs.attrs.get("rule", ""))  # a release of one fault (a drill's end), not of the whole GPU

@@ -131,3 +131,52 @@ def test_xid_74_whose_registers_cannot_be_read_is_reset_once_idle_and_clears(fak
     assert resets == ["GPU-a-0001"]
     cleared = agent.poll(1, at=31.0)
     assert [(v.rule_id, v.kind) for v in cleared.verdicts] == [("xid-74", "cleared")]
+
+
+def time_sliced_node():
+    """GPU 2 shared by three pods (time-slicing); GPUs 0 and 1 with a pod each."""
+    from agent.model import NodeInventory, PodRef
+    base = gpu_node("n1", gpus=3)
+    shared = base.gpus[2].uuid
+    pods = (PodRef("ml", "n1-trainer-0", "uid-0", (base.gpus[0].uuid,)),
+            PodRef("ml", "n1-trainer-1", "uid-1", (base.gpus[1].uuid,)),
+            *(PodRef("ml", f"n1-tenant-{t}", f"uid-t{t}", (shared,)) for t in "abc"),
+            PodRef("gpu-health", "gpu-health-agent-n1", "uid-agent-n1", (), daemonset=True))
+    return NodeInventory("n1", base.gpus, pods)
+
+
+def test_a_contained_ecc_error_evicts_no_co_tenant_and_the_reset_waits_for_idle(fake):
+    """Xid 94, Xid 154 0 -> 4, then NVML's volatile DBE 1 on a time-sliced GPU: ecc-dbe defers to the contained
+    incident: nobody is evicted (only the faulting application restarts, by itself), the reset waits for idle."""
+    from agent.model import StepKind
+    cluster, server = fake
+    resets = []
+    inventory = time_sliced_node()
+    agent = make_agent(cluster, server, inventory, reset=lambda uuid: (resets.append(uuid) or True, "reset"))
+    actions = [*agent.fault(2, xid=94, at=1.0).actions, *xid154(agent, 2, 0, 4, 1.1).actions]
+    dbe = agent.pipeline.handle(Observation(Signal.ECC_DBE, 1, 5.0, "nvml", inventory.gpus[2],
+                                            frozen_attrs({"volatile_total": 1})), 5.0)
+    actions += dbe.actions + agent.pipeline.tick(60.0).actions
+    assert [(v.rule_id, v.action) for v in dbe.verdicts] == [("ecc-dbe-contained", "quarantine_reset_when_idle")]
+    assert [a for a in actions if a.step.kind is StepKind.EVICT] == []
+    assert resets == []
+    assert len([p for p in cluster.pods_on("n1") if "tenant" in p["metadata"]["name"]]) == 3
+
+
+def test_an_uncontained_ecc_error_still_resets_at_once(fake):
+    """A volatile DBE with no contained incident on its GPU keeps ecc-dbe's fatal reset."""
+    cluster, server = fake
+    inventory = gpu_node("n1")
+    agent = make_agent(cluster, server, inventory)
+    dbe = agent.pipeline.handle(Observation(Signal.ECC_DBE, 1, 5.0, "nvml", inventory.gpus[2]), 5.0)
+    assert [(v.rule_id, v.action) for v in dbe.verdicts] == [("ecc-dbe", "reset_gpu")]
+
+
+def test_a_recovery_the_driver_reports_done_never_counts_towards_replacement(fake):
+    """An IMEX domain recovered (5 -> 0, a clean poll) is no recovery of the GPU's hardware: nothing is counted."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    xid154(agent, 3, 0, 5, 1.0)
+    xid154(agent, 3, 5, 0, 600.0)
+    agent.poll(3, at=601.0)
+    assert agent.pipeline.node.recoveries.to_json() == {}

@@ -168,3 +168,30 @@ def test_the_dra_scenario_taints_one_device_and_evicts_only_its_pod():
     assert cluster["node"]["taints"] == []
     assert [a["target"] for a in report["actions"] if a["kind"] == "evict"] == ["ml/trainer-3"]
     assert "ml/trainer-3" not in cluster["pods"] and len(cluster["pods"]) == 8
+
+
+def test_a_replacement_mark_survives_the_reboot_that_follows_it():
+    """Scenario replacement-survives-reboot: the third Xid 79 is a replacement, and the day-12 reboot keeps it."""
+    report = run("replacement-survives-reboot")
+    [active] = report["active_faults"]
+    assert (active["rule_id"], active["action"]) == ("xid-79", "replace_gpu")
+    cleared_after_mark = [v for v in report["verdicts"] if v["kind"] == "cleared" and v["at"] > 867600]
+    assert cleared_after_mark == []
+    assert "unmark_replacement" not in {a["kind"] for a in report["actions"]}
+
+
+def test_an_imex_domain_recovery_clears_when_the_driver_reports_it_done():
+    """Scenario imex-domain-recovery: Xid 154 0 -> 5 quarantines; 5 -> 0 and a clean poll clear it."""
+    report = run("imex-domain-recovery")
+    assert [(v["rule_id"], v["kind"]) for v in report["verdicts"] if v["rule_id"] == "xid-154-action-5"] == [
+        ("xid-154-action-5", "fault"), ("xid-154-action-5", "cleared")]
+    assert report["active_faults"] == []
+    assert "untaint" in {a["kind"] for a in report["actions"]}
+
+
+def test_a_contained_ecc_error_on_a_shared_gpu_evicts_nobody_and_resets_nothing_while_in_use():
+    """Scenario contained-ecc-time-sliced: ecc-dbe defers to the contained incident; its three tenants run on."""
+    report = run("contained-ecc-time-sliced")
+    assert "ecc-dbe" not in {v["rule_id"] for v in report["verdicts"]}
+    assert "ecc-dbe-contained" in {v["rule_id"] for v in report["verdicts"]}
+    assert not {a["kind"] for a in report["actions"]} & {"evict", "reset_gpu", "reboot_request"}
