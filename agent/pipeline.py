@@ -60,7 +60,7 @@ from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
 from agent.remediation.recoveries import family_of
 from agent.remediation.resets import reset_by_driver_log, unclean
-from agent.remediation.spread import APPLICATION_XIDS, WorkloadSpread
+from agent.remediation.spread import APPLICATION_XIDS, LocationRepeats, WorkloadSpread
 from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
 from agent.sources.kmsg import cursor_value, newer_cursor
 
@@ -166,6 +166,7 @@ class Pipeline:
         reset_verify_seconds: float = 300.0,
         recovery_window_days: float = 30.0,
         diagnose: bool = False,
+        diagnostic_available: bool | None = None,
         inline: bool = True,
         rng: random.Random | None = None,
         on_released: Callable[[Verdict], None] | None = None,
@@ -186,11 +187,14 @@ class Pipeline:
         self.slot_renew_seconds = slot_renew_seconds
         self.engine = EngineState()
         self.spread = WorkloadSpread()
+        self.locations = LocationRepeats()
         self.history = AttemptHistory()
         self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
                                     reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None,
                                     diagnose=diagnose)
         self.pods = pods
+        #: A diagnostic can decide the repeat patterns (one is configured; a scenario may stand in for it).
+        self.diagnostic_available = diagnose if diagnostic_available is None else diagnostic_available
         self.replace_after_recoveries = replace_after_recoveries
         self.recovery_window_seconds = recovery_window_days * 86400.0
         self.reset_verify_seconds = reset_verify_seconds
@@ -332,6 +336,7 @@ class Pipeline:
         if self.metrics:
             self.metrics.observed(observation)
         observation = self._not_the_gpus_if_elsewhere(observation)
+        observation = self._repeat_facts(observation)
         observation = self._contained_if_so(observation)
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator":
             self.record.node.recoveries.release(observation.gpu_key)
@@ -446,8 +451,28 @@ class Pipeline:
                 state = self.engine.rules.get((gpu_key, rule_id))
                 if state is not None and not state.active:
                     state.distinct.pop(workload, None)
+        self.locations.forget(workload)
         attrs = {k: v for k, v in observation.attrs.items() if k != "workload"}
         attrs["workload_elsewhere"] = workload
+        return new_observation(observation.signal, observation.value, observation.at, observation.source,
+                               observation.gpu, frozen_attrs(attrs), observation.count)
+
+    def _repeat_facts(self, observation: Observation) -> Observation:
+        """What the repeat patterns of application Xids (NVIDIA's WORKFLOW_XID_13/31) need beyond the line: how
+        many workloads (owners) hit this GPC/TPC within the window (`sm_location_workloads`, Xid 13), and
+        `no_diagnostic` where no diagnostic is configured, so that a pattern only a diagnostic can decide is
+        reported instead of quarantining for ever."""
+        if observation.signal is not Signal.XID or int(observation.value) not in APPLICATION_XIDS:
+            return observation
+        attrs = dict(observation.attrs)
+        workload, location = attrs.get("workload"), attrs.get("sm_location")
+        if isinstance(workload, str) and workload and isinstance(location, str) and location:
+            attrs["sm_location_workloads"] = self.locations.note(observation.gpu_key, location, workload,
+                                                                 observation.at)
+        if not self.diagnostic_available:
+            attrs["no_diagnostic"] = True
+        if len(attrs) == len(observation.attrs):
+            return observation
         return new_observation(observation.signal, observation.value, observation.at, observation.source,
                                observation.gpu, frozen_attrs(attrs), observation.count)
 

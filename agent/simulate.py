@@ -131,7 +131,8 @@ def simulate(
     node = inventory(scenario)
     clock = clock or _VirtualClock()
     pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=actuator, gate=gate,
-                        journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p")
+                        journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p",
+                        diagnostic_available=scenario.node.diagnostic)
     lines: list[TimelineLine] = []
     current: dict[int, TimelineLine] = {}
     next_tick = scenario.tick_seconds

@@ -160,8 +160,8 @@ def xid_rules(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             rules.extend(_nvlink5(row))
         else:
             rules.append(_plain(row))
-    rules.append(_repeating_application_faults())
-    rules.append(_xid13_repeating_location())
+    rules.extend(_repeating_application_faults())
+    rules.extend(_xid13_repeating_location())
     rules.append(_unknown_xid())
     return rules
 
@@ -320,11 +320,32 @@ def _nvlink5(row: dict[str, str]) -> list[dict[str, Any]]:
     return rules
 
 
-def _repeating_application_faults() -> dict[str, Any]:
-    return {
+UNDIAGNOSED_REASON = (
+    " With no diagnostic configured (remediation.diagnostic_command) nothing could decide, and a quarantine "
+    "would hold until an operator released it: the pattern is reported instead (degraded, an Event, the "
+    "GpuDegraded condition; nobody evicted, no taint) and clears after an hour without an application Xid on "
+    "the GPU. Configure a diagnostic (the GPU Operator's DCGM: docs/configuration.md) to let the agent decide."
+)
+
+
+def _undiagnosed(rule: dict[str, Any]) -> dict[str, Any]:
+    """The rule where no diagnostic can decide: reported, never a quarantine without a way back."""
+    other = dict(rule)
+    other["id"] = f"{rule['id']}-undiagnosed"
+    other["action"] = "notify"
+    other["summary"] = rule["summary"].replace("a diagnostic must clear the GPU", "no diagnostic is configured to decide")
+    other["reason"] = rule["reason"] + UNDIAGNOSED_REASON
+    other["when"] = [*rule.get("when", [])[:-1], {"field": "no_diagnostic", "op": "present"}]
+    other["recovery"] = {"kind": "quiet", "quiet_seconds": 3600}
+    return other
+
+
+def _repeating_application_faults() -> list[dict[str, Any]]:
+    rule = {
         "id": "xid-app-faults-across-workloads",
         "signal": "xid",
         "code": [13, 31],
+        "when": [{"field": "no_diagnostic", "op": "absent"}],
         "severity": "degraded",
         "action": "quarantine",
         "fault_class": "hardware",
@@ -337,32 +358,37 @@ def _repeating_application_faults() -> dict[str, Any]:
         "one workload, and it is the application's (CHECK_APP/CUDA). Three different owners faulting on one GPU "
         "within an hour is NVIDIA's repeat pattern: new work stays off the node without evicting anyone; once "
         "the GPU is idle the configured diagnostic (remediation.diagnostic_command, e.g. dcgmi diag -r 2) runs, "
-        "bounded in time. A pass releases the GPU, a failure is gpu-diagnostic-failed; without a diagnostic an "
-        "operator releases it - never a quiet timer.",
+        "bounded in time. A pass releases the GPU, a failure is gpu-diagnostic-failed; an operator may release "
+        "it - never a quiet timer.",
         "window": {"count": 3, "seconds": 3600, "distinct": "workload"},
         "recovery": {"kind": "diagnostic"},
     }
+    return [rule, _undiagnosed(rule)]
 
 
-def _xid13_repeating_location() -> dict[str, Any]:
-    return {
+def _xid13_repeating_location() -> list[dict[str, Any]]:
+    rule = {
         "id": "xid-app-13-repeat-gpc-tpc",
         "signal": "xid",
         "code": 13,
-        "when": [{"field": "sm_location_processes", "op": "ge", "value": 3}],
+        "when": [{"field": "sm_location_workloads", "op": "ge", "value": 3},
+                 {"field": "no_diagnostic", "op": "absent"}],
         "severity": "degraded",
         "action": "quarantine",
         "fault_class": "hardware",
         "nvidia_action": "WORKFLOW_XID_13: Repeat TPC and GPC: RUN_DCGMEUD (possible HW issue); if pass RUN_FIELDDIAGS",
-        "summary": "Xid 13 on {sm_location} of {gpu} from {sm_location_processes} different processes: "
-        "a diagnostic must clear the GPU",
+        "summary": "Xid 13 on {sm_location} of {gpu} from {sm_location_workloads} different workloads (owners) "
+        "within a day: a diagnostic must clear the GPU",
         "source": SOURCE.format(xid="13") + " and its Resolution Buckets sheet (WORKFLOW_XID_13)",
-        "reason": "One crash prints a burst of Xid 13 lines from one process; the same GPC and TPC faulting under "
-        "three different processes is NVIDIA's repeat pattern, a possible hardware issue. New work stays off "
-        "without evicting anyone; once the GPU is idle the configured diagnostic runs and its result decides: "
-        "a pass releases the GPU, a failure is gpu-diagnostic-failed (or an operator releases it).",
+        "reason": "One crash prints a burst of Xid 13 lines, and a crash-looping job starts process after process: "
+        "both are one workload (owner), and a process no pod could be found for counts for nothing. The same GPC "
+        "and TPC faulting under three different owners within a day is NVIDIA's repeat pattern, a possible "
+        "hardware issue. New work stays off without evicting anyone; once the GPU is idle the configured "
+        "diagnostic runs and its result decides: a pass releases the GPU, a failure is gpu-diagnostic-failed "
+        "(or an operator releases it).",
         "recovery": {"kind": "diagnostic"},
     }
+    return [rule, _undiagnosed(rule)]
 
 
 def _unknown_xid() -> dict[str, Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -72,9 +71,6 @@ _LAST_SM = re.compile(r"(?s:.*)\(\s*GPC\s+(?P<gpc>\d{1,4}),\s*TPC\s+(?P<tpc>\d{1
                       re.IGNORECASE)
 _HEX = re.compile(r"0x[0-9a-fA-F]{1,16}(?![0-9a-fA-F])")
 _TAIL_WINDOW = 512
-#: How many GPC/TPC locations (per parser) and processes per location the Xid 13 repeat memory keeps.
-SM_LOCATIONS_KEPT = 256
-SM_PROCESSES_KEPT = 16
 
 KERNEL_FACILITY = 0
 USER_FACILITY = 1
@@ -203,7 +199,6 @@ class KernelLogParser:
     def __init__(self) -> None:
         self.pci_to_uuid: dict[str, str] = {}
         self.skipped = 0
-        self._sm_history: OrderedDict[tuple[str, str], OrderedDict[int | str, None]] = OrderedDict()
         self._lost_pci: str | None = None
         self._lost_lines = 0
         self._last_sxid: KernelRecord | None = None
@@ -242,13 +237,13 @@ class KernelLogParser:
     def kmsg_xid(self, match: re.Match[str], line: str, line_no: int) -> KernelRecord:
         """The record of a line KMSG_XID matched: the driver's own Xid form in raw /dev/kmsg (a storm's lines)."""
         self._lost_pci = None
-        return self._with_sm_repeats(_kmsg_xid_record(match, line, line_no))
+        return _kmsg_xid_record(match, line, line_no)
 
     def _nvrm(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
         match = _XID.match(body)
         if match:
             self._lost_pci = None
-            return self._with_sm_repeats(_xid_record(match, prefix, line_no))
+            return _xid_record(match, prefix, line_no)
         if _XID_START.match(body):
             self.skipped += 1  # an Xid whose code cannot be read (missing, or an absurdly long number)
             return None
@@ -273,33 +268,6 @@ class KernelLogParser:
             if self._lost_lines >= 3:
                 self._lost_pci = None
         return None
-
-    def _with_sm_repeats(self, record: KernelRecord) -> KernelRecord:
-        if "sm_location" in record.extras:
-            record.extras["sm_location_processes"] = self._sm_repeats(record)
-        return record
-
-    def _sm_repeats(self, record: KernelRecord) -> int:
-        """How many distinct processes hit Xid 13 on this GPU's GPC/TPC, this one included (NVIDIA's
-        WORKFLOW_XID_13 asks whether faults repeat on the same GPC and TPC). One crash's burst of lines is
-        one process; the memory is bounded (least recently used locations and processes are forgotten)."""
-        history = self._sm_history
-        key = (record.pci, record.extras["sm_location"])
-        processes = history.get(key)
-        if processes is None:
-            processes = history[key] = OrderedDict()
-            if len(history) > SM_LOCATIONS_KEPT:
-                history.popitem(last=False)
-        else:
-            history.move_to_end(key)
-        who = record.pid if record.pid is not None else record.process or "?"  # a pid (int) or a name (str)
-        if who in processes:
-            processes.move_to_end(who)
-        else:
-            processes[who] = None
-            if len(processes) > SM_PROCESSES_KEPT:
-                processes.popitem(last=False)
-        return len(processes)
 
     def _sxid(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
         match = _SXID.match(body)

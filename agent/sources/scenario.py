@@ -50,6 +50,9 @@ class ScenarioNode(_Strict):
     #: The GPUs are published in ResourceSlices (NVIDIA's DRA driver) and pods hold them through claims:
     #: `simulate` isolates a faulty GPU by DeviceTaintRule instead of tainting the node.
     dra: bool = False
+    #: A diagnostic is configured on the node (remediation.diagnostic_command): the repeat patterns of
+    #: application Xids quarantine and wait for it; a `diagnostic` timeline step gives its result.
+    diagnostic: bool = False
 
 
 class ScenarioEvent(_Strict):

@@ -341,5 +341,5 @@ def test_explain_a_signal_shows_nvidia_s_guidance_beside_our_action():
 
 def test_explain_says_a_diagnostic_clears_the_repeat_pattern():
     """xid-app-13-repeat-gpc-tpc clears by a passing diagnostic, never a timer."""
-    output = invoke("explain", "--xid", "13", "--attr", "sm_location_processes=3").output
+    output = invoke("explain", "--xid", "13", "--attr", "sm_location_workloads=3").output
     assert "when the diagnostic run on the idle GPU passes" in output

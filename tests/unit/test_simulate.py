@@ -195,3 +195,12 @@ def test_a_contained_ecc_error_on_a_shared_gpu_evicts_nobody_and_resets_nothing_
     assert "ecc-dbe" not in {v["rule_id"] for v in report["verdicts"]}
     assert "ecc-dbe-contained" in {v["rule_id"] for v in report["verdicts"]}
     assert not {a["kind"] for a in report["actions"]} & {"evict", "reset_gpu", "reboot_request"}
+
+
+def test_one_jobs_restarts_at_one_gpc_tpc_never_quarantine_but_three_owners_wait_for_the_diagnostic():
+    """Scenario gpc-tpc-repeats: one job's three restarts are the application's; three owners within a day
+    quarantine until the diagnostic passes."""
+    report = run("gpc-tpc-repeats")
+    raised = [(v["at"], v["kind"]) for v in report["verdicts"] if v["rule_id"] == "xid-app-13-repeat-gpc-tpc"]
+    assert raised == [(353400.0, "fault"), (380000.0, "cleared")]
+    assert "xid-app-faults-across-workloads" not in {v["rule_id"] for v in report["verdicts"]}

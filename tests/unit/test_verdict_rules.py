@@ -102,14 +102,14 @@ def test_faults_across_owners_wait_for_a_diagnostic_not_a_timer(shipped_rules):
 def test_xid_13_repeating_on_one_gpc_and_tpc_waits_for_a_diagnostic(shipped_rules):
     """NVIDIA's WORKFLOW_XID_13: a repeat on the same GPC/TPC is a possible hardware issue."""
     verdicts, _ = verdicts_for(shipped_rules, obs(Signal.XID, 13, sm_location="GPC 4, TPC 1",
-                                                  sm_location_processes=3))
+                                                  sm_location_workloads=3))
     [repeat] = [v for v in verdicts if v.rule_id == "xid-app-13-repeat-gpc-tpc"]
     assert repeat.quarantines and not repeat.action.evicts
 
 
 def test_xid_13_from_one_process_is_the_applications(shipped_rules):
     verdicts, _ = verdicts_for(shipped_rules, obs(Signal.XID, 13, sm_location="GPC 4, TPC 1",
-                                                  sm_location_processes=1))
+                                                  sm_location_workloads=1))
     assert not any(v.quarantines for v in verdicts)
 
 
