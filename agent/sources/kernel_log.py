@@ -53,7 +53,9 @@ _SXID = re.compile(r"(?P<switch>nvidia-nvswitch\d{1,4}):\s*SXid\s*\(\s*(?:PCI:)?
 _SXID_SEVERITY = re.compile(r"(?P<severity>Fatal|Non-fatal|Nonfatal)\s*,\s*(?P<message>.*)", re.DOTALL | re.IGNORECASE)
 _LINK = re.compile(r"\bLink\s+(\d{1,4})(?!\d)", re.IGNORECASE)
 _BANNER = re.compile(r"NVRM:\s*GPU at (?:PCI:)?(?P<pci>" + _PCI + r")\s*:\s*(?P<uuid>GPU-[0-9a-fA-F-]{8,64})\s*$")
-_LOST = re.compile(r"NVRM:\s*GPU(?: at)?\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*:\s*GPU has fallen off the bus",
+# "NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus." or the kernel's "NVRM: GPU at 0000:01:00.0 has fallen
+# off the bus."
+_LOST = re.compile(r"NVRM:\s*GPU(?: at)?\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*(?::\s*GPU)?\s+has fallen off the bus",
                    re.IGNORECASE)
 _LOST_START = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*$")
 _LOST_END = re.compile(r"NVRM:.{0,200}fallen off the bus", re.IGNORECASE | re.DOTALL)
@@ -62,7 +64,8 @@ _ACTION_VALUE = r"(0x[0-9a-fA-F]{1,8}|\d{1,6})(?![0-9a-fA-Fx])"
 _RECOVERY = re.compile(r"recovery action changed from\s+" + _ACTION_VALUE + r"(?:\s*\(([^()]{0,64})\))?\s+to\s+"
                        + _ACTION_VALUE + r"(?:\s*\(([^()]{0,64})\))?\s*\.?\s*$", re.IGNORECASE)
 # Registers close the line: "... Link 12 (0x4 0x2 0x0 ...)" (NVLink5) or "... on link 14(0x0, 0x0, ...)" (Xid 74).
-_LINK_TAIL = re.compile(r"\blink\s+(?P<link>\d{1,4})\s*\(\s*(?P<regs>[^()]{0,400})\)\s*\.?\s*$", re.IGNORECASE)
+# NVLink5 prints "Link -1" for an error of the whole unit rather than of one link (GB200).
+_LINK_TAIL = re.compile(r"\blink\s+(?P<link>-?\d{1,4})\s*\(\s*(?P<regs>[^()]{0,400})\)\s*\.?\s*$", re.IGNORECASE)
 _NVLINK5_HEAD = re.compile(r"(?<![A-Za-z0-9_])(?P<sub>[A-Za-z][A-Za-z0-9_]{0,39})\s+"
                            r"(?P<fatal>Fatal|Nonfatal|Non-fatal)\b", re.IGNORECASE)
 #: The last SM location in a text, "(GPC 4, TPC 1, SM 0)": the greedy lead moves the match to the driver's end of
@@ -448,6 +451,8 @@ def _nvlink5_extras(code: int, text: str) -> dict[str, Any]:
         "fatal": head.group("fatal").lower() == "fatal",
         "link": int(tail.group("link")),
     }
+    if extras["link"] < 0:
+        extras["link_scope"] = "unit"  # the whole NVLink unit; the decode table resolves it like any link's
     if len(registers) >= 2:
         intr_info, error_status = int(registers[0], 16), int(registers[1], 16)
         extras.update(intr_info=registers[0].lower(), error_status=registers[1].lower())
