@@ -211,14 +211,26 @@ def _xid45(row: dict[str, str]) -> list[dict[str, Any]]:
         "Xid 45: preemptive cleanup after Xid {caused_by} on {gpu}",
     )
     follows["when"] = [{"field": "caused_by", "op": "present"}]
+    after = _base(
+        row, "xid-45-after-xid",
+        Policy("info", "none", "driver", QUIET_INFO,
+               "NVIDIA: not solo, follow the guidance of the Xid that caused it. The line names no cause, but "
+               "another Xid hit the same GPU seconds before (prior_xid): that Xid's rule decides."),
+        "Xid 45: preemptive cleanup seconds after Xid {prior_xid} on {gpu}",
+    )
+    after["when"] = [{"field": "caused_by", "op": "absent"}, {"field": "prior_xid", "op": "present"}]
     solo = _base(
         row, "xid-45-solo",
-        Policy("warning", "notify", "driver", QUIET_WARN,
-               "NVIDIA: solo, restart the fabric manager. That is a node service, not a GPU fault: reported."),
-        "Xid 45: preemptive cleanup with no causing Xid on {gpu}",
+        Policy("info", "notify", "driver", QUIET_WARN,
+               "The driver prints a solo Xid 45 whenever it stops a GPU process's channels: a pod killed mid-kernel "
+               "(OOM kill, eviction, preemption) gives one, so it is a Normal Event, no condition and no quarantine. "
+               "On an NVSwitch system (HGX/DGX 8-GPU baseboards, where the Fabric Manager runs) NVIDIA's advice for a "
+               "solo Xid 45 applies: check and restart the Fabric Manager (nvidia-fabricmanager); elsewhere there is "
+               "no Fabric Manager to restart."),
+        "Xid 45: preemptive cleanup with no causing Xid on {gpu} (a GPU process stopped mid-kernel)",
     )
-    solo["when"] = [{"field": "caused_by", "op": "absent"}]
-    return [follows, solo]
+    solo["when"] = [{"field": "caused_by", "op": "absent"}, {"field": "prior_xid", "op": "absent"}]
+    return [follows, after, solo]
 
 
 #: NVIDIA's WORKFLOW_NVLINK_ERR: "The first, third, fourth and fifth registers are valid for Hopper-based products."
