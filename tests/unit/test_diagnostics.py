@@ -140,3 +140,11 @@ def test_without_a_diagnostic_command_nothing_runs_and_nothing_is_quarantined(sh
     assert "xid-app-faults-across-workloads-undiagnosed" in {f.rule_id for f in p.record.faults.values()}
     p.tick(7 * 86400.0)
     assert actuator.ran == [] and not p.node.tainted
+
+
+def test_the_command_gets_the_dcgm_hostengine_it_is_configured_with():
+    """{hostengine} is sources.dcgm.hostengine: dcgmi asks the GPU Operator's nv-hostengine for the diagnostic."""
+    script = "import sys; print('| Memory |', 'Pass' if sys.argv[1] == '10.0.0.5:5555' else 'Fail', '|')"
+    runner = command_runner([sys.executable, "-c", script, "{hostengine}"], timeout_seconds=10,
+                            hostengine="10.0.0.5:5555")
+    assert runner("GPU-x")[0] is DiagnosticOutcome.PASS
