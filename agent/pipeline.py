@@ -44,6 +44,7 @@ from agent.model import (
     VerdictKind,
     frozen_attrs,
     new_observation,
+    normalise_pci,
 )
 from agent.remediation import (
     ActiveFault,
@@ -327,8 +328,9 @@ class Pipeline:
         return outcome
 
     def _classify(self, observation: Observation, now: float) -> list[Verdict]:
+        replaced: list[Verdict] = []
         if observation.gpu is not None:
-            self._learn(observation.gpu)
+            replaced = self._board_replaced(self._learn(observation.gpu), observation.gpu, now)
             resolved = self.inventory.resolve(observation.gpu)
             if resolved is not observation.gpu:
                 observation = new_observation(observation.signal, observation.value, observation.at,
@@ -352,7 +354,7 @@ class Pipeline:
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator" and self.on_released:
             for verdict in verdicts:
                 self._safely("release_hook_failed", self.on_released, verdict)
-        return verdicts + self._verify_reset(observation, now) + self._diagnostic_passed(observation, now)
+        return replaced + verdicts + self._verify_reset(observation, now) + self._diagnostic_passed(observation, now)
 
     def _diagnostic_passed(self, observation: Observation, now: float) -> list[Verdict]:
         """A passing diagnostic releases the GPU's faults that waited for one (recovery `diagnostic`)."""
@@ -556,18 +558,43 @@ class Pipeline:
         if self.metrics:
             self.metrics.rules_loaded.set(len(rules.rules))
 
-    def _learn(self, gpu: GpuRef) -> None:
+    def _learn(self, gpu: GpuRef) -> GpuRef | None:
         """A source that knows a GPU's whole identity (NVML, DCGM) teaches it to the inventory, so a
         kernel-log record that names only the PCI bus id, or a lost GPU NVML knows only by index, is
-        resolved to the same GPU. The inventory is part of the durable record."""
+        resolved to the same GPU. The inventory is part of the durable record. Returns the GPU it took the
+        place of: another UUID at the same PCI address (a new board in the slot)."""
         if not gpu.uuid or not gpu.pci_bus_id or gpu.mig_parent_uuid or gpu.index is None:
-            return
+            return None
         if any(known.uuid == gpu.uuid for known in self.inventory.gpus):
-            return
+            return None
+        wanted = normalise_pci(gpu.pci_bus_id)
+        before = next((g for g in self.inventory.gpus if g.uuid and g.pci_bus_id and
+                       normalise_pci(g.pci_bus_id) == wanted), None)
         others = tuple(g for g in self.inventory.gpus if g.index != gpu.index)
         gpus = tuple(sorted((*others, gpu), key=lambda g: (g.index is None, g.index or 0)))
         self.inventory = dataclasses.replace(self.inventory, gpus=gpus)
         self._metrics_primed = False
+        return before
+
+    def _board_replaced(self, old: GpuRef | None, new: GpuRef, now: float) -> list[Verdict]:
+        """A GPU marked for replacement whose slot now holds a board with another UUID was replaced: the old
+        board's faults end (its recovery history goes with it). Only a replacement mark is so cleared: a GPU that
+        merely reads with another UUID while not marked keeps whatever else it had (it is the new board's now)."""
+        if old is None or old.uuid == new.uuid:
+            return []
+        faults = [(rule_id, f) for (key, rule_id), f in self.record.faults.items() if key == old.key]
+        if not any(f.action is Action.REPLACE_GPU for _, f in faults):
+            return []
+        self._log.bind(gpu=old.key).info("gpu_replaced", new_uuid=new.uuid, pci=new.pci_bus_id)
+        self.record.node.recoveries.release(old.key)
+        by = f"a new board in its slot: {new.uuid} at PCI {new.pci_bus_id} replaced {old.uuid}"
+        release = Observation(Signal.OPERATOR_RELEASE, 1, now, "inventory", GpuRef(uuid=old.uuid),
+                              frozen_attrs({"by": by}))
+        verdicts = self._classify(release, now)
+        for verdict in verdicts:
+            if self.on_released:
+                self._safely("release_hook_failed", self.on_released, verdict)
+        return verdicts
 
     def occurrences(self, gpu_key: str, rule_id: str) -> int:
         state = self.engine.rules.get((gpu_key, rule_id))

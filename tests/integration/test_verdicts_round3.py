@@ -180,3 +180,21 @@ def test_a_recovery_the_driver_reports_done_never_counts_towards_replacement(fak
     xid154(agent, 3, 5, 0, 600.0)
     agent.poll(3, at=601.0)
     assert agent.pipeline.node.recoveries.to_json() == {}
+
+
+def test_a_new_board_in_the_slot_of_a_gpu_marked_for_replacement_clears_the_mark(fake):
+    """The GPU at PCI 0000:1a:00.0 reads with another UUID after the replacement: the old board's faults end."""
+    import dataclasses
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    boot(agent, "boot-a", 0.5)
+    xid48_three_times_each_reset_verified(agent)
+    boot(agent, "boot-b", 5000.0)  # the board was swapped during the downtime
+    new_board = dataclasses.replace(agent.inventory.gpus[2], uuid="GPU-n1-new-board")
+    attrs = frozen_attrs({"recovery_action": 0, "remap_pending": 0, "retirement_pending": 0, "volatile_dbe": 0,
+                          "links_down": 0})
+    polled = agent.pipeline.handle(Observation(Signal.GPU_POLLED, 1, 5010.0, "nvml", new_board, attrs), 5010.0)
+    assert [(v.rule_id, v.kind) for v in polled.verdicts] == [("xid-48", "cleared")]
+    assert "replaced" in polled.verdicts[0].summary
+    assert REPLACE_LABEL not in cluster.node("n1")["metadata"]["labels"]
+    assert agent.pipeline.gpu_statuses().get("GPU-n1-0002") is None
