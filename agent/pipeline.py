@@ -418,7 +418,8 @@ class Pipeline:
         says nothing about the GPU's hardware, so it never counts towards a replacement)."""
         attrs: dict[str, str] = {"message": message}
         key = gpu.key if gpu is not None else ""
-        wanting = [f for (k, _), f in self.record.faults.items() if k == key and f.action.resets]
+        wanting = [f for (k, _), f in self.record.faults.items()
+                   if k == key and (f.action.resets or f.recovery in {"reset", "recovered"})]
         if wanting:
             worst = max(wanting, key=lambda f: (f.action.rank, family_of(f.fault_class) != ""))
             attrs["fault_class"] = str(worst.fault_class)

@@ -198,3 +198,15 @@ def test_a_new_board_in_the_slot_of_a_gpu_marked_for_replacement_clears_the_mark
     assert "replaced" in polled.verdicts[0].summary
     assert REPLACE_LABEL not in cluster.node("n1")["metadata"]["labels"]
     assert agent.pipeline.gpu_statuses().get("GPU-n1-0002") is None
+
+
+def test_an_imex_recovery_no_clean_poll_verifies_is_charged_to_the_interconnect(fake):
+    """The driver's 5 -> 0 with no clean poll within the deadline: a failed recovery of the interconnect family."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    xid154(agent, 3, 0, 5, 1.0)
+    xid154(agent, 3, 5, 0, 600.0)
+    agent.poll(3, at=601.0, recovery_action=5)  # not clean
+    failed = agent.pipeline.tick(1000.0)
+    assert [(v.rule_id, v.fault_class) for v in failed.verdicts if v.kind == "fault"] == [
+        ("gpu-reset-failed", "interconnect")]
