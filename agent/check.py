@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.engine import EngineState, RuleSet, evaluate
+from agent.engine.schema import Rule
 from agent.model import (
     NODE_KEY,
+    Action,
     GpuRef,
     Observation,
     Severity,
@@ -110,8 +112,32 @@ def _without(summary: str, described: str) -> str:
 
 
 def instantaneous(rules: RuleSet) -> RuleSet:
-    """The rules with debounce removed: a single reading is judged as if it had lasted."""
-    return RuleSet(rules=tuple(r.model_copy(update={"sustain_seconds": 0.0}) for r in rules.rules), files=rules.files)
+    """The rules as one reading can judge them. A rule that asks for a condition held for a while (a reason that
+    flaps many times a second, held 15 minutes without a break) cannot be judged from one sample: it reports what
+    the reading shows, as a warning that does not change the GPU's status, and says what it cannot tell."""
+    return RuleSet(rules=tuple(_one_reading(r) for r in rules.rules), files=rules.files)
+
+
+def _one_reading(rule: Rule) -> Rule:
+    if not rule.sustain_seconds and not any(o.sustain_seconds for o in rule.overrides):
+        return rule
+    held = _duration(max([rule.sustain_seconds, *(o.sustain_seconds or 0.0 for o in rule.overrides)]))
+    summary = rule.summary.split(" for ")[0] if " for " in rule.summary else rule.summary
+    severity = Severity.WARNING if rule.severity.rank > Severity.WARNING.rank else rule.severity
+    overrides = [o.model_copy(update={"sustain_seconds": None, "severity": None, "action": None})
+                 for o in rule.overrides]
+    return rule.model_copy(update={
+        "sustain_seconds": 0.0, "severity": severity, "action": Action.NOTIFY if rule.action.quarantines
+        else rule.action, "overrides": overrides,
+        "summary": f"{summary}: seen in this reading (the rule asks for {held} without a break, which cannot be "
+                   "judged from one reading; the running agent judges it)"})
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        minutes = int(seconds // 60)
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds:g} s"
 
 
 def kmsg_snapshot(path: Path, *, now: float) -> list[Observation]:

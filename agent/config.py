@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import ConfigError
 from agent.remediation.guard import Mode
@@ -93,7 +93,8 @@ class RemediationConfig(_Section):
     replace_after_recoveries: int = Field(default=2, ge=1)
     recovery_window_days: float = Field(default=30.0, gt=0, le=3650)
     reset_verify_seconds: float = Field(default=300.0, gt=0)
-    #: e.g. ["dcgmi", "diag", "-r", "2", "-i", "{uuid}"]; empty: no diagnostic, an operator releases.
+    #: e.g. ["dcgmi", "diag", "--host", "{hostengine}", "-r", "2", "-i", "{uuid}"]; empty: no diagnostic, and the
+    #: repeat patterns that only a diagnostic could decide are reported instead of quarantining.
     diagnostic_command: list[str] = Field(default_factory=list)
     diagnostic_timeout_seconds: float = Field(default=900.0, gt=0, le=7200)
     namespace: str = "gpu-health"
@@ -135,6 +136,13 @@ class Config(_Section):
     http: HttpConfig = Field(default_factory=HttpConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
+    @model_validator(mode="after")
+    def _diagnostic_has_its_hostengine(self) -> Config:
+        if any("{hostengine}" in part for part in self.remediation.diagnostic_command) and \
+                not self.sources.dcgm.hostengine:
+            raise ValueError("remediation.diagnostic_command names {hostengine} but sources.dcgm.hostengine is empty")
+        return self
+
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Read the file (if any), apply GPU_HEALTH_* overrides, validate; raise ConfigError on any problem."""
@@ -155,7 +163,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         where = origin.get(field) or (str(path) if path else "<defaults>")
-        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
         raise ConfigError(problem, file=where, field=field) from None
 
 

@@ -66,11 +66,12 @@ def _walk(node: object, name: str) -> Iterator[tuple[str, str]]:
             yield from _walk(item, name)
 
 
-def command_runner(command: list[str], *, timeout_seconds: float) -> DiagnosticRunner:
-    """Runs the configured command with {uuid} filled in, killed after timeout_seconds (inconclusive then)."""
+def command_runner(command: list[str], *, timeout_seconds: float, hostengine: str = "") -> DiagnosticRunner:
+    """Runs the configured command with {uuid} (the GPU) and {hostengine} (sources.dcgm.hostengine: the DCGM host
+    engine to ask, e.g. the GPU Operator's) filled in, killed after timeout_seconds (inconclusive then)."""
 
     def run(uuid: str) -> tuple[DiagnosticOutcome, str]:
-        argv = [part.replace("{uuid}", uuid) for part in command]
+        argv = [part.replace("{uuid}", uuid).replace("{hostengine}", hostengine) for part in command]
         try:
             done = subprocess.run(  # noqa: S603 - the operator's configured command
                 argv, capture_output=True, text=True, timeout=timeout_seconds, check=False)

@@ -130,6 +130,8 @@ def recovery_text(recovery: Recovery) -> str:
                  "a healthy one since)",
         "reset": "after a verified GPU reset (or a new boot) followed by a clean poll",
         "boot": "after a reboot: a new boot with the GPU present and clean",
+        "recovered": "when the driver reports the recovery done (Xid 154: the action changed to none) and a clean "
+                     "poll follows, or after a verified reset or a new boot",
         "operator": "only when an operator releases it (gpu-health-agent release --node N --gpu UUID)",
         "diagnostic": "when the diagnostic run on the idle GPU passes (remediation.diagnostic_command), or an "
                       "operator releases it; never by a timer",

@@ -30,6 +30,8 @@ from agent.model import (
     NODE_KEY,
     Action,
     ActionRecord,
+    AttrValue,
+    FaultClass,
     GpuRef,
     NodeInventory,
     Observation,
@@ -43,6 +45,7 @@ from agent.model import (
     VerdictKind,
     frozen_attrs,
     new_observation,
+    normalise_pci,
 )
 from agent.remediation import (
     ActiveFault,
@@ -57,12 +60,15 @@ from agent.remediation import (
 )
 from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
+from agent.remediation.recoveries import family_of
 from agent.remediation.resets import reset_by_driver_log, unclean
-from agent.remediation.spread import APPLICATION_XIDS, WorkloadSpread
+from agent.remediation.spread import APPLICATION_XIDS, LocationRepeats, WorkloadSpread
 from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
 from agent.sources.kmsg import cursor_value, newer_cursor
 
 BOOT_CURSOR = "boot_id"
+#: Why a fault cleared whose recovery the driver reported done (no reset): not a recovery of the GPU's hardware.
+DRIVER_RECOVERED = "recovery reported done by the driver, verified by a clean poll"
 NODE_STATE_CURSOR = "node_state"
 _ROUNDS = 3
 _RESET_WHEN_IDLE = frozenset({Action.RESET_WHEN_IDLE, Action.QUARANTINE_RESET_WHEN_IDLE})
@@ -163,6 +169,7 @@ class Pipeline:
         reset_verify_seconds: float = 300.0,
         recovery_window_days: float = 30.0,
         diagnose: bool = False,
+        diagnostic_available: bool | None = None,
         inline: bool = True,
         rng: random.Random | None = None,
         on_released: Callable[[Verdict], None] | None = None,
@@ -183,11 +190,14 @@ class Pipeline:
         self.slot_renew_seconds = slot_renew_seconds
         self.engine = EngineState()
         self.spread = WorkloadSpread()
+        self.locations = LocationRepeats()
         self.history = AttemptHistory()
         self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
                                     reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None,
                                     diagnose=diagnose)
         self.pods = pods
+        #: A diagnostic can decide the repeat patterns (one is configured; a scenario may stand in for it).
+        self.diagnostic_available = diagnose if diagnostic_available is None else diagnostic_available
         self.replace_after_recoveries = replace_after_recoveries
         self.recovery_window_seconds = recovery_window_days * 86400.0
         self.reset_verify_seconds = reset_verify_seconds
@@ -251,6 +261,8 @@ class Pipeline:
 
     def _restore_engine(self, faults: list[ActiveFault]) -> None:
         restore(self.engine, [f.to_verdict() for f in faults])
+        for fault in faults:
+            self._pin_recovery(fault)
         self.engine.boot_id = self.record.cursors.get(BOOT_CURSOR, self.engine.boot_id)
         if faults:
             self._log.info("faults_restored", count=len(faults))
@@ -318,8 +330,9 @@ class Pipeline:
         return outcome
 
     def _classify(self, observation: Observation, now: float) -> list[Verdict]:
+        replaced: list[Verdict] = []
         if observation.gpu is not None:
-            self._learn(observation.gpu)
+            replaced = self._board_replaced(self._learn(observation.gpu), observation.gpu, now)
             resolved = self.inventory.resolve(observation.gpu)
             if resolved is not observation.gpu:
                 observation = new_observation(observation.signal, observation.value, observation.at,
@@ -327,6 +340,8 @@ class Pipeline:
         if self.metrics:
             self.metrics.observed(observation)
         observation = self._not_the_gpus_if_elsewhere(observation)
+        observation = self._repeat_facts(observation)
+        observation = self._contained_if_so(observation)
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator":
             self.record.node.recoveries.release(observation.gpu_key)
         previous_boot = self.engine.boot_id
@@ -335,13 +350,13 @@ class Pipeline:
         if observation.signal is Signal.BOOT and self.engine.boot_id:
             self.record.cursors[BOOT_CURSOR] = self.engine.boot_id
         # A drill's verdict is held to notify (condition, Event, metrics) unless it was a full drill.
-        verdicts = [contain(self._escalate(v)) for v in verdicts]
+        verdicts = [contain(self._escalate(_in_family_of(v, observation))) for v in verdicts]
         for verdict in verdicts:
             self._record_verdict(verdict, now, observation.at)
         if observation.signal is Signal.OPERATOR_RELEASE and observation.source == "operator" and self.on_released:
             for verdict in verdicts:
                 self._safely("release_hook_failed", self.on_released, verdict)
-        return verdicts + self._verify_reset(observation, now) + self._diagnostic_passed(observation, now)
+        return replaced + verdicts + self._verify_reset(observation, now) + self._diagnostic_passed(observation, now)
 
     def _diagnostic_passed(self, observation: Observation, now: float) -> list[Verdict]:
         """A passing diagnostic releases the GPU's faults that waited for one (recovery `diagnostic`)."""
@@ -366,7 +381,7 @@ class Pipeline:
         key = observation.gpu_key
         node = self.record.node
         if reset_by_driver_log(observation) and key not in node.verifying and \
-                any(f.recovery == "reset" for (k, _), f in self.record.faults.items() if k == key):
+                any(f.recovery in {"reset", "recovered"} for (k, _), f in self.record.faults.items() if k == key):
             node.verifying[key] = now
             self._log.bind(gpu=key).info("reset_seen_in_driver_log", awaiting="a clean poll")
             return []
@@ -378,8 +393,11 @@ class Pipeline:
             self._log.bind(gpu=key).info("reset_not_verified_yet", poll="; ".join(reasons))
             return []
         del node.verifying[key]
-        reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu,
-                            frozen_attrs({"by": "a reset verified by a clean poll"}))
+        awaiting = {f.recovery for (k, _), f in self.record.faults.items() if k == key} & {"reset", "recovered"}
+        attrs = {"by": "a reset verified by a clean poll"}
+        if awaiting == {"recovered"}:  # no reset: the driver reported the recovery it asked of someone else done
+            attrs = {"by": "the driver's report verified by a clean poll", "why": DRIVER_RECOVERED}
+        reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu, frozen_attrs(attrs))
         return self._classify(reset, now)
 
     def _diagnosed(self, action: ActionRecord, now: float) -> bool:
@@ -398,9 +416,16 @@ class Pipeline:
         return bool(verdicts)
 
     def _reset_failed(self, gpu: GpuRef | None, now: float, message: str) -> list[Verdict]:
-        when_idle = self._only_reset_when_idle(gpu.key if gpu is not None else NODE_KEY)
-        failed = Observation(Signal.RESET_FAILED, 1, now, "remediation", gpu,
-                             frozen_attrs({"message": message, "when_idle_only": when_idle}))
+        """A reset that failed is a fault of the family of the fault it was for (a driver fault's failed reset
+        says nothing about the GPU's hardware, so it never counts towards a replacement)."""
+        key = gpu.key if gpu is not None else NODE_KEY
+        attrs: dict[str, AttrValue] = {"message": message, "when_idle_only": self._only_reset_when_idle(key)}
+        wanting = [f for (k, _), f in self.record.faults.items()
+                   if k == key and (f.action.resets or f.recovery in {"reset", "recovered"})]
+        if wanting:
+            worst = max(wanting, key=lambda f: (f.action.rank, family_of(f.fault_class) != ""))
+            attrs["fault_class"] = str(worst.fault_class)
+        failed = Observation(Signal.RESET_FAILED, 1, now, "remediation", gpu, frozen_attrs(attrs))
         return self._classify(failed, now)
 
     def _only_reset_when_idle(self, key: str) -> bool:
@@ -439,8 +464,43 @@ class Pipeline:
                 state = self.engine.rules.get((gpu_key, rule_id))
                 if state is not None and not state.active:
                     state.distinct.pop(workload, None)
+        self.locations.forget(workload)
         attrs = {k: v for k, v in observation.attrs.items() if k != "workload"}
         attrs["workload_elsewhere"] = workload
+        return new_observation(observation.signal, observation.value, observation.at, observation.source,
+                               observation.gpu, frozen_attrs(attrs), observation.count)
+
+    def _repeat_facts(self, observation: Observation) -> Observation:
+        """What the repeat patterns of application Xids (NVIDIA's WORKFLOW_XID_13/31) need beyond the line: how
+        many workloads (owners) hit this GPC/TPC within the window (`sm_location_workloads`, Xid 13), and
+        `no_diagnostic` where no diagnostic is configured, so that a pattern only a diagnostic can decide is
+        reported instead of quarantining for ever."""
+        if observation.signal is not Signal.XID or int(observation.value) not in APPLICATION_XIDS:
+            return observation
+        attrs = dict(observation.attrs)
+        workload, location = attrs.get("workload"), attrs.get("sm_location")
+        if isinstance(workload, str) and workload and isinstance(location, str) and location:
+            attrs["sm_location_workloads"] = self.locations.note(observation.gpu_key, location, workload,
+                                                                 observation.at)
+        if not self.diagnostic_available:
+            attrs["no_diagnostic"] = True
+        if len(attrs) == len(observation.attrs):
+            return observation
+        return new_observation(observation.signal, observation.value, observation.at, observation.source,
+                               observation.gpu, frozen_attrs(attrs), observation.count)
+
+    def _contained_if_so(self, observation: Observation) -> Observation:
+        """A volatile DBE on a GPU whose contained incident is active (Xid 94, or the driver's drain-and-reset)
+        is that incident's error, counted by NVML: it names the incident (`contained_by`), so the ECC rule defers
+        to it (nobody evicted, the reset once idle) instead of resetting the GPU under its co-tenants."""
+        if observation.signal is not Signal.ECC_DBE:
+            return observation
+        key = observation.gpu_key
+        contained = sorted(rule_id for (gpu_key, rule_id), f in self.record.faults.items()
+                           if gpu_key == key and f.action is Action.QUARANTINE_RESET_WHEN_IDLE)
+        if not contained:
+            return observation
+        attrs = {**observation.attrs, "contained_by": contained[0]}
         return new_observation(observation.signal, observation.value, observation.at, observation.source,
                                observation.gpu, frozen_attrs(attrs), observation.count)
 
@@ -480,10 +540,10 @@ class Pipeline:
             if observation.signal is Signal.BOOT:
                 boot_id = str(observation.attrs.get("boot_id", ""))
                 why = "new boot" if previous_boot and boot_id != previous_boot and \
-                    fault.recovery in {"boot", "reset"} else ""
+                    fault.recovery in {"boot", "reset", "recovered"} else ""
             elif observation.signal is Signal.GPU_RESET:
                 why = "verified GPU reset" if observation.value and observation.gpu_key == key and \
-                    fault.recovery == "reset" else ""
+                    fault.recovery in {"reset", "recovered"} else ""
             else:
                 why = f"released by {observation.attrs.get('by', 'operator')}" \
                     if observation.gpu_key in {NODE_KEY, key} else ""
@@ -509,18 +569,43 @@ class Pipeline:
         if self.metrics:
             self.metrics.rules_loaded.set(len(rules.rules))
 
-    def _learn(self, gpu: GpuRef) -> None:
+    def _learn(self, gpu: GpuRef) -> GpuRef | None:
         """A source that knows a GPU's whole identity (NVML, DCGM) teaches it to the inventory, so a
         kernel-log record that names only the PCI bus id, or a lost GPU NVML knows only by index, is
-        resolved to the same GPU. The inventory is part of the durable record."""
+        resolved to the same GPU. The inventory is part of the durable record. Returns the GPU it took the
+        place of: another UUID at the same PCI address (a new board in the slot)."""
         if not gpu.uuid or not gpu.pci_bus_id or gpu.mig_parent_uuid or gpu.index is None:
-            return
+            return None
         if any(known.uuid == gpu.uuid for known in self.inventory.gpus):
-            return
+            return None
+        wanted = normalise_pci(gpu.pci_bus_id)
+        before = next((g for g in self.inventory.gpus if g.uuid and g.pci_bus_id and
+                       normalise_pci(g.pci_bus_id) == wanted), None)
         others = tuple(g for g in self.inventory.gpus if g.index != gpu.index)
         gpus = tuple(sorted((*others, gpu), key=lambda g: (g.index is None, g.index or 0)))
         self.inventory = dataclasses.replace(self.inventory, gpus=gpus)
         self._metrics_primed = False
+        return before
+
+    def _board_replaced(self, old: GpuRef | None, new: GpuRef, now: float) -> list[Verdict]:
+        """A GPU marked for replacement whose slot now holds a board with another UUID was replaced: the old
+        board's faults end (its recovery history goes with it). Only a replacement mark is so cleared: a GPU that
+        merely reads with another UUID while not marked keeps whatever else it had (it is the new board's now)."""
+        if old is None or old.uuid == new.uuid:
+            return []
+        faults = [(rule_id, f) for (key, rule_id), f in self.record.faults.items() if key == old.key]
+        if not any(f.action is Action.REPLACE_GPU for _, f in faults):
+            return []
+        self._log.bind(gpu=old.key).info("gpu_replaced", new_uuid=new.uuid, pci=new.pci_bus_id)
+        self.record.node.recoveries.release(old.key)
+        by = f"a new board in its slot: {new.uuid} at PCI {new.pci_bus_id} replaced {old.uuid}"
+        release = Observation(Signal.OPERATOR_RELEASE, 1, now, "inventory", GpuRef(uuid=old.uuid),
+                              frozen_attrs({"by": by}))
+        verdicts = self._classify(release, now)
+        for verdict in verdicts:
+            if self.on_released:
+                self._safely("release_hook_failed", self.on_released, verdict)
+        return verdicts
 
     def occurrences(self, gpu_key: str, rule_id: str) -> int:
         state = self.engine.rules.get((gpu_key, rule_id))
@@ -543,8 +628,10 @@ class Pipeline:
         recoveries = self.record.node.recoveries
         if verdict.kind is VerdictKind.CLEARED:
             why = str(verdict.evidence.get("why", ""))
+            ended = self.record.faults.get((verdict.gpu_key, verdict.rule_id))
+            fault_class = ended.fault_class if ended is not None else verdict.fault_class
             if why in {"verified GPU reset", "new boot"} and verdict.action.quarantines:
-                recoveries.add(verdict.gpu_key, verdict.fault_class, verdict.at)
+                recoveries.add(verdict.gpu_key, fault_class, verdict.at)
             return verdict
         if not verdict.action.quarantines or verdict.action is Action.REPLACE_GPU:
             return verdict
@@ -558,16 +645,27 @@ class Pipeline:
                                            f"{verdict.fault_class} faults: needs replacement)")
 
     def _fault_of(self, verdict: Verdict) -> ActiveFault:
+        """The fault as the record keeps it. One escalated to a replacement clears only by an operator's release
+        (or a new board): not by the reset or boot that its rule's fault clears by, which it outlived."""
+        if verdict.action is Action.REPLACE_GPU and "escalated_from" in verdict.evidence:
+            return ActiveFault.from_verdict(verdict, recovery="operator")
         rule = self.rules.get(verdict.rule_id)
         recovery = rule.recovery.kind if rule is not None else ""
         quiet = float(rule.recovery.quiet_seconds or 0.0) if rule is not None else 0.0
         return ActiveFault.from_verdict(verdict, recovery=recovery, quiet_seconds=quiet)
 
+    def _pin_recovery(self, fault: ActiveFault) -> None:
+        """The engine clears this fault as the record says, where that differs from its rule's recovery."""
+        rule = self.rules.get(fault.rule_id)
+        if rule is not None and fault.recovery == "operator" and rule.recovery.kind != "operator":
+            self.engine.pin_recovery(fault.gpu_key, fault.rule_id, fault.recovery)
+
     def _record_verdict(self, verdict: Verdict, now: float, latency_from: float | None) -> None:
         self._new_verdict.set()  # with the record's change, under the same lock: no pass sees one without the other
         key = (verdict.gpu_key, verdict.rule_id)
         if verdict.kind is VerdictKind.FAULT:
-            self.record.faults[key] = self._fault_of(verdict)
+            fault = self.record.faults[key] = self._fault_of(verdict)
+            self._pin_recovery(fault)
         else:
             ended = self.record.faults.pop(key, None)
             if ended is not None and ended.action.quarantines and self.metrics:
@@ -939,6 +1037,15 @@ def _same_record(mirrored: Mapping[str, object] | None, document: Mapping[str, o
         return False
     return {k: v for k, v in mirrored.items() if k != "generation"} == \
         {k: v for k, v in document.items() if k != "generation"}
+
+
+def _in_family_of(verdict: Verdict, observation: Observation) -> Verdict:
+    """A failed reset's fault takes the family of the fault whose reset failed (the observation says which)."""
+    family = observation.attrs.get("fault_class")
+    if observation.signal is not Signal.RESET_FAILED or verdict.kind is not VerdictKind.FAULT or \
+            not isinstance(family, str) or family not in FaultClass.__members__.values():
+        return verdict
+    return dataclasses.replace(verdict, fault_class=FaultClass(family))
 
 
 _STATUS_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}

@@ -168,7 +168,8 @@ def simulate(
     node = inventory(scenario)
     clock = clock or _VirtualClock()
     pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=actuator, gate=gate,
-                        journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p")
+                        journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p",
+                        diagnostic_available=scenario.node.diagnostic)
     lines: list[TimelineLine] = []
     current: dict[int, TimelineLine] = {}
     next_tick = scenario.tick_seconds
@@ -201,8 +202,8 @@ def _tick(pipeline: Pipeline, clock: _VirtualClock, at: float, lines: list[Timel
 
 
 def _worth_showing(line: TimelineLine) -> bool:
-    if line.observation is not None and line.observation.signal is Signal.BOOT:
-        return bool(line.outcome.verdicts or line.outcome.actions)
+    if line.observation is not None and line.observation.signal is Signal.BOOT:  # the replayed first boot: quiet
+        return bool(line.outcome.verdicts or line.outcome.actions) or line.observation.at > 0
     return True
 
 

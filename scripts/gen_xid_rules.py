@@ -34,6 +34,8 @@ QUIET_APP = {"kind": "quiet", "quiet_seconds": 300}
 QUIET_INFO = {"kind": "quiet", "quiet_seconds": 60}
 QUIET_WARN = {"kind": "quiet", "quiet_seconds": 3600}
 RESET = {"kind": "reset"}
+#: The driver asks someone else to recover (the IMEX domain): it clears when the driver reports none again.
+RECOVERED = {"kind": "recovered"}
 BOOT = {"kind": "boot"}
 
 UNUSED_REASON = (
@@ -71,9 +73,10 @@ BUCKET_POLICY: dict[str, Policy] = {
         "Auxiliary power missing needs hands on the machine: no new work until an operator has checked it.",
     ),
     "WORKFLOW_NVLINK_ERR": Policy(
-        "degraded", "quarantine", "interconnect", RESET,
+        "degraded", "quarantine_reset_when_idle", "interconnect", RESET,
         "NVIDIA's workflow decodes the registers; many bits are benign or sympathetic. A reset or reboot "
-        "clears the link, so new work stays off the node but running work is not evicted on one Xid 74.",
+        "clears the link, so new work stays off the node but running work is not evicted on one Xid 74: the "
+        "GPU is reset once idle and a clean poll verifies it (a quarantine alone would never clear).",
     ),
 }
 
@@ -128,7 +131,7 @@ RECOVERY_ACTIONS: list[tuple[int, str, str, str, str, dict[str, Any]]] = [
     (2, "Node Reboot Required", "fatal", "reboot_node", "hardware", BOOT),
     (3, "Drain P2P", "degraded", "drain", "interconnect", {"kind": "quiet", "quiet_seconds": 300}),
     (4, "Drain and Reset", "degraded", "quarantine_reset_when_idle", "hardware", RESET),
-    (5, "Recover IMEX domain", "degraded", "quarantine", "interconnect", RESET),
+    (5, "Recover IMEX domain", "degraded", "quarantine", "interconnect", RECOVERED),
     (6, "Bus Reset", "fatal", "reset_gpu", "hardware", RESET),
     (7, "System Reboot", "fatal", "reboot_node", "hardware", BOOT),
 ]
@@ -157,8 +160,8 @@ def xid_rules(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             rules.extend(_nvlink5(row))
         else:
             rules.append(_plain(row))
-    rules.append(_repeating_application_faults())
-    rules.append(_xid13_repeating_location())
+    rules.extend(_repeating_application_faults())
+    rules.extend(_xid13_repeating_location())
     rules.append(_unknown_xid())
     return rules
 
@@ -208,14 +211,26 @@ def _xid45(row: dict[str, str]) -> list[dict[str, Any]]:
         "Xid 45: preemptive cleanup after Xid {caused_by} on {gpu}",
     )
     follows["when"] = [{"field": "caused_by", "op": "present"}]
+    after = _base(
+        row, "xid-45-after-xid",
+        Policy("info", "none", "driver", QUIET_INFO,
+               "NVIDIA: not solo, follow the guidance of the Xid that caused it. The line names no cause, but "
+               "another Xid hit the same GPU seconds before (prior_xid): that Xid's rule decides."),
+        "Xid 45: preemptive cleanup seconds after Xid {prior_xid} on {gpu}",
+    )
+    after["when"] = [{"field": "caused_by", "op": "absent"}, {"field": "prior_xid", "op": "present"}]
     solo = _base(
         row, "xid-45-solo",
-        Policy("warning", "notify", "driver", QUIET_WARN,
-               "NVIDIA: solo, restart the fabric manager. That is a node service, not a GPU fault: reported."),
-        "Xid 45: preemptive cleanup with no causing Xid on {gpu}",
+        Policy("info", "notify", "driver", QUIET_WARN,
+               "The driver prints a solo Xid 45 whenever it stops a GPU process's channels: a pod killed mid-kernel "
+               "(OOM kill, eviction, preemption) gives one, so it is a Normal Event, no condition and no quarantine. "
+               "On an NVSwitch system (HGX/DGX 8-GPU baseboards, where the Fabric Manager runs) NVIDIA's advice for a "
+               "solo Xid 45 applies: check and restart the Fabric Manager (nvidia-fabricmanager); elsewhere there is "
+               "no Fabric Manager to restart."),
+        "Xid 45: preemptive cleanup with no causing Xid on {gpu} (a GPU process stopped mid-kernel)",
     )
-    solo["when"] = [{"field": "caused_by", "op": "absent"}]
-    return [follows, solo]
+    solo["when"] = [{"field": "caused_by", "op": "absent"}, {"field": "prior_xid", "op": "absent"}]
+    return [follows, after, solo]
 
 
 #: NVIDIA's WORKFLOW_NVLINK_ERR: "The first, third, fourth and fifth registers are valid for Hopper-based products."
@@ -317,11 +332,32 @@ def _nvlink5(row: dict[str, str]) -> list[dict[str, Any]]:
     return rules
 
 
-def _repeating_application_faults() -> dict[str, Any]:
-    return {
+UNDIAGNOSED_REASON = (
+    " With no diagnostic configured (remediation.diagnostic_command) nothing could decide, and a quarantine "
+    "would hold until an operator released it: the pattern is reported instead (degraded, an Event, the "
+    "GpuDegraded condition; nobody evicted, no taint) and clears after an hour without an application Xid on "
+    "the GPU. Configure a diagnostic (the GPU Operator's DCGM: docs/configuration.md) to let the agent decide."
+)
+
+
+def _undiagnosed(rule: dict[str, Any]) -> dict[str, Any]:
+    """The rule where no diagnostic can decide: reported, never a quarantine without a way back."""
+    other = dict(rule)
+    other["id"] = f"{rule['id']}-undiagnosed"
+    other["action"] = "notify"
+    other["summary"] = rule["summary"].replace("a diagnostic must clear the GPU", "no diagnostic is configured to decide")
+    other["reason"] = rule["reason"] + UNDIAGNOSED_REASON
+    other["when"] = [*rule.get("when", [])[:-1], {"field": "no_diagnostic", "op": "present"}]
+    other["recovery"] = {"kind": "quiet", "quiet_seconds": 3600}
+    return other
+
+
+def _repeating_application_faults() -> list[dict[str, Any]]:
+    rule = {
         "id": "xid-app-faults-across-workloads",
         "signal": "xid",
         "code": [13, 31],
+        "when": [{"field": "no_diagnostic", "op": "absent"}],
         "severity": "degraded",
         "action": "quarantine",
         "fault_class": "hardware",
@@ -334,32 +370,37 @@ def _repeating_application_faults() -> dict[str, Any]:
         "one workload, and it is the application's (CHECK_APP/CUDA). Three different owners faulting on one GPU "
         "within an hour is NVIDIA's repeat pattern: new work stays off the node without evicting anyone; once "
         "the GPU is idle the configured diagnostic (remediation.diagnostic_command, e.g. dcgmi diag -r 2) runs, "
-        "bounded in time. A pass releases the GPU, a failure is gpu-diagnostic-failed; without a diagnostic an "
-        "operator releases it - never a quiet timer.",
+        "bounded in time. A pass releases the GPU, a failure is gpu-diagnostic-failed; an operator may release "
+        "it - never a quiet timer.",
         "window": {"count": 3, "seconds": 3600, "distinct": "workload"},
         "recovery": {"kind": "diagnostic"},
     }
+    return [rule, _undiagnosed(rule)]
 
 
-def _xid13_repeating_location() -> dict[str, Any]:
-    return {
+def _xid13_repeating_location() -> list[dict[str, Any]]:
+    rule = {
         "id": "xid-app-13-repeat-gpc-tpc",
         "signal": "xid",
         "code": 13,
-        "when": [{"field": "sm_location_processes", "op": "ge", "value": 3}],
+        "when": [{"field": "sm_location_workloads", "op": "ge", "value": 3},
+                 {"field": "no_diagnostic", "op": "absent"}],
         "severity": "degraded",
         "action": "quarantine",
         "fault_class": "hardware",
         "nvidia_action": "WORKFLOW_XID_13: Repeat TPC and GPC: RUN_DCGMEUD (possible HW issue); if pass RUN_FIELDDIAGS",
-        "summary": "Xid 13 on {sm_location} of {gpu} from {sm_location_processes} different processes: "
-        "a diagnostic must clear the GPU",
+        "summary": "Xid 13 on {sm_location} of {gpu} from {sm_location_workloads} different workloads (owners) "
+        "within a day: a diagnostic must clear the GPU",
         "source": SOURCE.format(xid="13") + " and its Resolution Buckets sheet (WORKFLOW_XID_13)",
-        "reason": "One crash prints a burst of Xid 13 lines from one process; the same GPC and TPC faulting under "
-        "three different processes is NVIDIA's repeat pattern, a possible hardware issue. New work stays off "
-        "without evicting anyone; once the GPU is idle the configured diagnostic runs and its result decides: "
-        "a pass releases the GPU, a failure is gpu-diagnostic-failed (or an operator releases it).",
+        "reason": "One crash prints a burst of Xid 13 lines, and a crash-looping job starts process after process: "
+        "both are one workload (owner), and a process no pod could be found for counts for nothing. The same GPC "
+        "and TPC faulting under three different owners within a day is NVIDIA's repeat pattern, a possible "
+        "hardware issue. New work stays off without evicting anyone; once the GPU is idle the configured "
+        "diagnostic runs and its result decides: a pass releases the GPU, a failure is gpu-diagnostic-failed "
+        "(or an operator releases it).",
         "recovery": {"kind": "diagnostic"},
     }
+    return [rule, _undiagnosed(rule)]
 
 
 def _unknown_xid() -> dict[str, Any]:

@@ -128,13 +128,15 @@ def _lifecycle(obs: Observation, state: EngineState, now: float, rules: RuleSet)
         previous, state.boot_id = state.boot_id, boot_id
         if not previous or previous == boot_id:
             return []
-        return _clear_where(state, now, rules, "new boot", lambda key, kind, rule_id: kind in {"boot", "reset"})
+        return _clear_where(state, now, rules, "new boot",
+                            lambda key, kind, rule_id: kind in {"boot", "reset", "recovered"})
     if obs.signal is Signal.GPU_RESET:
         if not obs.value:
             return []
         target = obs.gpu_key
-        return _clear_where(state, now, rules, "verified GPU reset",
-                            lambda key, kind, rule_id: key == target and kind == "reset")
+        why = obs.attrs.get("why")
+        return _clear_where(state, now, rules, why if isinstance(why, str) and why else "verified GPU reset",
+                            lambda key, kind, rule_id: key == target and kind in {"reset", "recovered"})
     target = obs.gpu_key
     only = str(obs.attrs.get("rule", ""))  # a release of one fault (a drill's end), not of the whole GPU
     return _clear_where(state, now, rules, f"released by {obs.attrs.get('by', 'operator')}",
@@ -149,7 +151,7 @@ def _clear_where(
         rule = rules.get(rule_id)
         if not st.active or rule is None:
             continue
-        if applies(gpu_key, rule.recovery.kind, rule_id):
+        if applies(gpu_key, st.recovery or rule.recovery.kind, rule_id):
             verdicts.append(_clear(rule, gpu_key, st, now, why))
     return verdicts
 
@@ -270,7 +272,7 @@ def _record_hit(window: Window, counting: Counting, obs: Observation, now: float
 
 
 def _quiet_recovered(rule: Rule, st: RuleState, now: float) -> bool:
-    if rule.recovery.kind != "quiet" or st.last_match is None:
+    if rule.recovery.kind != "quiet" or st.recovery not in {"", "quiet"} or st.last_match is None:
         return False
     if now - st.last_match < rule.recovery.quiet_seconds:
         return False

@@ -164,7 +164,8 @@ def _validation_problems(exc: ValidationError, file: str, rule_id: str) -> list[
     problems = []
     for error in exc.errors():
         location = ".".join(str(part) for part in error["loc"]) or "(rule)"
-        problems.append(RuleError(error["msg"], file=file, rule_id=rule_id, field=location))
+        problems.append(RuleError(error["msg"].removeprefix("Value error, "), file=file, rule_id=rule_id,
+                                  field=location))
     return problems
 
 

@@ -66,7 +66,7 @@ class Window(_Strict):
         return self
 
 
-RecoveryKind = Literal["quiet", "reset", "boot", "operator", "diagnostic"]
+RecoveryKind = Literal["quiet", "reset", "boot", "operator", "diagnostic", "recovered"]
 
 
 class Recovery(_Strict):
@@ -74,7 +74,10 @@ class Recovery(_Strict):
 
     quiet: no match for `quiet_seconds` (and, for polled levels, a healthy reading since);
     reset: a verified GPU reset or a new boot; boot: a new boot id; operator: only an operator release;
-    diagnostic: a passing diagnostic of the GPU (agent/diagnostics.py) or an operator release, never a timer.
+    diagnostic: a passing diagnostic of the GPU (agent/diagnostics.py) or an operator release, never a timer;
+    recovered: the driver reports the recovery done (its Xid 154 line: the action changed to none) and a clean
+    poll verifies it, or a verified reset, or a new boot (for a recovery the driver asks of someone else, such
+    as recovering the IMEX domain).
     """
 
     kind: RecoveryKind
@@ -87,6 +90,31 @@ class Recovery(_Strict):
         if self.kind != "quiet" and self.quiet_seconds:
             raise ValueError(f"quiet_seconds applies only to recovery kind quiet, not {self.kind}")
         return self
+
+
+#: The signals and Xids whose faults the driver itself reports recovered (the recovery action back to none).
+_DRIVER_REPORTED_XIDS = frozenset({154})
+
+
+def unreachable_recovery(action: Action, kind: str, signal: Signal, codes: frozenset[int]) -> str:
+    """Why a fault with this action could never clear by this recovery ("" when it can). A quiet window and an
+    operator's release are always reachable and a diagnostic runs where one is configured; a reset needs an action
+    that resets the GPU (or reboots the node); a boot, an action that reboots it; `recovered`, a signal whose
+    recovery the driver reports. Only what keeps work off a GPU is judged: a notification that never clears
+    leaves a condition, not a quarantine."""
+    if not action.quarantines or kind in {"quiet", "operator", "diagnostic"}:
+        return ""
+    if kind == "reset" and not (action.resets or action is Action.REBOOT_NODE):
+        return (f"recovery reset cannot follow action {action}: the agent never resets the GPU for it, so the "
+                "fault would never clear (use an action that resets, e.g. quarantine_reset_when_idle, or another "
+                "recovery)")
+    if kind == "boot" and action is not Action.REBOOT_NODE:
+        return (f"recovery boot cannot follow action {action}: the agent never asks for a reboot for it, so the "
+                "fault would stay until someone reboots (use reboot_node, or another recovery)")
+    if kind == "recovered" and not (signal is Signal.RECOVERY_ACTION or codes & _DRIVER_REPORTED_XIDS):
+        return ("recovery recovered needs a fault whose recovery the driver reports (signal recovery_action or "
+                "Xid 154)")
+    return ""
 
 
 class Override(_Strict):
@@ -134,6 +162,9 @@ class Rule(_Strict):
             raise ValueError(f"action {self.action} needs severity degraded or fatal, not {self.severity}")
         if self.fault_class is FaultClass.TELEMETRY and self.action.quarantines:
             raise ValueError("a telemetry (cannot read the GPU) rule must never quarantine")
+        problem = unreachable_recovery(self.action, self.recovery.kind, self.signal, self.codes)
+        if problem:
+            raise ValueError(problem)
         self._overrides_valid()
         return self
 

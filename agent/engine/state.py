@@ -140,6 +140,8 @@ class RuleState:
     counting: Counting
     active: bool = False
     since: float | None = None
+    #: How this active fault clears when not as its rule says (""): an escalated replacement is "operator".
+    recovery: str = ""
     _matches: int = 0
     _last_match: float | None = None
     _gpu: GpuRef | None = None
@@ -198,6 +200,7 @@ class RuleState:
         """Cleared: the rule reports no occurrences and counts afresh, in its group's fresh Counting."""
         self.active = False
         self.since = None
+        self.recovery = ""
         self._occurrences, self._counted = 0, self.group.occurrences
         self.group.stop_counting(self)
         self.counting = self.group.fresh_counting()
@@ -295,6 +298,12 @@ class EngineState:
         if gpu_key in self.known_gpus or gpu_key in {NODE_KEY, OVERFLOW_GPU_KEY}:
             return False
         return gpu is None or gpu.index is None
+
+    def pin_recovery(self, gpu_key: str, rule_id: str, kind: str) -> None:
+        """This active fault clears by `kind` (e.g. "operator"), not by its rule's recovery, until it clears."""
+        st = self.rules.get((gpu_key, rule_id))
+        if st is not None and st.active:
+            st.recovery = kind
 
     def forget(self, gpu_key: str, rule_id: str) -> None:
         st = self.rules.pop((gpu_key, rule_id), None)

@@ -53,8 +53,8 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
         reboot_sentinel=settings.reboot_sentinel_path,
         on_stuck=on_stuck,
         opt_out_label=settings.opt_out_label,
-        diagnose=command_runner(settings.diagnostic_command, timeout_seconds=settings.diagnostic_timeout_seconds)
-        if settings.diagnostic_command else None,
+        diagnose=command_runner(settings.diagnostic_command, timeout_seconds=settings.diagnostic_timeout_seconds,
+                                hostengine=config.sources.dcgm.hostengine) if settings.diagnostic_command else None,
         devices=devices,
     )
     budget = LeaseBudget(raw, node_name=config.node_name, namespace=settings.namespace,

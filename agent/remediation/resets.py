@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from agent.model import Observation, Signal
 
-#: The recovery actions that a GPU reset ends (NVML: 1 GPU_RESET, 4 DRAIN_AND_RESET, 6 BUS_RESET).
-RESET_ACTIONS = frozenset({1, 4, 6})
+#: The recovery actions whose end, reported by the driver, means the GPU was recovered (NVML: 1 GPU_RESET,
+#: 4 DRAIN_AND_RESET, 6 BUS_RESET by a reset; 5 RECOVER_IMEX_DOMAIN by whoever recovered the IMEX domain).
+RESET_ACTIONS = frozenset({1, 4, 5, 6})
 
 
 def unclean(poll: Observation) -> list[str]:
@@ -27,9 +28,9 @@ def unclean(poll: Observation) -> list[str]:
 
 
 def reset_by_driver_log(observation: Observation) -> bool:
-    """The driver's Xid 154 line says the GPU left a reset-requiring recovery action for none: it was reset
-    (by someone else, or by the agent). NVIDIA prints the change as "GPU recovery action changed from 0x1
-    (GPU Reset Required) to 0x0 (None)" (Xid catalog, row 154)."""
+    """The driver's Xid 154 line says the GPU left a reset-requiring recovery action (or IMEX domain recovery)
+    for none: it was reset or recovered (by someone else, or by the agent). NVIDIA prints the change as
+    "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)" (Xid catalog, row 154)."""
     if observation.signal is not Signal.XID or int(observation.value) != 154:
         return False
     before, after = observation.attrs.get("recovery_action_from"), observation.attrs.get("recovery_action")

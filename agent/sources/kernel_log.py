@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -54,7 +53,9 @@ _SXID = re.compile(r"(?P<switch>nvidia-nvswitch\d{1,4}):\s*SXid\s*\(\s*(?:PCI:)?
 _SXID_SEVERITY = re.compile(r"(?P<severity>Fatal|Non-fatal|Nonfatal)\s*,\s*(?P<message>.*)", re.DOTALL | re.IGNORECASE)
 _LINK = re.compile(r"\bLink\s+(\d{1,4})(?!\d)", re.IGNORECASE)
 _BANNER = re.compile(r"NVRM:\s*GPU at (?:PCI:)?(?P<pci>" + _PCI + r")\s*:\s*(?P<uuid>GPU-[0-9a-fA-F-]{8,64})\s*$")
-_LOST = re.compile(r"NVRM:\s*GPU(?: at)?\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*:\s*GPU has fallen off the bus",
+# "NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus." or the kernel's "NVRM: GPU at 0000:01:00.0 has fallen
+# off the bus."
+_LOST = re.compile(r"NVRM:\s*GPU(?: at)?\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*(?::\s*GPU)?\s+has fallen off the bus",
                    re.IGNORECASE)
 _LOST_START = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*$")
 _LOST_END = re.compile(r"NVRM:.{0,200}fallen off the bus", re.IGNORECASE | re.DOTALL)
@@ -63,7 +64,8 @@ _ACTION_VALUE = r"(0x[0-9a-fA-F]{1,8}|\d{1,6})(?![0-9a-fA-Fx])"
 _RECOVERY = re.compile(r"recovery action changed from\s+" + _ACTION_VALUE + r"(?:\s*\(([^()]{0,64})\))?\s+to\s+"
                        + _ACTION_VALUE + r"(?:\s*\(([^()]{0,64})\))?\s*\.?\s*$", re.IGNORECASE)
 # Registers close the line: "... Link 12 (0x4 0x2 0x0 ...)" (NVLink5) or "... on link 14(0x0, 0x0, ...)" (Xid 74).
-_LINK_TAIL = re.compile(r"\blink\s+(?P<link>\d{1,4})\s*\(\s*(?P<regs>[^()]{0,400})\)\s*\.?\s*$", re.IGNORECASE)
+# NVLink5 prints "Link -1" for an error of the whole unit rather than of one link (GB200).
+_LINK_TAIL = re.compile(r"\blink\s+(?P<link>-?\d{1,4})\s*\(\s*(?P<regs>[^()]{0,400})\)\s*\.?\s*$", re.IGNORECASE)
 _NVLINK5_HEAD = re.compile(r"(?<![A-Za-z0-9_])(?P<sub>[A-Za-z][A-Za-z0-9_]{0,39})\s+"
                            r"(?P<fatal>Fatal|Nonfatal|Non-fatal)\b", re.IGNORECASE)
 #: The last SM location in a text, "(GPC 4, TPC 1, SM 0)": the greedy lead moves the match to the driver's end of
@@ -72,9 +74,6 @@ _LAST_SM = re.compile(r"(?s:.*)\(\s*GPC\s+(?P<gpc>\d{1,4}),\s*TPC\s+(?P<tpc>\d{1
                       re.IGNORECASE)
 _HEX = re.compile(r"0x[0-9a-fA-F]{1,16}(?![0-9a-fA-F])")
 _TAIL_WINDOW = 512
-#: How many GPC/TPC locations (per parser) and processes per location the Xid 13 repeat memory keeps.
-SM_LOCATIONS_KEPT = 256
-SM_PROCESSES_KEPT = 16
 
 KERNEL_FACILITY = 0
 USER_FACILITY = 1
@@ -203,7 +202,6 @@ class KernelLogParser:
     def __init__(self) -> None:
         self.pci_to_uuid: dict[str, str] = {}
         self.skipped = 0
-        self._sm_history: OrderedDict[tuple[str, str], OrderedDict[int | str, None]] = OrderedDict()
         self._lost_pci: str | None = None
         self._lost_lines = 0
         self._last_sxid: KernelRecord | None = None
@@ -242,13 +240,13 @@ class KernelLogParser:
     def kmsg_xid(self, match: re.Match[str], line: str, line_no: int) -> KernelRecord:
         """The record of a line KMSG_XID matched: the driver's own Xid form in raw /dev/kmsg (a storm's lines)."""
         self._lost_pci = None
-        return self._with_sm_repeats(_kmsg_xid_record(match, line, line_no))
+        return _kmsg_xid_record(match, line, line_no)
 
     def _nvrm(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
         match = _XID.match(body)
         if match:
             self._lost_pci = None
-            return self._with_sm_repeats(_xid_record(match, prefix, line_no))
+            return _xid_record(match, prefix, line_no)
         if _XID_START.match(body):
             self.skipped += 1  # an Xid whose code cannot be read (missing, or an absurdly long number)
             return None
@@ -273,33 +271,6 @@ class KernelLogParser:
             if self._lost_lines >= 3:
                 self._lost_pci = None
         return None
-
-    def _with_sm_repeats(self, record: KernelRecord) -> KernelRecord:
-        if "sm_location" in record.extras:
-            record.extras["sm_location_processes"] = self._sm_repeats(record)
-        return record
-
-    def _sm_repeats(self, record: KernelRecord) -> int:
-        """How many distinct processes hit Xid 13 on this GPU's GPC/TPC, this one included (NVIDIA's
-        WORKFLOW_XID_13 asks whether faults repeat on the same GPC and TPC). One crash's burst of lines is
-        one process; the memory is bounded (least recently used locations and processes are forgotten)."""
-        history = self._sm_history
-        key = (record.pci, record.extras["sm_location"])
-        processes = history.get(key)
-        if processes is None:
-            processes = history[key] = OrderedDict()
-            if len(history) > SM_LOCATIONS_KEPT:
-                history.popitem(last=False)
-        else:
-            history.move_to_end(key)
-        who = record.pid if record.pid is not None else record.process or "?"  # a pid (int) or a name (str)
-        if who in processes:
-            processes.move_to_end(who)
-        else:
-            processes[who] = None
-            if len(processes) > SM_PROCESSES_KEPT:
-                processes.popitem(last=False)
-        return len(processes)
 
     def _sxid(self, body: str, prefix: Prefix, line_no: int) -> KernelRecord | None:
         match = _SXID.match(body)
@@ -480,6 +451,8 @@ def _nvlink5_extras(code: int, text: str) -> dict[str, Any]:
         "fatal": head.group("fatal").lower() == "fatal",
         "link": int(tail.group("link")),
     }
+    if extras["link"] < 0:
+        extras["link_scope"] = "unit"  # the whole NVLink unit; the decode table resolves it like any link's
     if len(registers) >= 2:
         intr_info, error_status = int(registers[0], 16), int(registers[1], 16)
         extras.update(intr_info=registers[0].lower(), error_status=registers[1].lower())

@@ -53,6 +53,9 @@ class ScenarioNode(_Strict):
     #: The node runs the GPU Operator's operands (device plugin, GFD, DCGM, dcgm-exporter), which hold every GPU
     #: open until a reset pauses them (simulate in a fake cluster: agent/simulation/gpu_operator.py).
     gpu_operator: bool = False
+    #: A diagnostic is configured on the node (remediation.diagnostic_command): the repeat patterns of
+    #: application Xids quarantine and wait for it; a `diagnostic` timeline step gives its result.
+    diagnostic: bool = False
 
 
 class ScenarioEvent(_Strict):

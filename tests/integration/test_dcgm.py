@@ -103,7 +103,8 @@ def test_check_with_an_exporter_file_uses_only_that_source():
     assert result.exit_code == 2, result.output  # CRITICAL: GPUs 3, 4 and 7 are fatal
     document = json.loads(result.stdout)
     statuses = {g["index"]: g["status"] for g in document["gpus"]}
-    assert statuses == {0: "healthy", 1: "healthy", 2: "degraded", 3: "fatal", 4: "fatal", 5: "degraded",
+    # GPU 5 is past its slowdown threshold in this one reading: a sustained rule, reported but not judged
+    assert statuses == {0: "healthy", 1: "healthy", 2: "degraded", 3: "fatal", 4: "fatal", 5: "healthy",
                         6: "healthy", 7: "fatal"}
     assert set(document["sources"]) == {"dcgm"}
     assert all(set(g) >= {"uuid", "status", "verdicts"} for g in document["gpus"])

@@ -178,7 +178,8 @@ def test_run_with_no_cluster_configured_at_all_runs_in_local_mode(tmp_path: Path
 
 
 def exporter_page(tmp_path: Path, *, gpus: set[int]) -> str:
-    """The faults fixture cut down to some of its GPUs (0, 1, 6 healthy; 2, 5 degraded; 3, 4, 7 fatal)."""
+    """The faults fixture cut down to some of its GPUs (0, 1, 6 healthy; 2 degraded; 3, 4, 7 fatal; 5 past its
+    slowdown threshold in this one reading: a warning, since a sustained rule cannot be judged from one)."""
     lines = (FIXTURES / "dcgm" / "faults.prom").read_text().splitlines()
     kept = [line for line in lines if not (m := re.search(r'gpu="(\d+)"', line)) or int(m.group(1)) in gpus]
     page = tmp_path / "metrics.prom"
@@ -194,8 +195,8 @@ def test_check_exits_0_ok_when_every_gpu_is_healthy(tmp_path: Path):
 
 
 def test_check_exits_1_warning_when_a_gpu_is_degraded(tmp_path: Path):
-    """A GPU past its slowdown threshold is WARNING (1)."""
-    result = invoke("check", "--dcgm-exporter", exporter_page(tmp_path, gpus={0, 5}))
+    """A GPU with a row remap pending is WARNING (1)."""
+    result = invoke("check", "--dcgm-exporter", exporter_page(tmp_path, gpus={0, 2}))
     assert result.exit_code == 1
     assert result.output.startswith("gpu-health-agent check: WARNING - 2 GPUs (1 degraded, 1 healthy)")
 
@@ -341,5 +342,12 @@ def test_explain_a_signal_shows_nvidia_s_guidance_beside_our_action():
 
 def test_explain_says_a_diagnostic_clears_the_repeat_pattern():
     """xid-app-13-repeat-gpc-tpc clears by a passing diagnostic, never a timer."""
-    output = invoke("explain", "--xid", "13", "--attr", "sm_location_processes=3").output
+    output = invoke("explain", "--xid", "13", "--attr", "sm_location_workloads=3").output
     assert "when the diagnostic run on the idle GPU passes" in output
+
+
+def test_check_reports_a_sustained_rule_seen_once_without_judging_it(tmp_path: Path):
+    """GPU 5 is past its slowdown threshold in the one reading: OK, and the reason says what one reading cannot tell."""
+    result = invoke("check", "--dcgm-exporter", exporter_page(tmp_path, gpus={5}))
+    assert result.exit_code == 0
+    assert "cannot be judged from one reading" in " ".join(result.output.split())

@@ -58,3 +58,14 @@ def test_broken_yaml_is_reported_with_the_file(tmp_path: Path):
     path.write_text("mode: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(path, env={})
+
+
+def test_a_diagnostic_naming_the_hostengine_needs_one_configured(tmp_path: Path):
+    """A diagnostic command that asks a DCGM host engine, with none configured, fails at load with one line."""
+    path = tmp_path / "config.yaml"
+    path.write_text('remediation: {diagnostic_command: [dcgmi, diag, --host, "{hostengine}", -r, "2", -i, "{uuid}"]}\n')
+    with pytest.raises(ConfigError, match=r"sources\.dcgm\.hostengine is empty"):
+        load_config(path, env={})
+    path.write_text('remediation: {diagnostic_command: [dcgmi, diag, --host, "{hostengine}"]}\n'
+                    'sources: {dcgm: {hostengine: "10.0.0.5:5555"}}\n')
+    assert load_config(path, env={}).sources.dcgm.hostengine == "10.0.0.5:5555"

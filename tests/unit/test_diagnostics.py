@@ -130,11 +130,21 @@ def test_an_inconclusive_diagnostic_releases_nothing(shipped_rules):
     assert p.node.tainted and "xid-app-faults-across-workloads" in {f.rule_id for f in p.record.faults.values()}
 
 
-def test_without_a_diagnostic_command_nothing_runs_and_the_quarantine_holds(shipped_rules):
+def test_without_a_diagnostic_command_nothing_runs_and_nothing_is_quarantined(shipped_rules):
+    """No diagnostic could decide: the repeat is reported (undiagnosed rule), the node never tainted."""
     actuator = Diagnoses("pass")
     p = Pipeline(rules=shipped_rules, inventory=NodeInventory("node-1", (gpu(0),), ()),
                  policy=GuardPolicy(mode=Mode.REMEDIATE), actuator=actuator, clock=lambda: 100.0)
     for fault in WORKLOADS:
         p.handle(fault, fault.at)
+    assert "xid-app-faults-across-workloads-undiagnosed" in {f.rule_id for f in p.record.faults.values()}
     p.tick(7 * 86400.0)
-    assert actuator.ran == [] and p.node.tainted
+    assert actuator.ran == [] and not p.node.tainted
+
+
+def test_the_command_gets_the_dcgm_hostengine_it_is_configured_with():
+    """{hostengine} is sources.dcgm.hostengine: dcgmi asks the GPU Operator's nv-hostengine for the diagnostic."""
+    script = "import sys; print('| Memory |', 'Pass' if sys.argv[1] == '10.0.0.5:5555' else 'Fail', '|')"
+    runner = command_runner([sys.executable, "-c", script, "{hostengine}"], timeout_seconds=10,
+                            hostengine="10.0.0.5:5555")
+    assert runner("GPU-x")[0] is DiagnosticOutcome.PASS

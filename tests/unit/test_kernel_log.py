@@ -203,3 +203,18 @@ def test_xid_74_registers_are_classified_by_nvidias_workflow():
 
 def test_the_xid_74_line_carries_its_class():
     assert xids("syslog.log")[4].extras["nvlink_error_class"] == "INVESTIGATE"
+
+
+def test_an_nvlink5_error_of_the_whole_unit_printed_as_link_minus_one_is_decoded():
+    """GB200 prints `Link -1` for an error of the whole NVLink unit: it decodes through NVIDIA's table all the same."""
+    parser = KernelLogParser()
+    record = parser.feed("NVRM: Xid (PCI:0018:01:00): 149, NETIR Fatal XC0 i0 Link -1 "
+                         "(0x00000006 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")
+    assert (record.extras["link"], record.extras["decoded_action"]) == (-1, "RESET_GPU")
+    assert record.extras["link_scope"] == "unit"
+
+
+def test_the_kernels_own_fallen_off_the_bus_line_is_a_lost_gpu():
+    """`NVRM: GPU at 0000:01:00.0 has fallen off the bus.` is read as the GPU's loss, before NVML's next poll."""
+    record = KernelLogParser().feed("[ 4521.118734] NVRM: GPU at 0000:01:00.0 has fallen off the bus.")
+    assert (record.kind, record.pci) == ("gpu_lost", "0000:01:00.0")

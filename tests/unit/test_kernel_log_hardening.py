@@ -141,15 +141,6 @@ def test_xid_13_location_is_the_drivers_not_one_a_process_name_spells():
     assert (record.extras["gpc"], record.extras["tpc"], record.extras["sm"]) == (4, 1, 0)
 
 
-def test_xid_13_keeps_only_the_most_recent_processes_of_a_location():
-    """The repeat memory is bounded: past SM_PROCESSES_KEPT processes the oldest are forgotten."""
-    from agent.sources.kernel_log import SM_PROCESSES_KEPT
-    parser = KernelLogParser()
-    counts = [parser.feed(_xid13(pid)).extras["sm_location_processes"] for pid in range(SM_PROCESSES_KEPT + 2)]
-    assert counts[-3:] == [SM_PROCESSES_KEPT] * 3
-    assert parser.feed(_xid13(SM_PROCESSES_KEPT + 1)).extras["sm_location_processes"] == SM_PROCESSES_KEPT
-
-
 def test_a_number_longer_than_python_converts_is_skipped_not_raised():
     parser = KernelLogParser()
     assert parser.feed("NVRM: Xid (PCI:0000:48:00): " + "9" * 5000 + ", x") is None
@@ -175,23 +166,3 @@ def test_mutated_real_records_never_raise(line, edits):
         at = position % (len(text) + 1)
         text = text[:at] + insert + text[at + len(insert) // 2:]
     KernelLogParser().feed(text)
-
-
-def _xid13(pid: int, gpc: int = 4, tpc: int = 1, sm: int = 0, pci: str = "0000:3b:00") -> str:
-    return (f"NVRM: Xid (PCI:{pci}): 13, pid={pid}, name=python, Graphics SM Warp Exception on "
-            f"(GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address")
-
-
-def test_xid_13_counts_the_processes_that_faulted_on_the_same_gpc_and_tpc():
-    """One crash's burst is one process; a second and third process on the same GPC/TPC count up."""
-    parser = KernelLogParser()
-    burst = [parser.feed(_xid13(10, sm=sm)).extras["sm_location_processes"] for sm in range(4)]
-    others = [parser.feed(_xid13(pid)).extras["sm_location_processes"] for pid in (11, 12)]
-    assert (burst, others) == ([1, 1, 1, 1], [2, 3])
-
-
-def test_xid_13_on_another_tpc_or_gpu_is_another_location():
-    parser = KernelLogParser()
-    parser.feed(_xid13(10))
-    assert parser.feed(_xid13(11, tpc=2)).extras["sm_location_processes"] == 1
-    assert parser.feed(_xid13(12, pci="0000:5d:00")).extras["sm_location_processes"] == 1

@@ -144,3 +144,31 @@ def test_an_override_with_an_action_beyond_its_severity_fails():
                          "  - models: [\"*H100*\"]\n    severity: warning")
     [line] = _problems(text)
     assert "override 1" in line and "needs severity degraded or fatal" in line
+
+
+def test_lint_rejects_a_quarantine_whose_recovery_is_a_reset_it_never_does():
+    """A quarantine never resets the GPU: a rule that waits for a reset after one would never clear."""
+    text = VALID.replace("action: reboot_node", "action: quarantine").replace("severity: fatal", "severity: degraded") \
+        .replace("{kind: boot}", "{kind: reset}")
+    [line] = _problems(text)
+    assert "rule demo-xid" in line and "recovery reset cannot follow action quarantine" in line
+
+
+def test_lint_rejects_a_recovery_by_boot_that_the_action_never_asks_for():
+    """A drain never asks for a reboot: waiting for a new boot after it may keep the GPU out for ever."""
+    text = VALID.replace("action: reboot_node", "action: drain").replace("severity: fatal", "severity: degraded")
+    [line] = _problems(text)
+    assert "recovery boot cannot follow action drain" in line
+
+
+def test_lint_rejects_an_override_that_leaves_a_recovery_its_action_cannot_bring_about():
+    """An override that turns a reset into a quarantine for one model is judged like a rule of its own."""
+    text = VALID.replace("action: reboot_node", "action: reset_gpu").replace("{kind: boot}", "{kind: reset}") + \
+        "  overrides:\n  - models: ['*A100*']\n    action: quarantine\n    severity: degraded\n"
+    [line] = _problems(text)
+    assert "override 1" in line and "recovery reset cannot follow action quarantine" in line
+
+
+def test_the_shipped_rules_give_every_quarantine_a_reachable_recovery():
+    """rules lint passes on the shipped rules, every quarantine among them having a way back."""
+    assert lint_rules(Path(__file__).resolve().parents[2] / "rules") == []

@@ -201,3 +201,39 @@ def test_a_reset_on_a_gpu_operator_node_succeeds_and_leaves_the_7_gpu_job_alone(
     assert PAUSED_ANNOTATION not in cluster["node"]["annotations"]
     assert "ml/trainer-0" in cluster["pods"] and len([p for p in cluster["pods"] if p.startswith("gpu-operator/")]) == 4
     assert set(report["gpu_status"].values()) == {"healthy"}
+
+
+def test_a_replacement_mark_survives_the_reboot_that_follows_it():
+    """Scenario replacement-survives-reboot: the third Xid 79 is a replacement, and the day-12 reboot keeps it."""
+    report = run("replacement-survives-reboot")
+    [active] = report["active_faults"]
+    assert (active["rule_id"], active["action"]) == ("xid-79", "replace_gpu")
+    cleared_after_mark = [v for v in report["verdicts"] if v["kind"] == "cleared" and v["at"] > 867600]
+    assert cleared_after_mark == []
+    assert "unmark_replacement" not in {a["kind"] for a in report["actions"]}
+
+
+def test_an_imex_domain_recovery_clears_when_the_driver_reports_it_done():
+    """Scenario imex-domain-recovery: Xid 154 0 -> 5 quarantines; 5 -> 0 and a clean poll clear it."""
+    report = run("imex-domain-recovery")
+    assert [(v["rule_id"], v["kind"]) for v in report["verdicts"] if v["rule_id"] == "xid-154-action-5"] == [
+        ("xid-154-action-5", "fault"), ("xid-154-action-5", "cleared")]
+    assert report["active_faults"] == []
+    assert "untaint" in {a["kind"] for a in report["actions"]}
+
+
+def test_a_contained_ecc_error_on_a_shared_gpu_evicts_nobody_and_resets_nothing_while_in_use():
+    """Scenario contained-ecc-time-sliced: ecc-dbe defers to the contained incident; its three tenants run on."""
+    report = run("contained-ecc-time-sliced")
+    assert "ecc-dbe" not in {v["rule_id"] for v in report["verdicts"]}
+    assert "ecc-dbe-contained" in {v["rule_id"] for v in report["verdicts"]}
+    assert not {a["kind"] for a in report["actions"]} & {"evict", "reset_gpu", "reboot_request"}
+
+
+def test_one_jobs_restarts_at_one_gpc_tpc_never_quarantine_but_three_owners_wait_for_the_diagnostic():
+    """Scenario gpc-tpc-repeats: one job's three restarts are the application's; three owners within a day
+    quarantine until the diagnostic passes."""
+    report = run("gpc-tpc-repeats")
+    raised = [(v["at"], v["kind"]) for v in report["verdicts"] if v["rule_id"] == "xid-app-13-repeat-gpc-tpc"]
+    assert raised == [(353400.0, "fault"), (380000.0, "cleared")]
+    assert "xid-app-faults-across-workloads" not in {v["rule_id"] for v in report["verdicts"]}

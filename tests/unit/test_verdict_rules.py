@@ -102,14 +102,14 @@ def test_faults_across_owners_wait_for_a_diagnostic_not_a_timer(shipped_rules):
 def test_xid_13_repeating_on_one_gpc_and_tpc_waits_for_a_diagnostic(shipped_rules):
     """NVIDIA's WORKFLOW_XID_13: a repeat on the same GPC/TPC is a possible hardware issue."""
     verdicts, _ = verdicts_for(shipped_rules, obs(Signal.XID, 13, sm_location="GPC 4, TPC 1",
-                                                  sm_location_processes=3))
+                                                  sm_location_workloads=3))
     [repeat] = [v for v in verdicts if v.rule_id == "xid-app-13-repeat-gpc-tpc"]
     assert repeat.quarantines and not repeat.action.evicts
 
 
 def test_xid_13_from_one_process_is_the_applications(shipped_rules):
     verdicts, _ = verdicts_for(shipped_rules, obs(Signal.XID, 13, sm_location="GPC 4, TPC 1",
-                                                  sm_location_processes=1))
+                                                  sm_location_workloads=1))
     assert not any(v.quarantines for v in verdicts)
 
 
@@ -137,11 +137,12 @@ def test_xid_74_with_serious_bits_on_hopper_drains_and_resets(shipped_rules):
 
 
 def test_xid_74_serious_bits_on_a_gpu_without_the_decode_keep_the_caution(shipped_rules):
-    """NVIDIA: the register decode is valid on Hopper only; an A100's bits decide nothing."""
+    """NVIDIA: the register decode is valid on Hopper only; an A100's bits decide nothing (the caution: new work
+    stays off and the GPU is reset once idle)."""
     from tests.conftest import gpu
     [verdict] = verdicts_for(shipped_rules, obs(Signal.XID, 74, gpu_ref=gpu(0, "NVIDIA A100-SXM4-80GB"),
                                                 nvlink_error_class="INVESTIGATE"))[0]
-    assert (verdict.rule_id, verdict.action) == ("xid-74", Action.QUARANTINE)
+    assert (verdict.rule_id, verdict.action) == ("xid-74", Action.QUARANTINE_RESET_WHEN_IDLE)
 
 
 def test_recovery_action_drain_p2p_moves_the_pods_using_the_gpu(shipped_rules):

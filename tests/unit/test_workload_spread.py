@@ -11,7 +11,7 @@ RULE = "xid-app-faults-across-workloads"
 
 def pipeline(rules):
     return Pipeline(rules=rules, inventory=NodeInventory("node-1", (gpu(0), gpu(1)), ()),
-                    policy=GuardPolicy(mode=Mode.QUARANTINE), clock=lambda: 100.0)
+                    policy=GuardPolicy(mode=Mode.QUARANTINE), clock=lambda: 100.0, diagnostic_available=True)
 
 
 def fault(p, index, workload, at, xid=31):
