@@ -207,6 +207,8 @@ class Pipeline:
         #: What the last plan that called for nothing was made from, and until when time cannot change it.
         self._quiet_plan: tuple[tuple[object, ...], float] | None = None
         self._metrics_primed = False
+        #: Each step last skipped, and why: a skip is logged and journaled once per change, not every pass.
+        self._skipped: dict[tuple[StepKind, str, str, str], str] = {}
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
         self._restore_engine(list(self.record.faults.values()))
@@ -614,6 +616,7 @@ class Pipeline:
             actions += self._deliver_owed(now, opted_out)
             actions += self._taint_if_wanted(opted_out)
             self._hold_slot(observed, now, opted_out)
+            self._forget_skips()
             with self._lock:
                 if actions:
                     self._save()
@@ -787,7 +790,29 @@ class Pipeline:
                 self._save()  # at once, so a restart right after this step does not repeat it
         if result is StepResult.BLOCKED and step.kind is StepKind.EVICT and now >= self._backoff_until:
             self._backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        if not self._skip_changed(step, result, message):
+            return None  # skipped again for the same reason: logged and journaled when it first was
         return self._recorded(step, result, message, now)
+
+    def _skip_changed(self, step: Step, result: StepResult, message: str) -> bool:
+        """Whether this outcome is news: anything but a skip is; a skip is when the step was not skipped for
+        the same reason last time. Skips of faults no longer active are forgotten (see _forget_skips)."""
+        key = (step.kind, step.target, step.gpu_key, step.rule_id)
+        if result is not StepResult.SKIPPED:
+            self._skipped.pop(key, None)
+            return True
+        if self._skipped.get(key) == message:
+            return False
+        self._skipped[key] = message
+        return True
+
+    def _forget_skips(self) -> None:
+        """A fault that ended takes its skips with it: the same fault back is skipped, and said so, again."""
+        with self._lock:
+            active = set(self.record.faults)
+        rules = {rule_id for _, rule_id in active}
+        self._skipped = {k: v for k, v in self._skipped.items()  # a node-wide step names no GPU, maybe no rule
+                         if (k[2], k[3]) in active or (not k[2] and (k[3] in rules or (not k[3] and bool(active))))}
 
     def _take_slot(self) -> tuple[StepResult | None, str]:
         try:
