@@ -71,6 +71,10 @@ class Metrics:
         self.rules_reload_failures = Counter(
             "gpu_health_rules_reload_failures_total", "Rule reloads rejected as invalid; the last good rules stay.",
             registry=registry)
+        self.rules_reload_refused = Counter(
+            "gpu_health_rules_reload_refused_total",
+            "Valid rule reloads refused because they lose rules or leave a catalog Xid uncovered (reason).",
+            ["reason"], registry=registry)
         self.rules_loaded = Gauge("gpu_health_rules_loaded", "Rules in force.", registry=registry)
         self.active_faults = Gauge(
             "gpu_health_active_faults", "Active faults by severity.", ["severity"], registry=registry)

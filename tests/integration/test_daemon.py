@@ -138,6 +138,76 @@ def test_rules_are_hot_reloaded_and_a_broken_change_is_rejected(tmp_path: Path):
     assert len(daemon.pipeline.rules.rules) == before + 1
 
 
+def _cut_before_rule(path: Path, rule_id: str) -> None:
+    """The file as a ConfigMap that lost its tail (or a write without an atomic rename) leaves it: valid YAML."""
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text[:text.index(f"\n- id: {rule_id}\n") + 1], encoding="utf-8")
+
+
+def test_a_reload_cut_at_a_rule_boundary_is_refused_and_xid_79_still_acts(tmp_path: Path):
+    """xid.yaml cut before one rule is valid YAML; the reload loses rules, so it is refused, loud, and counted."""
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(builtin_rules_dir(), rules_dir)
+    daemon = _daemon(tmp_path, [_OneShotSource()], rules_dir)
+    before = len(daemon.pipeline.rules.rules)
+    _cut_before_rule(rules_dir / "xid.yaml", "xid-31")
+    assert daemon.reload_rules_if_changed() is False
+    assert len(daemon.pipeline.rules.rules) == before
+    value = daemon.metrics.registry.get_sample_value
+    assert value("gpu_health_rules_reload_refused_total", {"reason": "rules_lost"}) == 1
+    assert value("gpu_health_rules_reload_failures_total") == 1
+    [verdict] = daemon.pipeline.handle(Observation(Signal.XID, 79, 1.0, "kmsg", gpu(0)), 1.0).verdicts
+    assert verdict.rule_id == "xid-79"
+
+
+def test_a_reload_refusal_is_one_line_naming_what_would_be_lost(tmp_path: Path, capsys):
+    """One error line: the event, how many rules would go, which (the first few), and how to remove on purpose."""
+    import json
+
+    from agent import logs
+    logs.configure_logging("info", "json")
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(builtin_rules_dir(), rules_dir)
+    daemon = _daemon(tmp_path, [_OneShotSource()], rules_dir)
+    _cut_before_rule(rules_dir / "xid.yaml", "xid-31")
+    capsys.readouterr()
+    daemon.reload_rules_if_changed()
+    [line] = [json.loads(raw) for raw in capsys.readouterr().err.splitlines() if "rules_reload_refused" in raw]
+    assert (line["level"], line["reason"]) == ("error", "rules_lost")
+    assert line["lost"] > 100 and "xid-31" in line["missing"] and "retired" in line["fix"]
+
+
+def test_rules_removed_on_purpose_are_accepted_when_listed_as_retired(tmp_path: Path):
+    """An operator removes a rule by naming it under `retired:` in the same change: the reload goes through."""
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(builtin_rules_dir(), rules_dir)
+    daemon = _daemon(tmp_path, [_OneShotSource()], rules_dir)
+    before = len(daemon.pipeline.rules.rules)
+    text = (rules_dir / "node.yaml").read_text(encoding="utf-8")
+    start = text.index("\n- id: ", text.index("\n- id: ") + 1)  # the file's second rule
+    end = text.find("\n- id: ", start + 1)
+    removed = text[start + 7:text.index("\n", start + 1)]
+    (rules_dir / "node.yaml").write_text(f"retired: [{removed}]\n" + text[:start] + (text[end:] if end > 0 else "\n"),
+                                         encoding="utf-8")
+    assert daemon.reload_rules_if_changed() is True
+    assert len(daemon.pipeline.rules.rules) == before - 1
+
+
+def test_a_reload_that_leaves_a_catalog_xid_uncovered_is_refused_even_if_retired(tmp_path: Path):
+    """Retiring xid-79 with nothing else for code 79 would leave a catalog Xid unhandled: refused."""
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(builtin_rules_dir(), rules_dir)
+    daemon = _daemon(tmp_path, [_OneShotSource()], rules_dir)
+    text = (rules_dir / "xid.yaml").read_text(encoding="utf-8")
+    start = text.index("\n- id: xid-79\n")
+    end = text.index("\n- id: ", start + 1)
+    (rules_dir / "xid.yaml").write_text("retired: [xid-79]\n" + text[:start] + text[end:], encoding="utf-8")
+    assert daemon.reload_rules_if_changed() is False
+    value = daemon.metrics.registry.get_sample_value
+    assert value("gpu_health_rules_reload_refused_total", {"reason": "catalog_uncovered"}) == 1
+    assert daemon.pipeline.rules.get("xid-79") is not None
+
+
 def test_a_storm_is_folded_in_the_backlog_and_no_new_kind_is_lost(tmp_path: Path):
     """20,000 repeats of one Xid then one Xid 79 on another GPU, before the engine runs: the repeats fold
     (counted) and the new kind is still classified."""
