@@ -308,8 +308,10 @@ class Daemon:
         age = self.clock() - self.heartbeat
         running = sorted(name for name, up in self._running.items() if up or name in self._finished)
         failing = sorted(s.name for s in self.sources if getattr(s, "failing", False))
-        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running) and not failing
+        journal = self.pipeline.journal_failing
+        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running) and not failing and not journal
         return ok, {"loop_age_seconds": round(age, 3), "sources": running, "failing_sources": failing,
+                    "journal_failing": "; ".join(f"{kind}: {error}" for kind, error in sorted(journal.items())),
                     "mode": str(self.config.mode), "dry_run": self.config.dry_run,
                     "backlog_depth": self.backlog.depth}
 

@@ -207,6 +207,8 @@ class Pipeline:
         #: What the last plan that called for nothing was made from, and until when time cannot change it.
         self._quiet_plan: tuple[tuple[object, ...], float] | None = None
         self._metrics_primed = False
+        #: Journal writes failing now, by kind, with the last error (empty when every kind's last write worked).
+        self.journal_failing: Mapping[str, str] = {}
         #: Each step last skipped, and why: a skip is logged and journaled once per change, not every pass.
         self._skipped: dict[tuple[StepKind, str, str, str], str] = {}
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
@@ -268,15 +270,15 @@ class Pipeline:
         self.record.generation += 1
         self.record.gpus = self.inventory.gpus
         if self.journal is not None:
-            self._safely("journal_record_failed", self.journal.save_record, self.inventory.name,
-                         self.record.to_json(), cursors=self.record.cursors)
+            self._journaled("record", "journal_record_failed", self.journal.save_record, self.inventory.name,
+                            self.record.to_json(), cursors=self.record.cursors)
 
     def _save_kmsg_cursor(self) -> None:
         """A kernel-log record that changed nothing else is acknowledged by writing its cursor alone: one small
         transaction, not the whole record (a storm of distinct lines wrote the whole record once a line)."""
         if self.journal is not None:
-            self._safely("journal_record_failed", self.journal.set_cursor, KMSG_CURSOR,
-                         self.record.cursors[KMSG_CURSOR])
+            self._journaled("record", "journal_record_failed", self.journal.set_cursor, KMSG_CURSOR,
+                            self.record.cursors[KMSG_CURSOR])
 
     # ---- classification (never touches the API) ----
     def handle(self, observation: Observation, now: float | None = None) -> Outcome:
@@ -576,7 +578,8 @@ class Pipeline:
                             action=str(verdict.action), fault_class=str(verdict.fault_class),
                             summary=verdict.summary)
         if self.journal:
-            self._safely("journal_verdict_failed", self.journal.record_verdict, self.inventory.name, verdict)
+            self._journaled("verdict", "journal_verdict_failed", self.journal.record_verdict, self.inventory.name,
+                            verdict)
         if self.metrics:
             latency = now - latency_from if latency_from is not None else None
             self.metrics.judged(verdict, latency)
@@ -911,7 +914,8 @@ class Pipeline:
         self._log.bind(gpu=step.gpu_key, rule_id=step.rule_id).info(
             "step", kind=str(step.kind), target=step.target, result=str(result), message=message)
         if self.journal:
-            self._safely("journal_action_failed", self.journal.record_action, self.inventory.name, record)
+            self._journaled("action", "journal_action_failed", self.journal.record_action, self.inventory.name,
+                            record)
         if self.metrics:
             self.metrics.acted(record)
             if step.kind in {StepKind.TAINT, StepKind.TAINT_DEVICE} and result is StepResult.APPLIED:
@@ -937,6 +941,22 @@ class Pipeline:
             self._metrics_primed = True
             self.metrics.set_gpu_status(self.gpu_statuses())
             self.metrics.set_active([f.severity for f in list(self.record.faults.values())])
+
+    def _journaled(self, kind: str, event: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """One journal write; what failed is kept by kind (record, verdict, action) until that kind is written
+        again: /healthz fails meanwhile (a full disk must not read healthy)."""
+        try:
+            func(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - isolation: a failed write is reported, detection goes on
+            error = f"{type(exc).__name__}: {exc}"
+            self._log.error(event, error=error)
+            self.journal_failing = {**self.journal_failing, kind: error}  # replaced whole: read from other threads
+            if self.metrics:
+                self.metrics.journal_write_failures.labels(kind).inc()
+            return
+        if kind in self.journal_failing:
+            self.journal_failing = {k: v for k, v in self.journal_failing.items() if k != kind}
+            self._log.info("journal_writes_recovered", kind=kind)
 
     def _safely(self, event: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """func(...), or False (logged) when it raised."""

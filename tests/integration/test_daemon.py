@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -251,3 +252,59 @@ def test_the_loop_gets_its_tick_back_in_a_storm_that_keeps_the_backlog_full(tmp_
     daemon._drain(timeout=0, stop=None)
     assert daemon.backlog.depth == 0
     daemon.journal.close()
+
+
+class _DiskFills(Journal):
+    """The real journal, but while `full` every write fails as SQLite's does on a full disk."""
+
+    full = False
+
+    def _check(self) -> None:
+        if self.full:
+            raise sqlite3.OperationalError("database or disk is full")
+
+    def save_record(self, *args, **kwargs):
+        self._check()
+        super().save_record(*args, **kwargs)
+
+    def set_cursor(self, *args, **kwargs):
+        self._check()
+        super().set_cursor(*args, **kwargs)
+
+    def record_verdict(self, *args, **kwargs):
+        self._check()
+        super().record_verdict(*args, **kwargs)
+
+    def record_action(self, *args, **kwargs):
+        self._check()
+        super().record_action(*args, **kwargs)
+
+
+def test_healthz_fails_while_journal_writes_fail_and_recovers_after_one_succeeds(tmp_path: Path):
+    """Disk full: the record cannot be saved, so /healthz answers 503 and why; writes that work clear it."""
+    from agent.httpserver import AgentHttpServer
+    journal = _DiskFills(tmp_path / "j.db")
+    config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db")})
+    daemon = Daemon(config, sources=[_OneShotSource()], rules=load_rules(builtin_rules_dir()),
+                    registry=CollectorRegistry(), journal=journal)
+    server = AgentHttpServer("127.0.0.1", 0, metrics=daemon.metrics.exposition, health=daemon.health)
+    server.start()
+    stop = threading.Event()
+    thread = threading.Thread(target=daemon.run, args=(stop,))
+    thread.start()
+    url = f"http://127.0.0.1:{server.port}/healthz"
+    try:
+        assert wait_for(lambda: get(url)[0] == 200)
+        journal.full = True
+        daemon.emit(Observation(Signal.XID, 79, time.time(), "kmsg", gpu(1)))
+        assert wait_for(lambda: get(url)[0] == 503)
+        assert "disk is full" in json.loads(get(url)[1])["journal_failing"]
+        assert daemon.metrics.registry.get_sample_value("gpu_health_journal_write_failures_total",
+                                                        {"kind": "record"}) >= 1
+        journal.full = False
+        daemon.emit(Observation(Signal.XID, 79, time.time(), "kmsg", gpu(2)))
+        assert wait_for(lambda: get(url)[0] == 200)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        server.close()
