@@ -56,7 +56,7 @@ from agent.remediation import (
     plan,
 )
 from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
-from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
+from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent, is_truncated, mirror_of
 from agent.remediation.resets import reset_by_driver_log, unclean
 from agent.remediation.spread import APPLICATION_XIDS, WorkloadSpread
 from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
@@ -623,7 +623,7 @@ class Pipeline:
             with self._lock:
                 if actions:
                     self._save()
-                document = self.record.to_json()
+                document = mirror_of(self.record.to_json())
                 worth_mirroring = bool(self.record.faults or self.record.owed or self.record.node.to_json()
                                        != NodeState().to_json())
             if observed is not None and (observed.record is not None or worth_mirroring) and \
@@ -696,7 +696,7 @@ class Pipeline:
             with self._lock:
                 verdicts = self._classify(release, now)
                 self._save()
-                document = self.record.to_json()
+                document = mirror_of(self.record.to_json())
             self._pass_verdicts.extend(verdicts)
             # The Node's copy says "released" before the request goes: a journal lost now cannot bring the
             # fault back. Not mirrored: the request stays and the next pass handles it again (idempotent).
@@ -716,9 +716,11 @@ class Pipeline:
             self.fresh = False
             return
         mine = self.record
+        truncated = is_truncated(observed.record)  # the Node kept only part: what this process holds stays
         merged = NodeRecord(generation=max(theirs.generation, mine.generation), faults=dict(theirs.faults),
-                            node=theirs.node, owed=list(theirs.owed), gpus=theirs.gpus, cursors=dict(theirs.cursors))
-        if self.fresh:
+                            node=theirs.node, owed=list(theirs.owed), gpus=theirs.gpus,
+                            cursors={**mine.cursors, **theirs.cursors} if truncated else dict(theirs.cursors))
+        if self.fresh or truncated:
             for key, fault in mine.faults.items():
                 merged.faults.setdefault(key, fault)
             for event in mine.owed:
