@@ -362,3 +362,32 @@ def test_a_skipped_eviction_is_journaled_again_once_it_changes(shipped_rules, tm
         ["skipped", "planned"]  # the node-wide taint (no GPU named) too
     assert [(e["result"], e["message"]) for e in evictions] == [
         ("skipped", "node opted out of remediation by label"), ("planned", "local mode: no cluster to act on")]
+
+
+def test_a_newer_cut_node_copy_never_takes_faults_the_journal_holds(shipped_rules, tmp_path: Path):
+    """The Node's copy is newer but cut (bounded): a process with its journal keeps the faults the copy dropped."""
+    from agent.remediation.record import NodeObservation, mirror_of
+
+    first = pipeline(shipped_rules)
+    first.inline = False
+    for code in range(1, 161):
+        for g in (gpu(0), gpu(1)):
+            first.handle(obs(Signal.XID, code, 1.0, gpu_ref=g), 1.0)
+        if code == 100:
+            older = first.record.to_json()  # what a journal restored from a backup would hold
+    cut = mirror_of(first.record.to_json())
+    assert cut["truncated"]["kept_faults"] < len(older["faults"])
+
+    class CutCopy(LocalActuator):
+        def observe(self):
+            return NodeObservation(conditions={}, tainted=False, reboot_requested=False, replacement=frozenset(),
+                                   record=cut)
+
+    journal = Journal(tmp_path / "j.db")
+    journal.save_record(NODE.name, older)
+    second = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.QUARANTINE),
+                      journal=journal, actuator=CutCopy(), clock=lambda: 100.0, inline=False)
+    second.start()
+    held = {(f["gpu_key"], f["rule_id"]) for f in older["faults"]}
+    assert held <= set(second.record.faults)
+    assert second.record.generation > cut["generation"]  # adopted, then saved
