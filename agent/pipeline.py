@@ -209,6 +209,7 @@ class Pipeline:
         self._metrics_primed = False
         #: Journal writes failing now, by kind, with the last error (empty when every kind's last write worked).
         self.journal_failing: Mapping[str, str] = {}
+        self._journal_state = threading.Lock()
         #: Each step last skipped, and why: a skip is logged and journaled once per change, not every pass.
         self._skipped: dict[tuple[StepKind, str, str, str], str] = {}
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
@@ -952,12 +953,14 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 - isolation: a failed write is reported, detection goes on
             error = f"{type(exc).__name__}: {exc}"
             self._log.error(event, error=error)
-            self.journal_failing = {**self.journal_failing, kind: error}  # replaced whole: read from other threads
+            with self._journal_state:  # replaced whole, never changed in place: /healthz reads it unlocked
+                self.journal_failing = {**self.journal_failing, kind: error}
             if self.metrics:
                 self.metrics.journal_write_failures.labels(kind).inc()
             return
         if kind in self.journal_failing:
-            self.journal_failing = {k: v for k, v in self.journal_failing.items() if k != kind}
+            with self._journal_state:
+                self.journal_failing = {k: v for k, v in self.journal_failing.items() if k != kind}
             self._log.info("journal_writes_recovered", kind=kind)
 
     def _safely(self, event: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
