@@ -20,14 +20,7 @@ from agent.daemon import Daemon
 from agent.engine import builtin_rules_dir, load_rules
 from agent.journal import Journal
 from agent.model import Observation, Signal
-from tests.conftest import gpu, wait_for
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import gpu, served_port, wait_for
 
 
 def get(url: str) -> tuple[int, str]:
@@ -39,26 +32,27 @@ def get(url: str) -> tuple[int, str]:
 
 
 def test_the_agent_runs_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path: Path):
-    port = free_port()
     env = dict(os.environ, GPU_HEALTH_JOURNAL_PATH=str(tmp_path / "j.db"), GPU_HEALTH_HTTP__HOST="127.0.0.1",
                GPU_HEALTH_SOURCES__KMSG__ENABLED="off", GPU_HEALTH_SOURCES__NVML__ENABLED="off",
                GPU_HEALTH_SOURCES__DCGM__ENABLED="off", NODE_NAME="it-node", KUBECONFIG="/nonexistent/kubeconfig")
-    process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--scenario", "xid79", "--speed", "50",
-                                "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    log = tmp_path / "agent.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--scenario", "xid79", "--speed", "50",
+                                    "--port", "0"], env=env, stdout=subprocess.PIPE, stderr=sink, text=True)
     try:
+        port = served_port(log)
         assert wait_for(lambda: _metric_seen(port, 'rule_id="xid-79"'))
         status, body = get(f"http://127.0.0.1:{port}/healthz")
         assert status == 200
         assert json.loads(body)["ok"] is True
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=15)
+        process.communicate(timeout=15)
         assert process.returncode == 0
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
-    assert '"event": "agent_stopped"' in stderr
+    assert '"event": "agent_stopped"' in log.read_text()
     history = Journal(tmp_path / "j.db").history()
     assert any(e.get("rule_id") == "xid-79" for e in history)
 
