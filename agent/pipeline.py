@@ -210,8 +210,10 @@ class Pipeline:
         #: Journal writes failing now, by kind, with the last error (empty when every kind's last write worked).
         self.journal_failing: Mapping[str, str] = {}
         self._journal_state = threading.Lock()
-        #: Each step last skipped, and why: a skip is logged and journaled once per change, not every pass.
+        #: Each step last skipped, and why: a skip is logged and journaled once per change, not every pass;
+        #: and the skips this pass came to (a step no longer planned is forgotten at the end of the pass).
         self._skipped: dict[tuple[StepKind, str, str, str], str] = {}
+        self._skipped_now: set[tuple[StepKind, str, str, str]] = set()
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
         self._restore_engine(list(self.record.faults.values()))
@@ -802,23 +804,22 @@ class Pipeline:
 
     def _skip_changed(self, step: Step, result: StepResult, message: str) -> bool:
         """Whether this outcome is news: anything but a skip is; a skip is when the step was not skipped for
-        the same reason last time. Skips of faults no longer active are forgotten (see _forget_skips)."""
+        the same reason the last time it came up (see _forget_skips)."""
         key = (step.kind, step.target, step.gpu_key, step.rule_id)
         if result is not StepResult.SKIPPED:
             self._skipped.pop(key, None)
             return True
+        self._skipped_now.add(key)
         if self._skipped.get(key) == message:
             return False
         self._skipped[key] = message
         return True
 
     def _forget_skips(self) -> None:
-        """A fault that ended takes its skips with it: the same fault back is skipped, and said so, again."""
-        with self._lock:
-            active = set(self.record.faults)
-        rules = {rule_id for _, rule_id in active}
-        self._skipped = {k: v for k, v in self._skipped.items()  # a node-wide step names no GPU, maybe no rule
-                         if (k[2], k[3]) in active or (not k[2] and (k[3] in rules or (not k[3] and bool(active))))}
+        """At the end of a pass: a skipped step this pass did not come to again (its fault ended, the plan
+        changed) is forgotten, so when it comes back it is skipped, and said so, again."""
+        self._skipped = {k: v for k, v in self._skipped.items() if k in self._skipped_now}
+        self._skipped_now = set()
 
     def _take_slot(self) -> tuple[StepResult | None, str]:
         try:

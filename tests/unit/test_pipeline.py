@@ -391,3 +391,19 @@ def test_a_newer_cut_node_copy_never_takes_faults_the_journal_holds(shipped_rule
     held = {(f["gpu_key"], f["rule_id"]) for f in older["faults"]}
     assert held <= set(second.record.faults)
     assert second.record.generation > cut["generation"]  # adopted, then saved
+
+
+def test_a_node_wide_eviction_skipped_in_quarantine_is_journaled_once_per_pod(shipped_rules, tmp_path: Path):
+    """Xid 119 arriving on 6 GPUs (past max_faulty_gpus the node as a whole is taken out): over many passes each
+    skipped eviction, the node-wide ones too (no fault of their own), is one row."""
+    gpus = tuple(gpu(i) for i in range(6))
+    node = NodeInventory("node-1", gpus, tuple(PodRef("ml", f"p{i}", f"u{i}", (g.uuid,)) for i, g in enumerate(gpus)))
+    journal = Journal(tmp_path / "j.db")
+    p = Pipeline(rules=shipped_rules, inventory=node, policy=GuardPolicy(mode=Mode.QUARANTINE), journal=journal,
+                 clock=lambda: 100.0)
+    for at in range(1, 20):
+        for g in gpus:  # inline: a pass after each new fault, then one each time a pass is due
+            p.handle(obs(Signal.XID, 119, float(at), gpu_ref=g), float(at) * 31)
+    rows = [(e["target"], e["gpu_key"], e["rule_id"]) for e in _skipped_evictions(journal.history(limit=10_000))]
+    assert any(rule == "node-too-many-faulty-gpus" for _, _, rule in rows)
+    assert len(rows) == len(set(rows))
