@@ -273,7 +273,9 @@ def _serve(config: Config, daemon: Daemon) -> AgentHttpServer:
     """/metrics and /healthz, started; a port already taken is one line, not a traceback."""
     try:
         server = AgentHttpServer(config.http.host, config.http.port, metrics=daemon.metrics.exposition,
-                                 health=daemon.health)
+                                 health=daemon.health, timeout_seconds=config.http.timeout_seconds,
+                                 max_connections=config.http.max_connections,
+                                 on_refused=daemon.metrics.http_refused.inc)
     except OSError as exc:
         reason = "in use by another process" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         raise AgentError(f"cannot serve /metrics on {config.http.host} port {config.http.port}: {reason}") from None

@@ -115,6 +115,10 @@ class RemediationConfig(_Section):
 class HttpConfig(_Section):
     host: str = "0.0.0.0"  # noqa: S104 - the metrics endpoint is scraped from outside the pod
     port: int = Field(default=9402, ge=0, le=65535)
+    #: A connection that sends nothing (or stops halfway) for this long is closed.
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    #: Connections served at once (a thread each); one more is answered 503 and closed.
+    max_connections: int = Field(default=16, ge=1, le=1024)
 
 
 class LogConfig(_Section):

@@ -3,12 +3,15 @@ converges the cluster on a thread of its own; HTTP, reload, shutdown."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +21,7 @@ from agent.config import Config
 from agent.drill import DrillBox, drills_dir
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
+from agent.engine.reload import NAMED, refusal
 from agent.errors import AgentError, InputErrors
 from agent.gpu.helper import HelperClient
 from agent.gpu.reset import DeviceReset, ResetExecutor, ResetProcedure
@@ -209,6 +213,13 @@ class RulesWatcher:
         return True
 
 
+@cache
+def catalog_xids() -> frozenset[int]:
+    """The Xid codes of NVIDIA's catalog as shipped with the package (agent/data/xid_catalog.csv)."""
+    text = (resources.files("agent") / "data" / "xid_catalog.csv").read_text(encoding="utf-8")
+    return frozenset(int(row["xid"]) for row in csv.DictReader(text.splitlines()))
+
+
 class Daemon:
     """Wires sources, pipeline, journal, metrics and HTTP; `run` returns when `stop` is set."""
 
@@ -335,8 +346,10 @@ class Daemon:
         age = self.clock() - self.heartbeat
         running = sorted(name for name, up in self._running.items() if up or name in self._finished)
         failing = sorted(s.name for s in self.sources if getattr(s, "failing", False))
-        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running) and not failing
+        journal = self.pipeline.journal_failing
+        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running) and not failing and not journal
         return ok, {"loop_age_seconds": round(age, 3), "sources": running, "failing_sources": failing,
+                    "journal_failing": "; ".join(f"{kind}: {error}" for kind, error in sorted(journal.items())),
                     "mode": str(self.config.mode), "dry_run": self.config.dry_run,
                     "backlog_depth": self.backlog.depth}
 
@@ -406,7 +419,8 @@ class Daemon:
             log.error(event, error=f"{type(exc).__name__}: {exc}")
 
     def reload_rules_if_changed(self) -> bool:
-        """Swap in a changed rules directory if it is valid; otherwise keep the last good rules."""
+        """Swap in a changed rules directory if it is valid and loses nothing (engine/reload.py); otherwise
+        keep the rules in force."""
         if not self.watcher.changed():
             return False
         try:
@@ -415,6 +429,15 @@ class Daemon:
             self.metrics.rules_reload_failures.inc()
             for problem in exc.problems:
                 log.error("rules_reload_rejected", problem=problem.line())
+            return False
+        refused = refusal(self.pipeline.rules, rules, catalog=catalog_xids())
+        if refused is not None:
+            self.metrics.rules_reload_failures.inc()
+            self.metrics.rules_reload_refused.labels(refused.reason).inc()
+            log.error("rules_reload_refused", reason=refused.reason, lost=len(refused.missing),
+                      missing=", ".join(refused.missing[:NAMED]) + (" ..." if len(refused.missing) > NAMED else ""),
+                      running=len(self.pipeline.rules.rules), candidate=len(rules.rules), fix=refused.fix,
+                      directory=str(self.rules_dir))
             return False
         self.pipeline.replace_rules(rules)
         log.info("rules_reloaded", rules=len(rules.rules), directory=str(self.rules_dir))

@@ -71,6 +71,18 @@ class Metrics:
         self.rules_reload_failures = Counter(
             "gpu_health_rules_reload_failures_total", "Rule reloads rejected as invalid; the last good rules stay.",
             registry=registry)
+        self.http_refused = Counter(
+            "gpu_health_http_connections_refused_total",
+            "HTTP connections answered 503 and closed because http.max_connections were being served.",
+            registry=registry)
+        self.journal_write_failures = Counter(
+            "gpu_health_journal_write_failures_total",
+            "Journal writes that failed (disk full, I/O error), by what was written; /healthz fails meanwhile.",
+            ["kind"], registry=registry)
+        self.rules_reload_refused = Counter(
+            "gpu_health_rules_reload_refused_total",
+            "Valid rule reloads refused because they lose rules or leave a catalog Xid uncovered (reason).",
+            ["reason"], registry=registry)
         self.rules_loaded = Gauge("gpu_health_rules_loaded", "Rules in force.", registry=registry)
         self.active_faults = Gauge(
             "gpu_health_active_faults", "Active faults by severity.", ["severity"], registry=registry)

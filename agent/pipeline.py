@@ -59,7 +59,7 @@ from agent.remediation import (
     plan,
 )
 from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
-from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
+from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent, is_truncated, mirror_of
 from agent.remediation.recoveries import family_of
 from agent.remediation.resets import reset_by_driver_log, unclean
 from agent.remediation.spread import APPLICATION_XIDS, LocationRepeats, WorkloadSpread
@@ -218,6 +218,13 @@ class Pipeline:
         #: What the last plan that called for nothing was made from, and until when time cannot change it.
         self._quiet_plan: tuple[tuple[object, ...], float] | None = None
         self._metrics_primed = False
+        #: Journal writes failing now, by kind, with the last error (empty when every kind's last write worked).
+        self.journal_failing: Mapping[str, str] = {}
+        self._journal_state = threading.Lock()
+        #: Each step last skipped, and why: a skip is logged and journaled once per change, not every pass;
+        #: and the skips this pass came to (a step no longer planned is forgotten at the end of the pass).
+        self._skipped: dict[tuple[StepKind, str, str, str], str] = {}
+        self._skipped_now: set[tuple[StepKind, str, str, str]] = set()
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
         self._restore_engine(list(self.record.faults.values()))
@@ -279,15 +286,15 @@ class Pipeline:
         self.record.generation += 1
         self.record.gpus = self.inventory.gpus
         if self.journal is not None:
-            self._safely("journal_record_failed", self.journal.save_record, self.inventory.name,
-                         self.record.to_json(), cursors=self.record.cursors)
+            self._journaled("record", "journal_record_failed", self.journal.save_record, self.inventory.name,
+                            self.record.to_json(), cursors=self.record.cursors)
 
     def _save_kmsg_cursor(self) -> None:
         """A kernel-log record that changed nothing else is acknowledged by writing its cursor alone: one small
         transaction, not the whole record (a storm of distinct lines wrote the whole record once a line)."""
         if self.journal is not None:
-            self._safely("journal_record_failed", self.journal.set_cursor, KMSG_CURSOR,
-                         self.record.cursors[KMSG_CURSOR])
+            self._journaled("record", "journal_record_failed", self.journal.set_cursor, KMSG_CURSOR,
+                            self.record.cursors[KMSG_CURSOR])
 
     # ---- classification (never touches the API) ----
     def handle(self, observation: Observation, now: float | None = None) -> Outcome:
@@ -683,7 +690,8 @@ class Pipeline:
                             action=str(verdict.action), fault_class=str(verdict.fault_class),
                             summary=verdict.summary)
         if self.journal:
-            self._safely("journal_verdict_failed", self.journal.record_verdict, self.inventory.name, verdict)
+            self._journaled("verdict", "journal_verdict_failed", self.journal.record_verdict, self.inventory.name,
+                            verdict)
         if self.metrics:
             latency = now - latency_from if latency_from is not None else None
             self.metrics.judged(verdict, latency)
@@ -723,10 +731,11 @@ class Pipeline:
             actions += self._deliver_owed(now, opted_out)
             actions += self._taint_if_wanted(opted_out)
             self._hold_slot(observed, now, opted_out)
+            self._forget_skips()
             with self._lock:
                 if actions:
                     self._save()
-                document = self.record.to_json()
+                document = mirror_of(self.record.to_json())
                 worth_mirroring = bool(self.record.faults or self.record.owed or self.record.node.to_json()
                                        != NodeState().to_json())
             if observed is not None and (observed.record is not None or worth_mirroring) and \
@@ -799,7 +808,7 @@ class Pipeline:
             with self._lock:
                 verdicts = self._classify(release, now)
                 self._save()
-                document = self.record.to_json()
+                document = mirror_of(self.record.to_json())
             self._pass_verdicts.extend(verdicts)
             # The Node's copy says "released" before the request goes: a journal lost now cannot bring the
             # fault back. Not mirrored: the request stays and the next pass handles it again (idempotent).
@@ -819,9 +828,11 @@ class Pipeline:
             self.fresh = False
             return
         mine = self.record
+        truncated = is_truncated(observed.record)  # the Node kept only part: what this process holds stays
         merged = NodeRecord(generation=max(theirs.generation, mine.generation), faults=dict(theirs.faults),
-                            node=theirs.node, owed=list(theirs.owed), gpus=theirs.gpus, cursors=dict(theirs.cursors))
-        if self.fresh:
+                            node=theirs.node, owed=list(theirs.owed), gpus=theirs.gpus,
+                            cursors={**mine.cursors, **theirs.cursors} if truncated else dict(theirs.cursors))
+        if self.fresh or truncated:
             for key, fault in mine.faults.items():
                 merged.faults.setdefault(key, fault)
             for event in mine.owed:
@@ -896,7 +907,28 @@ class Pipeline:
                 self._save()  # at once, so a restart right after this step does not repeat it
         if result is StepResult.BLOCKED and step.kind is StepKind.EVICT and now >= self._backoff_until:
             self._backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        if not self._skip_changed(step, result, message):
+            return None  # skipped again for the same reason: logged and journaled when it first was
         return self._recorded(step, result, message, now)
+
+    def _skip_changed(self, step: Step, result: StepResult, message: str) -> bool:
+        """Whether this outcome is news: anything but a skip is; a skip is when the step was not skipped for
+        the same reason the last time it came up (see _forget_skips)."""
+        key = (step.kind, step.target, step.gpu_key, step.rule_id)
+        if result is not StepResult.SKIPPED:
+            self._skipped.pop(key, None)
+            return True
+        self._skipped_now.add(key)
+        if self._skipped.get(key) == message:
+            return False
+        self._skipped[key] = message
+        return True
+
+    def _forget_skips(self) -> None:
+        """At the end of a pass: a skipped step this pass did not come to again (its fault ended, the plan
+        changed) is forgotten, so when it comes back it is skipped, and said so, again."""
+        self._skipped = {k: v for k, v in self._skipped.items() if k in self._skipped_now}
+        self._skipped_now = set()
 
     def _take_slot(self) -> tuple[StepResult | None, str]:
         try:
@@ -995,7 +1027,8 @@ class Pipeline:
         self._log.bind(gpu=step.gpu_key, rule_id=step.rule_id).info(
             "step", kind=str(step.kind), target=step.target, result=str(result), message=message)
         if self.journal:
-            self._safely("journal_action_failed", self.journal.record_action, self.inventory.name, record)
+            self._journaled("action", "journal_action_failed", self.journal.record_action, self.inventory.name,
+                            record)
         if self.metrics:
             self.metrics.acted(record)
             if step.kind in {StepKind.TAINT, StepKind.TAINT_DEVICE} and result is StepResult.APPLIED:
@@ -1021,6 +1054,24 @@ class Pipeline:
             self._metrics_primed = True
             self.metrics.set_gpu_status(self.gpu_statuses())
             self.metrics.set_active([f.severity for f in list(self.record.faults.values())])
+
+    def _journaled(self, kind: str, event: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """One journal write; what failed is kept by kind (record, verdict, action) until that kind is written
+        again: /healthz fails meanwhile (a full disk must not read healthy)."""
+        try:
+            func(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - isolation: a failed write is reported, detection goes on
+            error = f"{type(exc).__name__}: {exc}"
+            self._log.error(event, error=error)
+            with self._journal_state:  # replaced whole, never changed in place: /healthz reads it unlocked
+                self.journal_failing = {**self.journal_failing, kind: error}
+            if self.metrics:
+                self.metrics.journal_write_failures.labels(kind).inc()
+            return
+        if kind in self.journal_failing:
+            with self._journal_state:
+                self.journal_failing = {k: v for k, v in self.journal_failing.items() if k != kind}
+            self._log.info("journal_writes_recovered", kind=kind)
 
     def _safely(self, event: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """func(...), or False (logged) when it raised."""

@@ -29,6 +29,22 @@ def obs(signal: Signal, value: float, at: float = 0.0, *, gpu_ref: GpuRef | None
                        frozen_attrs(attrs), count)  # type: ignore[arg-type]
 
 
+def served_port(log: Path, timeout: float = 30.0) -> int:
+    """The port an agent started with `run --port 0` serves on, from the start line in its log (`http :PORT`):
+    tests never pick a port themselves, since another process may take it first."""
+    import re
+    ports: list[int] = []
+
+    def started() -> bool:
+        match = re.search(r"http :(\d+)$", log.read_text(encoding="utf-8", errors="replace"), re.MULTILINE)
+        if match:
+            ports.append(int(match.group(1)))
+        return bool(match)
+
+    assert wait_for(started, timeout), log.read_text(encoding="utf-8", errors="replace")
+    return ports[0]
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> bool:
     """Poll `predicate` until it holds or `timeout` passes (integration tests on real threads)."""
     import time

@@ -22,6 +22,8 @@ class RuleSet:
 
     rules: tuple[Rule, ...]
     files: tuple[str, ...] = ()
+    #: Rule ids the files' `retired:` lists name: removed on purpose, so a hot reload may drop them.
+    retired: frozenset[str] = frozenset()
     _by_signal: dict[Signal, tuple[Rule, ...]] = field(default_factory=dict, repr=False)
     _by_id: dict[str, Rule] = field(default_factory=dict, repr=False)
     _per_model: dict[tuple[str, str], Rule] = field(default_factory=dict, repr=False)
@@ -95,15 +97,17 @@ def load_rule_texts(texts: Iterable[tuple[str, str]]) -> RuleSet:
     located: list[tuple[str, Rule]] = []
     problems: list[RuleError] = []
     names: list[str] = []
+    retired: set[str] = set()
     for name, text in texts:
         names.append(name)
-        file_rules, file_problems = _parse_file(name, text)
+        file_rules, file_retired, file_problems = _parse_file(name, text)
         located.extend((name, rule) for rule in file_rules)
+        retired.update(file_retired)
         problems.extend(file_problems)
     problems.extend(_duplicate_ids(located))
     if problems:
         raise InputErrors(list(problems))
-    return RuleSet(rules=tuple(rule for _, rule in located), files=tuple(names))
+    return RuleSet(rules=tuple(rule for _, rule in located), files=tuple(names), retired=frozenset(retired))
 
 
 def _load(directory: Path) -> tuple[RuleSet, list[RuleError]]:
@@ -114,36 +118,43 @@ def _load(directory: Path) -> tuple[RuleSet, list[RuleError]]:
         return RuleSet(rules=()), [RuleError("no *.yaml rule files in directory", file=str(directory))]
     located: list[tuple[str, Rule]] = []
     problems: list[RuleError] = []
+    retired: set[str] = set()
     for path in paths:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             problems.append(RuleError(f"cannot read: {exc}", file=str(path)))
             continue
-        file_rules, file_problems = _parse_file(str(path), text)
+        file_rules, file_retired, file_problems = _parse_file(str(path), text)
         located.extend((str(path), rule) for rule in file_rules)
+        retired.update(file_retired)
         problems.extend(file_problems)
     problems.extend(_duplicate_ids(located))
     rules = tuple(rule for _, rule in located)
     missing = missing_families(rules)
     if missing and not problems:
         problems.append(RuleError(f"required rule families missing: {'; '.join(missing)}", file=str(directory)))
-    return RuleSet(rules=rules, files=tuple(str(p) for p in paths)), problems
+    return RuleSet(rules=rules, files=tuple(str(p) for p in paths), retired=frozenset(retired)), problems
 
 
-def _parse_file(name: str, text: str) -> tuple[list[Rule], list[RuleError]]:
+def _parse_file(name: str, text: str) -> tuple[list[Rule], list[str], list[RuleError]]:
+    """The file's rules, the rule ids it retires, and its problems."""
     try:
         data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        return [], [RuleError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=name)]
+        return [], [], [RuleError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=name)]
     if data is None:
-        return [], []
+        return [], [], []
     if not isinstance(data, dict) or not isinstance(data.get("rules", []), list):
-        return [], [RuleError("expected a mapping with a 'rules' list", file=name, field="rules")]
-    extra = sorted(set(data) - {"rules"})
+        return [], [], [RuleError("expected a mapping with a 'rules' list", file=name, field="rules")]
+    extra = sorted(set(data) - {"rules", "retired"})
     problems = [RuleError("unknown top-level key", file=name, field=key) for key in extra]
+    retired = data.get("retired") or []
+    if not isinstance(retired, list) or not all(isinstance(r, str) and r for r in retired):
+        problems.append(RuleError("expected a list of rule ids", file=name, field="retired"))
+        retired = []
     rules: list[Rule] = []
     for position, raw in enumerate(data.get("rules") or []):
         rule_id = _raw_id(raw, position)
@@ -151,7 +162,7 @@ def _parse_file(name: str, text: str) -> tuple[list[Rule], list[RuleError]]:
             rules.append(Rule.model_validate(raw))
         except ValidationError as exc:
             problems.extend(_validation_problems(exc, name, rule_id))
-    return rules, problems
+    return rules, [str(r) for r in retired], problems
 
 
 def _raw_id(raw: Any, position: int) -> str:

@@ -8,14 +8,34 @@ the other: the copy with the higher `generation` wins.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.model import DeviceRef, GpuRef, Step, StepKind, frozen_attrs, gpu_from_dict, gpu_to_dict
+from agent.model import (
+    Action,
+    DeviceRef,
+    GpuRef,
+    Severity,
+    Step,
+    StepKind,
+    frozen_attrs,
+    gpu_from_dict,
+    gpu_to_dict,
+)
 from agent.remediation.planner import ActiveFault, ConditionState, DeviceIsolation, DeviceMark, NodeState
 
 #: At most this many Events wait for delivery; the oldest are dropped (and counted) beyond it.
 MAX_OWED_EVENTS = 200
+#: The most the Node's state annotation holds. The API server refuses a Node whose annotations total more
+#: than 256 KiB (keys and values, apimachinery's TotalAnnotationSizeLimitB); this leaves 160 KiB to others.
+MIRROR_MAX_BYTES = 96 * 1024
+#: Input cursors a bounded mirror leaves out: an input acknowledged only in the journal is read again by a
+#: process that lost the journal, so the faults the mirror could not keep are raised again from it.
+REPLAYED_CURSORS = frozenset({"kmsg"})
+#: What a bounded mirror says it left out, and where the whole record is.
+TRUNCATED = "truncated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +141,73 @@ class NodeRecord:
         if isinstance(cursors, Mapping):
             record.cursors = {str(k): str(v) for k, v in cursors.items()}
         return record
+
+
+def mirror_of(document: Mapping[str, object], *, max_bytes: int = MIRROR_MAX_BYTES) -> dict[str, object]:
+    """The record as the Node's state annotation holds it: whole when it fits in `max_bytes`; otherwise the
+    remediation facts, the inventory and the cursors (less the replayed ones), the faults that fit in this
+    order (each GPU's worst first, then by action, severity and newest), the newest owed Events that fit,
+    and a `truncated` entry with the counts of everything (faults by severity) and what was left out."""
+    if _size(document) <= max_bytes:
+        return dict(document)
+    faults = _dicts(document.get("faults"))
+    owed = _dicts(document.get("owed"))
+    cursors = document.get("cursors")
+    kept_cursors = {str(k): v for k, v in cursors.items() if k not in REPLAYED_CURSORS} \
+        if isinstance(cursors, Mapping) else {}
+    marker: dict[str, object] = {
+        "faults": len(faults), "kept_faults": 0, "owed": len(owed), "kept_owed": 0,
+        "severities": dict(sorted(Counter(str(f.get("severity", "")) for f in faults).items())),
+        "cursors_left_out": sorted(set(cursors or {}) & REPLAYED_CURSORS) if isinstance(cursors, Mapping) else [],
+        "full_record": "the node's journal (journal_path); docs/remediation.md, The record",
+    }
+    base = {**document, "faults": [], "owed": [], "cursors": kept_cursors, TRUNCATED: marker}
+    budget = max_bytes - _size(base) - 32  # the kept counts' digits
+    kept: list[Mapping[str, object]] = []
+    for fault in _by_priority(faults):
+        cost = _size(fault) + 1
+        if cost <= budget:
+            kept.append(fault)
+            budget -= cost
+    kept_owed: list[Mapping[str, object]] = []
+    for event in reversed(owed):  # newest first
+        cost = _size(event) + 1
+        if cost > budget:
+            break
+        kept_owed.append(event)
+        budget -= cost
+    marker["kept_faults"], marker["kept_owed"] = len(kept), len(kept_owed)
+    order = {id(f): i for i, f in enumerate(faults)}
+    base["faults"] = sorted(kept, key=lambda f: order[id(f)])
+    base["owed"] = list(reversed(kept_owed))
+    return base
+
+
+def is_truncated(document: Mapping[str, object]) -> bool:
+    """Whether a mirrored record is a bounded one (some faults or Events live only in the journal)."""
+    return isinstance(document.get(TRUNCATED), Mapping)
+
+
+def _by_priority(faults: list[Mapping[str, object]]) -> list[Mapping[str, object]]:
+    """Each GPU's worst fault first (what its isolation and the node's condition follow), then the rest by
+    action, severity, and newest first."""
+    def rank(fault: Mapping[str, object]) -> tuple[int, int, float]:
+        action = Action(str(fault.get("action"))) if fault.get("action") in set(Action) else Action.NONE
+        severity = Severity(str(fault.get("severity"))) if fault.get("severity") in set(Severity) else Severity.OK
+        since = fault.get("since")
+        return -action.rank, -severity.rank, -(float(since) if isinstance(since, int | float) else 0.0)
+
+    ordered = sorted(faults, key=rank)
+    worst: dict[str, Mapping[str, object]] = {}
+    for fault in ordered:
+        worst.setdefault(str(fault.get("gpu_key", "")), fault)
+    firsts = {id(f) for f in worst.values()}
+    return [*worst.values(), *(f for f in ordered if id(f) not in firsts)]
+
+
+def _size(document: object) -> int:
+    """Bytes of the document as the Node writer serialises it (compact, sorted keys, UTF-8)."""
+    return len(json.dumps(document, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _dicts(value: object) -> list[Mapping[str, object]]:

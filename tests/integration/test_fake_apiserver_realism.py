@@ -157,6 +157,17 @@ def test_a_taint_with_an_unknown_effect_is_invalid(api):
     assert not cluster.node("n1")["spec"].get("taints")
 
 
+def test_annotations_over_256_kib_in_all_are_invalid(api):
+    """As apimachinery's ValidateAnnotations: keys and values together past 262,144 bytes are a 422."""
+    cluster, server, _ = api
+    big = {"metadata": {"annotations": {"example.com/a": "x" * 200_000, "example.com/b": "y" * 70_000}}}
+    code, body = request(server, "PATCH", "/api/v1/nodes/n1", big, "application/merge-patch+json")
+    assert code == 422 and "metadata.annotations: Too long" in body["message"]
+    assert "example.com/a" not in (cluster.node("n1")["metadata"].get("annotations") or {})
+    fits = {"metadata": {"annotations": {"example.com/a": "x" * 200_000}}}
+    assert request(server, "PATCH", "/api/v1/nodes/n1", fits, "application/merge-patch+json")[0] == 200
+
+
 def test_two_taints_with_the_same_key_and_effect_are_invalid(api):
     """Taints are unique by key and effect."""
     _, server, _ = api

@@ -233,13 +233,14 @@ def test_check_json_reports_every_gpu_with_status_and_why(fake_nvml, tmp_path: P
 
 
 def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
-    from tests.integration.test_daemon import free_port, get
-    port = free_port()
+    from tests.conftest import served_port
+    from tests.integration.test_daemon import get
     env = _agent_env(tmp_path, fake_nvml.path) | {"GPU_HEALTH_SOURCES__NVML__POLL_SECONDS": "0.2"}
     log = tmp_path / "agent.log"
     with log.open("w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", str(port), "--duration", "60"],
+        process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", "0", "--duration", "60"],
                                    env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    port = served_port(log)
     gpu = 'gpu="GPU-fa4e0000-0000-0000-0000-000000000002"'
 
     def status_is(status: str) -> bool:

@@ -51,7 +51,6 @@ def test_an_agent_process_killed_with_sigkill_mid_remediation_is_finished_by_the
     from agent.simulation.fake_apiserver import populate
     from agent.sources.scenario import inventory, load_scenario
     from tests.conftest import wait_for
-    from tests.integration.test_daemon import free_port
     from tests.restart_harness import start_backend
 
     backend = start_backend()
@@ -67,7 +66,7 @@ def test_an_agent_process_killed_with_sigkill_mid_remediation_is_finished_by_the
 
         def agent() -> subprocess.Popen[str]:
             return subprocess.Popen([sys.executable, "-m", "agent", "run", "--scenario", "xid79", "--speed", "50",
-                                     "--port", str(free_port())], env=env, stdout=subprocess.DEVNULL,
+                                     "--port", "0"], env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, text=True)
 
         first = agent()

@@ -313,8 +313,7 @@ def test_simulate_reports_a_skipped_step_once_per_fault():
     """A step the mode skips is reported once, not on every observation of the fault."""
     output = invoke("simulate", "recovery").output
     skipped = [line for line in output.splitlines() if ": skipped" in line]
-    assert len(skipped) == len(set(skipped))
-    assert "repeat(s) of a step already reported as skipped are not shown" in output
+    assert skipped and len(skipped) == len(set(skipped))
 
 
 def test_a_sped_up_scenario_runs_its_recovery_window_at_the_same_speed(tmp_path: Path):

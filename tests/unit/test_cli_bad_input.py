@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -34,6 +35,17 @@ def local_env(files: dict[str, str], **extra: str) -> dict[str, str]:
     return {"KUBECONFIG": "/nonexistent/kubeconfig", "KUBERNETES_SERVICE_HOST": "", "NODE_NAME": "n1",
             "GPU_HEALTH_SOURCES__KMSG__ENABLED": "off", "GPU_HEALTH_SOURCES__NVML__ENABLED": "off",
             "GPU_HEALTH_JOURNAL_PATH": files["JOURNAL"], "GPU_HEALTH_HTTP__HOST": "127.0.0.1", **extra}
+
+
+#: The agent's configured default (agent/config.py): a test that binds it fails wherever something else does.
+DEFAULT_PORT = 9402
+
+
+def served_port(output: str) -> int:
+    """The port `run` says it serves on (its start line ends `http :PORT`)."""
+    match = re.search(r"http :(\d+)$", output, re.MULTILINE)
+    assert match, output
+    return int(match.group(1))
 
 
 CASES = [
@@ -109,10 +121,11 @@ def test_bad_input_is_one_line_on_stderr_with_a_documented_exit_code(args: str, 
 def test_a_journal_that_is_not_sqlite_is_moved_aside_and_run_goes_on(files):
     """A damaged journal never leaves the node unmonitored: run moves it aside, says so in one line, runs."""
     env = local_env(files, GPU_HEALTH_JOURNAL_PATH=files["NOTDB"])
-    result = CliRunner().invoke(main, ["run", "--duration", "1", "--scenario", "xid79"], env=env)
+    result = CliRunner().invoke(main, ["run", "--port", "0", "--duration", "1", "--scenario", "xid79"], env=env)
     assert result.exit_code == 0, result.output
     assert "journal_recreated" in result.output and "Traceback" not in result.output
     assert list(Path(files["NOTDB"]).parent.glob(Path(files["NOTDB"]).name + ".damaged-*"))
+    assert served_port(result.output) != DEFAULT_PORT  # any free port: another process may hold the default
 
 
 def test_history_never_moves_a_damaged_journal(files):
@@ -126,7 +139,7 @@ def test_history_never_moves_a_damaged_journal(files):
 def test_journal_in_an_unwritable_place_stops_run_with_one_line(files):
     """A journal path the agent cannot create is named with the reason."""
     env = local_env(files, GPU_HEALTH_JOURNAL_PATH=files["UNWRITABLE"])
-    result = CliRunner().invoke(main, ["run", "--duration", "5"], env=env)
+    result = CliRunner().invoke(main, ["run", "--port", "0", "--duration", "5"], env=env)
     assert result.exit_code == USAGE
     assert result.stderr.strip().startswith(f"{files['UNWRITABLE']}: cannot create the journal")
 

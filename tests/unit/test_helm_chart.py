@@ -98,6 +98,26 @@ def test_monitoring_objects_can_be_turned_off_where_the_operator_runs(helm):
     assert not {kind for kind, _ in rendered} & {"ServiceMonitor", "PrometheusRule"}
 
 
+def test_the_network_policy_admits_only_the_scraper_on_the_metrics_port(helm):
+    """On by default: the agent pods take connections on the metrics port from the configured peers only."""
+    policy = objects(render(helm).stdout)[("NetworkPolicy", "gpu-health-agent")]["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "gpu-health-agent"}}
+    assert policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_the_network_policy_takes_the_operators_peers_and_can_be_turned_off(helm):
+    """networkPolicy.from replaces the default peers (a hostNetwork scraper's node CIDR); enabled=false drops it."""
+    peers = render(helm, "--set", "networkPolicy.from[0].ipBlock.cidr=10.0.0.0/16").stdout
+    [rule] = objects(peers)[("NetworkPolicy", "gpu-health-agent")]["spec"]["ingress"]
+    assert rule["from"] == [{"ipBlock": {"cidr": "10.0.0.0/16"}}]
+    off = objects(render(helm, "--set", "networkPolicy.enabled=false").stdout)
+    assert "NetworkPolicy" not in {kind for kind, _ in off}
+
+
 def test_dra_enabled_renders_exactly_the_objects_of_daemonset_dra(helm):
     """dra.enabled adds the DRA ClusterRole, its binding and the own-devices-only policy, field for field as
     `kubectl apply -k daemonset/dra` would; off by default, and the policy only with admissionPolicy.enabled."""

@@ -311,3 +311,99 @@ def test_a_folded_observation_keeps_its_count_when_its_gpu_is_resolved(shipped_r
     p = pipeline(shipped_rules)
     p.handle(obs(Signal.XID, 31, 1.0, gpu_ref=GpuRef(pci_bus_id=gpu(0).pci_bus_id), count=5), 1.0)
     assert p.occurrences(gpu(0).key, "xid-31") == 5
+
+
+def _skipped_evictions(history: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [e for e in history if e["type"] == "action" and e["result"] == "skipped" and e["kind"] == "evict"]
+
+
+def test_a_skipped_eviction_is_logged_and_journaled_once_over_many_passes(shipped_rules, tmp_path: Path, capsys):
+    """Quarantine mode: Xid 119 repeating over many passes gives one `evict skipped` line and one journal row."""
+    import json
+
+    from agent import logs
+    logs.configure_logging("info", "json")
+    journal = Journal(tmp_path / "j.db")
+    p = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.QUARANTINE), journal=journal,
+                 clock=lambda: 100.0, inline=False)
+    capsys.readouterr()
+    for at in range(1, 40):
+        p.handle(obs(Signal.XID, 119, float(at)), float(at))
+        p.reconcile(float(at) * 31)
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    skipped = [r for r in lines if r["event"] == "step" and r.get("kind") == "evict" and r.get("result") == "skipped"]
+    assert len(skipped) == 1
+    assert len(_skipped_evictions(journal.history(limit=10_000))) == 1
+
+
+def test_a_skipped_eviction_is_journaled_again_once_it_changes(shipped_rules, tmp_path: Path):
+    """Once per change: an eviction skipped while the node is opted out is journaled once, then again as it runs."""
+    from agent.remediation.record import NodeObservation
+
+    class OptOut(LocalActuator):
+        opted_out = True
+
+        def observe(self):
+            return NodeObservation(conditions={}, tainted=False, reboot_requested=False, replacement=frozenset(),
+                                   opted_out=self.opted_out)
+
+    actuator = OptOut()
+    journal = Journal(tmp_path / "j.db")
+    p = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), journal=journal,
+                 actuator=actuator, clock=lambda: 100.0, inline=False)
+    p.handle(obs(Signal.XID, 119, 1.0), 1.0)
+    for at in (1.0, 40.0, 80.0):
+        p.reconcile(at)
+    actuator.opted_out = False
+    p.reconcile(120.0)
+    history = journal.history(limit=10_000)
+    evictions = [e for e in history if e["type"] == "action" and e["kind"] == "evict"]
+    assert [e["result"] for e in history if e["type"] == "action" and e["kind"] == "taint"][:2] == \
+        ["skipped", "planned"]  # the node-wide taint (no GPU named) too
+    assert [(e["result"], e["message"]) for e in evictions] == [
+        ("skipped", "node opted out of remediation by label"), ("planned", "local mode: no cluster to act on")]
+
+
+def test_a_newer_cut_node_copy_never_takes_faults_the_journal_holds(shipped_rules, tmp_path: Path):
+    """The Node's copy is newer but cut (bounded): a process with its journal keeps the faults the copy dropped."""
+    from agent.remediation.record import NodeObservation, mirror_of
+
+    first = pipeline(shipped_rules)
+    first.inline = False
+    for code in range(1, 161):
+        for g in (gpu(0), gpu(1)):
+            first.handle(obs(Signal.XID, code, 1.0, gpu_ref=g), 1.0)
+        if code == 100:
+            older = first.record.to_json()  # what a journal restored from a backup would hold
+    cut = mirror_of(first.record.to_json())
+    assert cut["truncated"]["kept_faults"] < len(older["faults"])
+
+    class CutCopy(LocalActuator):
+        def observe(self):
+            return NodeObservation(conditions={}, tainted=False, reboot_requested=False, replacement=frozenset(),
+                                   record=cut)
+
+    journal = Journal(tmp_path / "j.db")
+    journal.save_record(NODE.name, older)
+    second = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.QUARANTINE),
+                      journal=journal, actuator=CutCopy(), clock=lambda: 100.0, inline=False)
+    second.start()
+    held = {(f["gpu_key"], f["rule_id"]) for f in older["faults"]}
+    assert held <= set(second.record.faults)
+    assert second.record.generation > cut["generation"]  # adopted, then saved
+
+
+def test_a_node_wide_eviction_skipped_in_quarantine_is_journaled_once_per_pod(shipped_rules, tmp_path: Path):
+    """Xid 119 arriving on 6 GPUs (past max_faulty_gpus the node as a whole is taken out): over many passes each
+    skipped eviction, the node-wide ones too (no fault of their own), is one row."""
+    gpus = tuple(gpu(i) for i in range(6))
+    node = NodeInventory("node-1", gpus, tuple(PodRef("ml", f"p{i}", f"u{i}", (g.uuid,)) for i, g in enumerate(gpus)))
+    journal = Journal(tmp_path / "j.db")
+    p = Pipeline(rules=shipped_rules, inventory=node, policy=GuardPolicy(mode=Mode.QUARANTINE), journal=journal,
+                 clock=lambda: 100.0)
+    for at in range(1, 20):
+        for g in gpus:  # inline: a pass after each new fault, then one each time a pass is due
+            p.handle(obs(Signal.XID, 119, float(at), gpu_ref=g), float(at) * 31)
+    rows = [(e["target"], e["gpu_key"], e["rule_id"]) for e in _skipped_evictions(journal.history(limit=10_000))]
+    assert any(rule == "node-too-many-faulty-gpus" for _, _, rule in rows)
+    assert len(rows) == len(set(rows))

@@ -9,6 +9,8 @@ from typing import Any
 TAINT_EFFECTS = ("NoExecute", "NoSchedule", "PreferNoSchedule")
 DEVICE_TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 EVENT_TYPES = ("Normal", "Warning")
+#: The most all of an object's annotations may hold, keys and values (apimachinery TotalAnnotationSizeLimitB).
+TOTAL_ANNOTATION_BYTES = 256 * 1024
 #: Namespaces where an Event about a cluster-scoped object (no regarding.namespace) may live.
 CLUSTER_EVENT_NAMESPACES = ("default", "kube-system")
 _NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
@@ -74,8 +76,13 @@ def validate_metadata(obj: dict[str, Any]) -> list[FieldError]:
     for key, value in (meta.get("labels") or {}).items():
         errors += qualified_name(f"metadata.labels: {key}", key)
         errors += label_value(f"metadata.labels: {key}", value)
-    for key in meta.get("annotations") or {}:
+    annotations = meta.get("annotations") or {}
+    for key in annotations:
         errors += qualified_name(f"metadata.annotations: {key}", key)
+    # apimachinery's ValidateAnnotations: keys and values together, in bytes, at most 256 KiB.
+    total = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if total > TOTAL_ANNOTATION_BYTES:
+        errors.append(too_long("metadata.annotations", TOTAL_ANNOTATION_BYTES))
     return errors
 
 
