@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -33,6 +34,15 @@ CREATE INDEX IF NOT EXISTS actions_at ON actions(at);
 """
 
 
+class _Damaged(Exception):
+    """A journal that failed to open or its check, with the connection SQLite opened on it."""
+
+    def __init__(self, db: sqlite3.Connection, error: sqlite3.DatabaseError) -> None:
+        super().__init__(str(error))
+        self.db = db
+        self.error = error
+
+
 class Journal:
     """A durable, thread-safe record of verdicts and actions, with the active faults kept apart."""
 
@@ -47,14 +57,23 @@ class Journal:
         self.recreated = ""
         try:
             self._db = self._open()
-        except sqlite3.DatabaseError as exc:
+        except _Damaged as damaged:
             if not recover:
-                raise
-            moved = self._move_aside()
-            self.recreated = f"journal {self.path} was damaged ({exc}); moved to {moved} and recreated"
-            self._db = self._open()
+                damaged.db.close()
+                raise damaged.error from None
+            moved = self._move_aside(damaged.db)
+            self.recreated = f"journal {self.path} was damaged ({damaged.error}); moved to {moved} and recreated"
+            self._db = self._open_or_raise()
+
+    def _open_or_raise(self) -> sqlite3.Connection:
+        try:
+            return self._open()
+        except _Damaged as damaged:
+            damaged.db.close()
+            raise damaged.error from None
 
     def _open(self) -> sqlite3.Connection:
+        """A checked connection; on damage, _Damaged with the connection still open (see _move_aside)."""
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -63,16 +82,30 @@ class Journal:
             verdict = db.execute("PRAGMA quick_check").fetchone()
             if verdict is None or verdict[0] != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {verdict[0] if verdict else 'no answer'}")
-        except sqlite3.DatabaseError:
-            db.close()
-            raise
+        except sqlite3.DatabaseError as exc:
+            raise _Damaged(db, exc) from exc
         return db
 
-    def _move_aside(self) -> str:
+    def _move_aside(self, failed: sqlite3.Connection) -> str:
+        """The damaged file and its -wal and -shm, as they were, to `<path>.damaged-<time>`: copied while the
+        failed connection is still open, since closing it checkpoints the WAL into the file and deletes the
+        -wal and -shm; then whatever is left of them goes, so none is next to the new journal."""
         target = f"{self.path}.damaged-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        kept = []
         for suffix in ("", "-wal", "-shm"):
             if os.path.exists(self.path + suffix):
-                os.replace(self.path + suffix, target + suffix)
+                try:
+                    shutil.copyfile(self.path + suffix, target + suffix)
+                    kept.append(suffix)
+                except OSError:
+                    pass  # no room for a copy: the file itself is moved below
+        failed.close()
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(self.path + suffix):
+                if suffix in kept:
+                    os.remove(self.path + suffix)
+                else:
+                    os.replace(self.path + suffix, target + suffix)
         return target
 
     def record(self, node: str) -> dict[str, Any] | None:

@@ -1,0 +1,85 @@
+"""The journal's defences: the integrity check, a damaged file moved aside whole, acknowledgement order."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import agent.pipeline
+from agent.journal import _SCHEMA, Journal
+from agent.model import Action, Severity, Verdict, VerdictKind
+from tests.conftest import gpu
+from tests.unit.test_pipeline import _booted, _kmsg_xid
+
+PAGE = 4096
+
+
+def _verdict(at: float) -> Verdict:
+    return Verdict(VerdictKind.FAULT, "xid-79", gpu(0).key, Severity.FATAL, Action.REBOOT_NODE, "hardware", at,
+                   "s" * 200, gpu(0))
+
+
+def _journal_with_a_damaged_table(path: Path) -> None:
+    """A journal whose schema reads but one of its table pages is garbage: it opens, its data does not."""
+    journal = Journal(path)
+    for n in range(200):
+        journal.record_verdict("n1", _verdict(float(n)))
+    journal.close()  # the last connection checkpoints the WAL into the file
+    pages = path.stat().st_size // PAGE
+    assert pages > 6
+    with path.open("r+b") as f:
+        f.seek((pages - 2) * PAGE)
+        f.write(b"\x0d" + b"\xff" * 64)  # a leaf page whose header points past its end
+
+
+def test_a_journal_that_fails_its_integrity_check_is_moved_aside_and_recreated(tmp_path: Path):
+    """A file SQLite opens but whose pages are damaged is caught by the check at open, not by a later read."""
+    path = tmp_path / "j.db"
+    _journal_with_a_damaged_table(path)
+    copy = tmp_path / "copy.db"
+    shutil.copyfile(path, copy)
+    sqlite3.connect(copy).executescript(_SCHEMA)  # the damage does not stop SQLite opening it and its schema
+    journal = Journal(path)
+    assert journal.recreated
+    assert journal.history() == []
+    assert list(tmp_path.glob("j.db.damaged-*"))
+
+
+def test_a_damaged_journal_takes_its_wal_and_shm_files_with_it(tmp_path: Path):
+    """The damaged file's -wal (as it was) and -shm go aside with it: neither is left next to the new journal."""
+    path = tmp_path / "j.db"
+    path.write_bytes(b"garbage" * 100)
+    Path(f"{path}-wal").write_bytes(b"old wal" * 50)
+    Path(f"{path}-shm").write_bytes(b"old shm" * 50)
+    journal = Journal(path)
+    assert journal.recreated
+    (moved,) = [p for p in tmp_path.glob("j.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert Path(f"{moved}-wal").read_bytes() == b"old wal" * 50
+    assert Path(f"{moved}-shm").exists()  # SQLite rebuilds the index on open: its bytes are not the old ones
+    for suffix in ("-wal", "-shm"):
+        beside = Path(f"{path}{suffix}")
+        assert not beside.exists() or b"old" not in beside.read_bytes()
+
+
+class _Killed(BaseException):
+    """The agent dies here (nothing in it catches a BaseException, as nothing survives SIGKILL)."""
+
+
+def test_a_kernel_log_record_is_not_acknowledged_before_it_is_classified(shipped_rules, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    """Killed while classifying a record, the agent leaves the kernel-log cursor before it: it is read again."""
+    journal = Journal(tmp_path / "j.db")
+    first = _booted(shipped_rules, journal)
+    first.handle(_kmsg_xid(31, 1, 1.0), 1.0)
+    assert journal.cursor("kmsg") == "boot-a:1"
+
+    def killed(*args: object, **kwargs: object) -> list[Verdict]:
+        raise _Killed
+
+    monkeypatch.setattr(agent.pipeline, "evaluate", killed)
+    with pytest.raises(_Killed):
+        first.handle(_kmsg_xid(48, 2, 2.0), 2.0)
+    assert journal.cursor("kmsg") == "boot-a:1"
