@@ -15,7 +15,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,8 +59,8 @@ from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
 from agent.remediation.resets import reset_by_driver_log, unclean
 from agent.remediation.spread import APPLICATION_XIDS, WorkloadSpread
-from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
-from agent.sources.kmsg import cursor_value, newer_cursor
+from agent.sources.checkpoint import InputCheckpoint
+from agent.sources.kmsg import KernelLogCheckpoint
 
 BOOT_CURSOR = "boot_id"
 NODE_STATE_CURSOR = "node_state"
@@ -165,8 +165,13 @@ class Pipeline:
         inline: bool = True,
         rng: random.Random | None = None,
         on_released: Callable[[Verdict], None] | None = None,
+        checkpoints: Sequence[InputCheckpoint] | None = None,
     ) -> None:
         self.rules = rules
+        #: The sources' input checkpoints (default: the kernel log's), each opaque: an observation that moves
+        #: one is acknowledged in the journal transaction that records what it changed.
+        self.checkpoints: tuple[InputCheckpoint, ...] = (tuple(checkpoints) if checkpoints is not None
+                                                         else (KernelLogCheckpoint(),))
         #: Told of each fault an operator released, so a source can forget what it remembers of it (NVML's
         #: memory of a GPU the node had: released, a missing GPU must not come back at the next poll).
         self.on_released = on_released
@@ -228,9 +233,10 @@ class Pipeline:
         document = self._safely("journal_read_failed", journal.record, self.inventory.name)
         if isinstance(document, dict):
             record = NodeRecord.from_json(document)
-            written = self._safely("journal_read_failed", journal.cursor, KMSG_CURSOR)
-            if isinstance(written, str) and newer_cursor(written, record.cursors.get(KMSG_CURSOR)):
-                record.cursors[KMSG_CURSOR] = written  # acknowledged alone, after the record's last write
+            for checkpoint in self.checkpoints:
+                written = self._safely("journal_read_failed", journal.cursor, checkpoint.name)
+                if isinstance(written, str) and checkpoint.newer(written, record.cursors.get(checkpoint.name)):
+                    record.cursors[checkpoint.name] = written  # acknowledged alone, after the record's last write
             return record, False
         record = NodeRecord()
         legacy = self._safely("journal_read_failed", journal.active_faults, self.inventory.name) or []
@@ -242,7 +248,7 @@ class Pipeline:
         except ValueError:
             state = {}
         record.node = NodeState.from_json(state if isinstance(state, dict) else {})
-        for name in (BOOT_CURSOR, KMSG_CURSOR):
+        for name in (BOOT_CURSOR, *(checkpoint.name for checkpoint in self.checkpoints)):
             value = self._safely("journal_read_failed", journal.cursor, name)
             if value:
                 record.cursors[name] = str(value)
@@ -269,12 +275,13 @@ class Pipeline:
             self._safely("journal_record_failed", self.journal.save_record, self.inventory.name,
                          self.record.to_json(), cursors=self.record.cursors)
 
-    def _save_kmsg_cursor(self) -> None:
-        """A kernel-log record that changed nothing else is acknowledged by writing its cursor alone: one small
-        transaction, not the whole record (a storm of distinct lines wrote the whole record once a line)."""
+    def _save_checkpoints(self, names: list[str]) -> None:
+        """An input that changed nothing else is acknowledged by writing its checkpoint alone: one small
+        transaction, not the whole record (a storm of distinct kernel-log lines wrote the whole record once a
+        line)."""
         if self.journal is not None:
-            self._safely("journal_record_failed", self.journal.set_cursor, KMSG_CURSOR,
-                         self.record.cursors[KMSG_CURSOR])
+            self._safely("journal_record_failed", self.journal.set_cursors,
+                         {name: self.record.cursors[name] for name in names})
 
     # ---- classification (never touches the API) ----
     def handle(self, observation: Observation, now: float | None = None) -> Outcome:
@@ -290,7 +297,7 @@ class Pipeline:
                     self.inventory.gpus != self.record.gpus:
                 self._save()
             elif acknowledged:
-                self._save_kmsg_cursor()
+                self._save_checkpoints(acknowledged)
         return self._after(verdicts, now)
 
     def tick(self, now: float | None = None) -> Outcome:
@@ -445,18 +452,18 @@ class Pipeline:
             verdicts += self._release_one(rule_id, fault.gpu, now, source="drill", by="the end of the drill")
         return verdicts
 
-    def _acknowledge(self, observation: Observation) -> bool:
-        """Move the kernel-log cursor past this record. It is written in the same write as what the record
-        changed, or alone (_save_kmsg_cursor): never later, since a record read again after a crash would be
-        classified without what the agent knew in memory (which workloads faulted elsewhere, the windows)."""
-        seq = observation.attrs.get("kmsg_seq")
-        if observation.source != KMSG_CURSOR or not isinstance(seq, int) or not self.engine.boot_id:
-            return False
-        value = cursor_value(self.engine.boot_id, seq)
-        if not newer_cursor(value, self.record.cursors.get(KMSG_CURSOR)):
-            return False
-        self.record.cursors[KMSG_CURSOR] = value
-        return True
+    def _acknowledge(self, observation: Observation) -> list[str]:
+        """Move the checkpoints this observation passes (the names moved). Each is written in the same journal
+        transaction as what the observation changed, or alone (_save_checkpoints): never before it is
+        classified nor later, since a kernel-log record read again after a crash would be classified without
+        what the agent knew in memory (which workloads faulted elsewhere, the windows)."""
+        moved = []
+        for checkpoint in self.checkpoints:
+            value = checkpoint.position(observation, self.engine.boot_id)
+            if value is not None and checkpoint.newer(value, self.record.cursors.get(checkpoint.name)):
+                self.record.cursors[checkpoint.name] = value
+                moved.append(checkpoint.name)
+        return moved
 
     def _orphan_clears(self, observation: Observation, previous_boot: str, now: float) -> list[Verdict]:
         """Faults whose rule a reload renamed or removed clear by the recovery they were raised with."""

@@ -83,3 +83,41 @@ def test_a_kernel_log_record_is_not_acknowledged_before_it_is_classified(shipped
     with pytest.raises(_Killed):
         first.handle(_kmsg_xid(48, 2, 2.0), 2.0)
     assert journal.cursor("kmsg") == "boot-a:1"
+
+
+def _failing_when(path: Path, table: str, condition: str) -> None:
+    """A second connection adds a trigger that fails a write to `table` (as a full disk or an I/O error
+    would fail it) once `condition` holds for the new row."""
+    other = sqlite3.connect(path)
+    other.execute(f"CREATE TRIGGER fail BEFORE INSERT ON {table} WHEN {condition} "
+                  "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END")
+    other.commit()
+    other.close()
+
+
+def test_a_failing_journal_write_leaves_neither_the_record_nor_the_cursor_half_written(shipped_rules,
+                                                                                       tmp_path: Path):
+    """The record is written first and the kernel-log cursor second, in one transaction: the cursor's write
+    fails, and the record's stays unwritten too."""
+    path = tmp_path / "j.db"
+    journal = Journal(path)
+    first = _booted(shipped_rules, journal)
+    first.handle(_kmsg_xid(31, 1, 1.0), 1.0)
+    before = journal.record("node-1")
+    _failing_when(path, "cursors", "NEW.name = 'kmsg'")
+    assert first.handle(_kmsg_xid(48, 2, 2.0), 2.0).verdicts  # a new fault: the record and the cursor change
+    reopened = Journal(path)
+    assert reopened.record("node-1") == before
+    assert reopened.cursor("kmsg") == "boot-a:1"
+
+
+def test_a_verdict_whose_active_fault_cannot_be_written_leaves_no_history_row(tmp_path: Path):
+    """record_verdict's two inserts are one transaction: the second fails, the first is not kept."""
+    path = tmp_path / "j.db"
+    journal = Journal(path)
+    _failing_when(path, "active_faults", "1")
+    with pytest.raises(sqlite3.DatabaseError):
+        journal.record_verdict("n1", _verdict(1.0))
+    assert journal.history() == [] and journal.active_faults("n1") == []
+    journal.set_cursor("x", "1")
+    assert Journal(path).cursor("x") == "1"
