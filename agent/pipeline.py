@@ -55,6 +55,7 @@ from agent.remediation import (
     decide,
     plan,
 )
+from agent.remediation.guard import node_writes_refused
 from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent
 from agent.remediation.resets import reset_by_driver_log, unclean
@@ -212,6 +213,8 @@ class Pipeline:
         #: What the last plan that called for nothing was made from, and until when time cannot change it.
         self._quiet_plan: tuple[tuple[object, ...], float] | None = None
         self._metrics_primed = False
+        #: The release request last handled where the guard refuses Node writes (it stays on the Node).
+        self._release_handled = ""
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
         self._restore_engine(list(self.record.faults.values()))
@@ -628,7 +631,8 @@ class Pipeline:
                 worth_mirroring = bool(self.record.faults or self.record.owed or self.record.node.to_json()
                                        != NodeState().to_json())
             if observed is not None and (observed.record is not None or worth_mirroring) and \
-                    not _same_record(observed.record, document):
+                    not _same_record(observed.record, document) and \
+                    not node_writes_refused(policy=self.policy, cluster=ClusterView(opted_out=opted_out)):
                 self._safely("mirror_failed", self.actuator.mirror, document)
             self._schedule(actions, now)
             self._passes += 1
@@ -689,7 +693,8 @@ class Pipeline:
             self.record.node = observed.actual(self.record.node)
             if observed.devices is not None:
                 self._options = dataclasses.replace(self._options, devices=observed.devices)
-        if observed.release:
+        refused = node_writes_refused(policy=self.policy, cluster=ClusterView(opted_out=observed.opted_out))
+        if observed.release and not (refused and observed.release == self._release_handled):
             target = observed.release.split("@", 1)[0].strip() or "all"
             gpu = None if target in {"all", NODE_KEY} else GpuRef(uuid=target)
             release = Observation(Signal.OPERATOR_RELEASE, 1, now, "operator", gpu,
@@ -701,7 +706,10 @@ class Pipeline:
             self._pass_verdicts.extend(verdicts)
             # The Node's copy says "released" before the request goes: a journal lost now cannot bring the
             # fault back. Not mirrored: the request stays and the next pass handles it again (idempotent).
-            if self._safely("mirror_failed", self.actuator.mirror, document) is not False:
+            # Where the guard refuses Node writes (dry-run, opt-out) the request stays, handled once here.
+            if refused:
+                self._release_handled = observed.release
+            elif self._safely("mirror_failed", self.actuator.mirror, document) is not False:
                 self._safely("release_not_consumed", self.actuator.consume_release, observed.release)
             if verdicts:
                 self.wake.set()
