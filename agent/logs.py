@@ -8,8 +8,9 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Literal
+
+from agent.timefmt import rfc3339_micro
 
 #: The thresholds `configure_logging` accepts; "critical" is above every level the agent logs at (silence).
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
@@ -146,4 +147,4 @@ def _use_json() -> bool:
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339_micro()
