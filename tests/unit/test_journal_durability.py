@@ -10,9 +10,12 @@ import pytest
 
 import agent.pipeline
 from agent.journal import _SCHEMA, Journal
-from agent.model import Action, Severity, Verdict, VerdictKind
-from tests.conftest import gpu
-from tests.unit.test_pipeline import _booted, _kmsg_xid
+from agent.model import Action, Observation, Severity, Signal, Verdict, VerdictKind
+from agent.pipeline import Pipeline
+from agent.remediation import GuardPolicy
+from agent.sources.kmsg import KernelLogCheckpoint
+from tests.conftest import gpu, obs
+from tests.unit.test_pipeline import NODE, _booted, _kmsg_xid
 
 PAGE = 4096
 
@@ -121,3 +124,29 @@ def test_a_verdict_whose_active_fault_cannot_be_written_leaves_no_history_row(tm
     assert journal.history() == [] and journal.active_faults("n1") == []
     journal.set_cursor("x", "1")
     assert Journal(path).cursor("x") == "1"
+
+
+class _PollCheckpoint:
+    """A second source's checkpoint, opaque to the pipeline: the poll number its observations carry."""
+
+    name = "probe"
+
+    def position(self, observation: Observation, boot_id: str) -> str | None:
+        number = observation.attrs.get("poll")
+        return f"poll-{number}" if observation.source == "probe" and isinstance(number, int) else None
+
+    def newer(self, value: str, than: str | None) -> bool:
+        return than is None or int(value.removeprefix("poll-")) > int(than.removeprefix("poll-"))
+
+
+def test_any_sources_checkpoint_is_committed_with_the_record_it_changed(shipped_rules, tmp_path: Path):
+    """A source hands the pipeline an opaque checkpoint: it is stored with the record of the fault its
+    observation raised, and an older one never moves it back."""
+    journal = Journal(tmp_path / "j.db")
+    p = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(), journal=journal, clock=lambda: 1.0,
+                 checkpoints=[KernelLogCheckpoint(), _PollCheckpoint()])
+    assert p.handle(obs(Signal.XID, 79, 1.0, source="probe", poll=7), 1.0).verdicts
+    assert journal.cursor("probe") == "poll-7"
+    assert journal.record("node-1")["cursors"]["probe"] == "poll-7"
+    p.handle(obs(Signal.TEMPERATURE, 40, 2.0, source="probe", poll=3), 2.0)
+    assert journal.cursor("probe") == "poll-7"
