@@ -7,9 +7,11 @@ import json
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Literal
+
+from agent.timefmt import rfc3339_micro
 
 #: The thresholds `configure_logging` accepts; "critical" is above every level the agent logs at (silence).
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
@@ -32,12 +34,29 @@ class _Settings:
 
 _settings = _Settings()
 _write_lock = threading.Lock()
+#: The lists of the capture_logs() blocks under way (innermost last), which take events instead of stderr.
+_captures: list[list[dict[str, object]]] = []
 
 
 def configure_logging(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto") -> None:
     """Set the process's threshold and format; logs go to stderr so stdout stays for command output."""
     _settings.threshold = LEVELS.get(level, LEVELS["info"])
     _settings.fmt = fmt
+
+
+@contextlib.contextmanager
+def capture_logs() -> Iterator[list[dict[str, object]]]:
+    """Every event logged (from any thread) while the block runs, at every level, as a dict instead of a
+    line, as structlog.testing.capture_logs gives it: `event`, `log_level`, the bound context and the
+    fields (`exception` as `Type: message`); no timestamp. What a test asserts an operator can grep for."""
+    captured: list[dict[str, object]] = []
+    with _write_lock:
+        _captures.append(captured)
+    try:
+        yield captured
+    finally:
+        with _write_lock:
+            _captures.remove(captured)
 
 
 def get_logger(name: str) -> BoundLogger:
@@ -79,6 +98,9 @@ class BoundLogger:
         self._log("error", event, fields, sys.exc_info()[1])
 
     def _log(self, level: str, event: str, fields: dict[str, object], exc: BaseException | None) -> None:
+        if _captures:
+            _capture(level, event, {**self.context, **fields}, exc)
+            return
         if LEVELS[level] < _settings.threshold:
             return
         record: dict[str, object] = {"event": event, "level": level, "timestamp": _now()}
@@ -94,6 +116,16 @@ class BoundLogger:
         # stderr closed, a broken pipe, or none at all: the line is lost, the agent goes on.
         with contextlib.suppress(OSError, ValueError, AttributeError):
             write(line)
+
+
+def _capture(level: str, event: str, fields: dict[str, object], exc: BaseException | None) -> None:
+    entry: dict[str, object] = {"event": event, "log_level": level}
+    entry.update((key, value) for key, value in fields.items() if key not in ("event", "log_level"))
+    if exc is not None:
+        entry["exception"] = describe(exc, with_traceback=False)
+    with _write_lock:
+        if _captures:
+            _captures[-1].append(entry)
 
 
 def describe(exc: BaseException, with_traceback: bool) -> str:
@@ -146,4 +178,4 @@ def _use_json() -> bool:
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339_micro()

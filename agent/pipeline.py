@@ -15,7 +15,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,13 +58,14 @@ from agent.remediation import (
     decide,
     plan,
 )
+from agent.remediation.guard import node_writes_refused
 from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent, is_truncated, mirror_of
 from agent.remediation.recoveries import family_of
 from agent.remediation.resets import reset_by_driver_log, unclean
 from agent.remediation.spread import APPLICATION_XIDS, LocationRepeats, WorkloadSpread
-from agent.sources.kmsg import CURSOR_NAME as KMSG_CURSOR
-from agent.sources.kmsg import cursor_value, newer_cursor
+from agent.sources.checkpoint import InputCheckpoint
+from agent.sources.kmsg import KernelLogCheckpoint
 
 BOOT_CURSOR = "boot_id"
 #: Why a fault cleared whose recovery the driver reported done (no reset): not a recovery of the GPU's hardware.
@@ -173,8 +174,13 @@ class Pipeline:
         inline: bool = True,
         rng: random.Random | None = None,
         on_released: Callable[[Verdict], None] | None = None,
+        checkpoints: Sequence[InputCheckpoint] | None = None,
     ) -> None:
         self.rules = rules
+        #: The sources' input checkpoints (default: the kernel log's), each opaque: an observation that moves
+        #: one is acknowledged in the journal transaction that records what it changed.
+        self.checkpoints: tuple[InputCheckpoint, ...] = (tuple(checkpoints) if checkpoints is not None
+                                                         else (KernelLogCheckpoint(),))
         #: Told of each fault an operator released, so a source can forget what it remembers of it (NVML's
         #: memory of a GPU the node had: released, a missing GPU must not come back at the next poll).
         self.on_released = on_released
@@ -225,6 +231,8 @@ class Pipeline:
         #: and the skips this pass came to (a step no longer planned is forgotten at the end of the pass).
         self._skipped: dict[tuple[StepKind, str, str, str], str] = {}
         self._skipped_now: set[tuple[StepKind, str, str, str]] = set()
+        #: The release request last handled where the guard refuses Node writes (it stays on the Node).
+        self._release_handled = ""
         self._log = get_logger("agent.pipeline").bind(node=inventory.name)
         self.record, self.fresh = self._load(journal)
         self._restore_engine(list(self.record.faults.values()))
@@ -246,9 +254,10 @@ class Pipeline:
         document = self._safely("journal_read_failed", journal.record, self.inventory.name)
         if isinstance(document, dict):
             record = NodeRecord.from_json(document)
-            written = self._safely("journal_read_failed", journal.cursor, KMSG_CURSOR)
-            if isinstance(written, str) and newer_cursor(written, record.cursors.get(KMSG_CURSOR)):
-                record.cursors[KMSG_CURSOR] = written  # acknowledged alone, after the record's last write
+            for checkpoint in self.checkpoints:
+                written = self._safely("journal_read_failed", journal.cursor, checkpoint.name)
+                if isinstance(written, str) and checkpoint.newer(written, record.cursors.get(checkpoint.name)):
+                    record.cursors[checkpoint.name] = written  # acknowledged alone, after the record's last write
             return record, False
         record = NodeRecord()
         legacy = self._safely("journal_read_failed", journal.active_faults, self.inventory.name) or []
@@ -260,7 +269,7 @@ class Pipeline:
         except ValueError:
             state = {}
         record.node = NodeState.from_json(state if isinstance(state, dict) else {})
-        for name in (BOOT_CURSOR, KMSG_CURSOR):
+        for name in (BOOT_CURSOR, *(checkpoint.name for checkpoint in self.checkpoints)):
             value = self._safely("journal_read_failed", journal.cursor, name)
             if value:
                 record.cursors[name] = str(value)
@@ -289,12 +298,13 @@ class Pipeline:
             self._journaled("record", "journal_record_failed", self.journal.save_record, self.inventory.name,
                             self.record.to_json(), cursors=self.record.cursors)
 
-    def _save_kmsg_cursor(self) -> None:
-        """A kernel-log record that changed nothing else is acknowledged by writing its cursor alone: one small
-        transaction, not the whole record (a storm of distinct lines wrote the whole record once a line)."""
+    def _save_checkpoints(self, names: list[str]) -> None:
+        """An input that changed nothing else is acknowledged by writing its checkpoint alone: one small
+        transaction, not the whole record (a storm of distinct kernel-log lines wrote the whole record once a
+        line)."""
         if self.journal is not None:
-            self._journaled("record", "journal_record_failed", self.journal.set_cursor, KMSG_CURSOR,
-                            self.record.cursors[KMSG_CURSOR])
+            self._journaled("record", "journal_record_failed", self.journal.set_cursors,
+                            {name: self.record.cursors[name] for name in names})
 
     # ---- classification (never touches the API) ----
     def handle(self, observation: Observation, now: float | None = None) -> Outcome:
@@ -310,7 +320,7 @@ class Pipeline:
                     self.inventory.gpus != self.record.gpus:
                 self._save()
             elif acknowledged:
-                self._save_kmsg_cursor()
+                self._save_checkpoints(acknowledged)
         return self._after(verdicts, now)
 
     def tick(self, now: float | None = None) -> Outcome:
@@ -523,18 +533,18 @@ class Pipeline:
             verdicts += self._release_one(rule_id, fault.gpu, now, source="drill", by="the end of the drill")
         return verdicts
 
-    def _acknowledge(self, observation: Observation) -> bool:
-        """Move the kernel-log cursor past this record. It is written in the same write as what the record
-        changed, or alone (_save_kmsg_cursor): never later, since a record read again after a crash would be
-        classified without what the agent knew in memory (which workloads faulted elsewhere, the windows)."""
-        seq = observation.attrs.get("kmsg_seq")
-        if observation.source != KMSG_CURSOR or not isinstance(seq, int) or not self.engine.boot_id:
-            return False
-        value = cursor_value(self.engine.boot_id, seq)
-        if not newer_cursor(value, self.record.cursors.get(KMSG_CURSOR)):
-            return False
-        self.record.cursors[KMSG_CURSOR] = value
-        return True
+    def _acknowledge(self, observation: Observation) -> list[str]:
+        """Move the checkpoints this observation passes (the names moved). Each is written in the same journal
+        transaction as what the observation changed, or alone (_save_checkpoints): never before it is
+        classified nor later, since a kernel-log record read again after a crash would be classified without
+        what the agent knew in memory (which workloads faulted elsewhere, the windows)."""
+        moved = []
+        for checkpoint in self.checkpoints:
+            value = checkpoint.position(observation, self.engine.boot_id)
+            if value is not None and checkpoint.newer(value, self.record.cursors.get(checkpoint.name)):
+                self.record.cursors[checkpoint.name] = value
+                moved.append(checkpoint.name)
+        return moved
 
     def _orphan_clears(self, observation: Observation, previous_boot: str, now: float) -> list[Verdict]:
         """Faults whose rule a reload renamed or removed clear by the recovery they were raised with."""
@@ -739,7 +749,8 @@ class Pipeline:
                 worth_mirroring = bool(self.record.faults or self.record.owed or self.record.node.to_json()
                                        != NodeState().to_json())
             if observed is not None and (observed.record is not None or worth_mirroring) and \
-                    not _same_record(observed.record, document):
+                    not _same_record(observed.record, document) and \
+                    not node_writes_refused(policy=self.policy, cluster=ClusterView(opted_out=opted_out)):
                 self._safely("mirror_failed", self.actuator.mirror, document)
             self._schedule(actions, now)
             self._passes += 1
@@ -800,7 +811,8 @@ class Pipeline:
             self.record.node = observed.actual(self.record.node)
             if observed.devices is not None:
                 self._options = dataclasses.replace(self._options, devices=observed.devices)
-        if observed.release:
+        refused = node_writes_refused(policy=self.policy, cluster=ClusterView(opted_out=observed.opted_out))
+        if observed.release and not (refused and observed.release == self._release_handled):
             target = observed.release.split("@", 1)[0].strip() or "all"
             gpu = None if target in {"all", NODE_KEY} else GpuRef(uuid=target)
             release = Observation(Signal.OPERATOR_RELEASE, 1, now, "operator", gpu,
@@ -812,7 +824,10 @@ class Pipeline:
             self._pass_verdicts.extend(verdicts)
             # The Node's copy says "released" before the request goes: a journal lost now cannot bring the
             # fault back. Not mirrored: the request stays and the next pass handles it again (idempotent).
-            if self._safely("mirror_failed", self.actuator.mirror, document) is not False:
+            # Where the guard refuses Node writes (dry-run, opt-out) the request stays, handled once here.
+            if refused:
+                self._release_handled = observed.release
+            elif self._safely("mirror_failed", self.actuator.mirror, document) is not False:
                 self._safely("release_not_consumed", self.actuator.consume_release, observed.release)
             if verdicts:
                 self.wake.set()

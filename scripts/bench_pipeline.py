@@ -14,6 +14,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -46,18 +47,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         journal = Journal(Path(work) / "journal.db")
         writes = {"record": 0, "cursor": 0}
-        save_record, set_cursor = journal.save_record, journal.set_cursor
+        save_record, set_cursors = journal.save_record, journal.set_cursors
 
         def record_written(*args: object, **kwargs: object) -> None:
             writes["record"] += 1
             save_record(*args, **kwargs)  # type: ignore[arg-type]
 
-        def cursor_written(name: str, value: str) -> None:
+        def cursor_written(cursors: Mapping[str, str]) -> None:
             writes["cursor"] += 1
-            set_cursor(name, value)
+            set_cursors(cursors)
 
         journal.save_record = record_written  # type: ignore[method-assign]
-        journal.set_cursor = cursor_written  # type: ignore[method-assign]
+        journal.set_cursors = cursor_written  # type: ignore[method-assign]
         pipeline = Pipeline(rules=load_rules(builtin_rules_dir()), inventory=INVENTORY, policy=GuardPolicy(),
                             journal=journal, metrics=Metrics(CollectorRegistry()), inline=False,
                             clock=lambda: 1_000.0)

@@ -94,6 +94,18 @@ def grace_period_passes(cluster: Any, seconds: float = DEFAULT_GRACE_SECONDS) ->
     cluster.wait_terminations_finished()
 
 
+def running_pods(cluster: Any, node: str) -> set[str]:
+    """Names of the node's pods that are not Terminating: what a "nobody was evicted" check counts, since an
+    evicted pod stays listed, with a deletionTimestamp, for its grace period (on the fake and a real server)."""
+    return {p["metadata"]["name"] for p in cluster.pods_on(node) if not p["metadata"].get("deletionTimestamp")}
+
+
+def eviction_requests(cluster: Any, since: int = 0) -> list[str]:
+    """The pods the agents asked the Eviction API to evict, from the request log's entry `since` on (the
+    fake's log, or the real server's audit log of the agent's identity)."""
+    return [path.rsplit("/", 2)[-2] for _, path, _ in cluster.log[since:] if path.endswith("/eviction")]
+
+
 def populate_any(cluster: Any, inventory: NodeInventory) -> None:
     """The node and its pods, in a FakeCluster or on the real control plane (tests/realcluster/backend.py)."""
     if isinstance(cluster, FakeCluster):

@@ -20,10 +20,10 @@ from agent.k8s.node import (
     REPLACE_ANNOTATION,
     REPLACEMENT_LABEL,
     NodeWriter,
-    rfc3339,
 )
 from agent.model import Step, StepKind, StepResult
 from agent.remediation.record import NodeObservation
+from agent.timefmt import rfc3339
 
 #: The GPU edge's reset procedure (agent/gpu/reset.py ResetProcedure): GPU UUID in, (done, what happened) out.
 ResetRunner = Callable[[str], tuple[bool, str]]

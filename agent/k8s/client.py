@@ -19,8 +19,9 @@ import yaml
 from agent.k8s.detect import kubeconfig_path
 from agent.k8s.errors import ClientConfigError, Unavailable, status_error, translate
 from agent.k8s.exec_credential import ExecPlugin
+from agent.k8s.kubeconfig import Selected, proxy_for
+from agent.k8s.kubeconfig import load as load_kubeconfig
 from agent.k8s.retry import remaining_seconds
-from agent.yamlload import safe_load
 
 #: Where the kubelet mounts a pod's service-account token and the cluster's CA bundle.
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -60,7 +61,9 @@ class ApiClient:
 
     def __init__(self, host: str, *, ssl_context: ssl.SSLContext | None = None,
                  credentials: Credentials = Credentials(), timeouts: Timeouts = Timeouts(),
-                 server_name: str = "") -> None:
+                 server_name: str = "", proxy: str = "") -> None:
+        """`proxy`: an http(s) proxy URL (user:password@ for basic auth): https goes through a CONNECT
+        tunnel, http as absolute-form requests."""
         self.host = host.rstrip("/")
         self.timeouts = timeouts
         self.credentials = credentials
@@ -71,7 +74,12 @@ class ApiClient:
             options["ssl_context"] = ssl_context or ssl.create_default_context()
             if server_name:
                 options["server_hostname"] = server_name
-        self.pool = urllib3.connectionpool.connection_from_url(f"{parts.scheme}://{parts.netloc}", **options)
+        #: Requests to an http server through a proxy name the whole URL (absolute form).
+        self._origin = f"{parts.scheme}://{parts.netloc}" if proxy and parts.scheme == "http" else ""
+        if proxy:
+            self.pool = _proxied_pool(proxy, parts.scheme, parts.hostname or "", parts.port, options)
+        else:
+            self.pool = urllib3.connectionpool.connection_from_url(f"{parts.scheme}://{parts.netloc}", **options)
         self._token_lock = threading.Lock()
         self._token = credentials.token
         self._token_stamp: tuple[int, int] | None = None
@@ -79,11 +87,13 @@ class ApiClient:
     def request(self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: bytes | None = None,
                 content_type: str = "application/json", read_timeout: float | None = None) -> bytes:
         """One request; the body of a 2xx answer, else K8sError (NotFound, Conflict, Unavailable, ...)."""
-        url = self._prefix + path + (f"?{urlencode(dict(query))}" if query else "")
+        url = self._origin + self._prefix + path + (f"?{urlencode(dict(query))}" if query else "")
         connect, read = self.timeouts.within(remaining_seconds())
         if read_timeout is not None:
             read = min(read, read_timeout)
         headers = {"Accept": "application/json", "User-Agent": "gpu-health-agent"}
+        if self._origin:
+            headers["Host"] = urlsplit(self._origin).netloc  # the server's, not the proxy's
         if body is not None:
             headers["Content-Type"] = content_type
         for attempt in (1, 2):
@@ -93,7 +103,7 @@ class ApiClient:
             try:
                 response = self.pool.urlopen(method, url, body=body, headers=headers, retries=False, redirect=False,
                                              timeout=urllib3.Timeout(connect=connect, read=read),
-                                             preload_content=True)
+                                             preload_content=True, assert_same_host=not self._origin)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 raise translate(exc, request=f"{method} {path}", timeout=(connect, read),
                                 server=f"{self.pool.host}:{self.pool.port}") from None
@@ -161,14 +171,16 @@ def load_api_client(*, kubeconfig: str | None = None, timeouts: Timeouts | None 
     Whether a cluster is configured at all is `agent.k8s.detect.cluster_configured`'s question: this is
     asked only where one is, so a failure here is a broken pod or kubeconfig, never local mode.
     """
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    kubeconfig_file = kubeconfig
+    if kubeconfig_file is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         return _in_cluster(service_account_dir, timeouts or Timeouts()), "in-cluster service account"
-    path = kubeconfig_path(kubeconfig)
     try:
-        client = _from_kubeconfig(path, timeouts or Timeouts())
+        selected = load_kubeconfig(kubeconfig_file)
+        client = _from_kubeconfig(selected, timeouts or Timeouts())
     except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as exc:
-        raise ClientConfigError(f"kubeconfig {path} is unusable: {_one_line(exc)}") from None
-    return client, f"kubeconfig {path}"
+        raise ClientConfigError(f"kubeconfig {kubeconfig_path(kubeconfig_file)} is unusable: "
+                                f"{_one_line(exc)}") from None
+    return client, f"kubeconfig {os.pathsep.join(str(p) for p in selected.files)}"
 
 
 def client_for(url: str, *, timeouts: Timeouts | None = None) -> ApiClient:
@@ -194,30 +206,26 @@ def _in_cluster(folder: Path, timeouts: Timeouts) -> ApiClient:
                      credentials=Credentials(token_file=str(token)), timeouts=timeouts)
 
 
-def _from_kubeconfig(path: Path, timeouts: Timeouts) -> ApiClient:
-    """The current context's server, CA and user (token, token file, exec plugin, client certificate, basic
-    auth)."""
-    document = safe_load(path.read_text())
-    if not isinstance(document, dict):
-        raise ValueError("not a kubeconfig (no mapping at the top)")
-    context_name = document.get("current-context") or ""
-    context = _named(document, "contexts", context_name, "context")
-    cluster = _named(document, "clusters", str(context.get("cluster", "")), "cluster")
-    user = _named(document, "users", str(context.get("user", "")), "user") if context.get("user") else {}
+def _from_kubeconfig(selected: Selected, timeouts: Timeouts) -> ApiClient:
+    """The current context's server, CA, proxy and user (token, token file, exec plugin, client certificate,
+    basic auth); each relative path is relative to the file that defined its entry."""
+    cluster, cluster_folder = selected.cluster.fields, selected.cluster.folder
+    user = selected.user.fields if selected.user else {}
+    folder = selected.user.folder if selected.user else cluster_folder
     if user.get("auth-provider"):
         raise ValueError("auth-provider credentials (removed from kubectl in 1.26) are not supported: "
                          "use an exec plugin, a token or a client certificate")
     server = str(cluster.get("server") or "")
     if not server:
-        raise ValueError(f"cluster {context.get('cluster')!r} has no server")
-    folder = path.parent
+        raise ValueError(f"the cluster of context {selected.context!r} has no server")
 
     def file_or_data(key: str) -> tuple[str, bytes]:
-        data = cluster.get(f"{key}-data") if key == "certificate-authority" else user.get(f"{key}-data")
+        entry, base = (cluster, cluster_folder) if key == "certificate-authority" else (user, folder)
+        data = entry.get(f"{key}-data")
         if data:
             return "", base64.b64decode(data)
-        name = cluster.get(key) if key == "certificate-authority" else user.get(key)
-        return (str(folder / name) if name else ""), b""
+        name = entry.get(key)
+        return (str(base / name) if name else ""), b""
 
     context_tls = None
     if server.startswith("https://"):
@@ -231,20 +239,20 @@ def _from_kubeconfig(path: Path, timeouts: Timeouts) -> ApiClient:
     token_file = str(folder / user["tokenFile"]) if user.get("tokenFile") else ""
     basic = f"{user['username']}:{user.get('password', '')}" if user.get("username") else ""
     plugin = ExecPlugin(user["exec"], folder=folder) if isinstance(user.get("exec"), dict) else None
+    proxy = proxy_for(server, proxy_url=str(cluster.get("proxy-url") or ""))
     return ApiClient(server, ssl_context=context_tls, credentials=Credentials(token, token_file, basic, plugin),
-                     timeouts=timeouts, server_name=str(cluster.get("tls-server-name") or ""))
+                     timeouts=timeouts, server_name=str(cluster.get("tls-server-name") or ""), proxy=proxy)
 
 
-def _named(document: dict[str, Any], section: str, name: str, field: str) -> dict[str, Any]:
-    entries = [e for e in document.get(section) or [] if isinstance(e, dict)]
-    if not name and section == "contexts" and len(entries) == 1:
-        entries = entries[:1]
-    else:
-        entries = [e for e in entries if e.get("name") == name]
-    if not entries:
-        raise ValueError(f"no {field} named {name!r}" if name else "no current-context")
-    value = entries[0].get(field)
-    return value if isinstance(value, dict) else {}
+def _proxied_pool(proxy: str, scheme: str, host: str, port: int | None,
+                  options: dict[str, Any]) -> urllib3.HTTPConnectionPool:
+    """A pool whose connections go through an http(s) proxy (basic auth from the proxy URL's user:password)."""
+    parsed = urllib3.util.parse_url(proxy)
+    if parsed.scheme not in ("http", "https"):
+        raise ClientConfigError(f"proxy {parsed.scheme}://{parsed.host}: only http and https proxies are supported")
+    headers = urllib3.util.make_headers(proxy_basic_auth=parsed.auth) if parsed.auth else None
+    manager = urllib3.ProxyManager(proxy, num_pools=1, proxy_headers=headers)
+    return manager.connection_from_host(host, port, scheme, pool_kwargs=options)
 
 
 def _tls_context(*, ca_file: str = "", ca_data: bytes = b"", cert_file: str = "", cert_data: bytes = b"",

@@ -19,6 +19,7 @@ from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter
 from agent.k8s.operands import OperandPauser
 from agent.k8s.pods import PodFinder
 from agent.k8s.raw import RawApi
+from agent.timefmt import rfc3339
 
 
 @dataclass(slots=True)
@@ -70,4 +71,4 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
 def request_release(api_client: Any, node_name: str, gpu: str = "all") -> None:
     """What `gpu-health-agent release` does: annotate the Node; its agent consumes the annotation."""
     writer = NodeWriter(RawApi(api_client), node_name, taint_key="")
-    writer.set_metadata(annotations={RELEASE_ANNOTATION: f"{gpu}@{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"})
+    writer.set_metadata(annotations={RELEASE_ANNOTATION: f"{gpu}@{rfc3339()}"})

@@ -5,18 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from agent.k8s.errors import Conflict
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
+from agent.timefmt import rfc3339_micro
 
 CONTROLLER = "gpu-health-agent.io/agent"
 NOTE_LIMIT = 1024
 
 
 def micro_time() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339_micro()
 
 
 @dataclass(slots=True)

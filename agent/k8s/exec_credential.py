@@ -9,11 +9,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agent.k8s.errors import Unavailable
+from agent.timefmt import parse_rfc3339
 
 #: A plugin that has not answered within this many seconds is given up on (it may be waiting for a browser).
 EXEC_TIMEOUT_SECONDS = 30.0
@@ -89,7 +89,7 @@ def parse_exec_credential(text: str, *, plugin: str) -> tuple[str, float]:
     if not stamp:
         return token, float("inf")
     try:
-        return token, datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+        return token, parse_rfc3339(str(stamp))
     except ValueError:
         raise Unavailable(f"API credentials: exec plugin {plugin} gave an unreadable expirationTimestamp "
                           f"{str(stamp)[:40]!r}") from None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from agent.k8s.errors import Conflict
@@ -19,6 +18,7 @@ from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 from agent.remediation.planner import ConditionState
 from agent.remediation.record import NodeObservation
+from agent.timefmt import rfc3339
 
 PREFIX = "gpu-health-agent.io"
 STATE_ANNOTATION = f"{PREFIX}/state"
@@ -32,8 +32,6 @@ CONDITION_REBOOT = "GpuRebootRequired"
 AGENT_CONDITIONS = ("GpuFatalFault", "GpuDegraded", "GpuUnreadable", CONDITION_REBOOT)
 
 
-def rfc3339(at: datetime | None = None) -> str:
-    return (at or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,3 +102,15 @@ def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: At
     if not cluster.budget_available:
         return Decision(step, StepResult.BLOCKED, "cluster-wide disruption budget exhausted")
     return Decision(step, None)
+
+
+
+def node_writes_refused(*, policy: GuardPolicy, cluster: ClusterView) -> str:
+    """Why the agent's own bookkeeping may not be written to the Node (the record mirrored into its
+    annotation, a release request consumed), or "" when it may: a dry run writes nothing to the Node, and an
+    opted-out node gets Events only."""
+    if policy.dry_run:
+        return "dry-run: nothing is written to the Node"
+    if cluster.opted_out:
+        return "node opted out of remediation by label: Events only"
+    return ""

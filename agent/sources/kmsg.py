@@ -64,6 +64,24 @@ def newer_cursor(value: str, than: str | None) -> bool:
     return new is not None and (old is None or new[0] != old[0] or new[1] > old[1])
 
 
+class KernelLogCheckpoint:
+    """The kernel-log source's checkpoint (agent.sources.checkpoint.InputCheckpoint): the boot and the last
+    record handled, read off the `kmsg_seq` each observation of a record carries."""
+
+    @property
+    def name(self) -> str:
+        return CURSOR_NAME
+
+    def position(self, observation: Observation, boot_id: str) -> str | None:
+        seq = observation.attrs.get("kmsg_seq")
+        if observation.source != CURSOR_NAME or not isinstance(seq, int) or not boot_id:
+            return None
+        return cursor_value(boot_id, seq)
+
+    def newer(self, value: str, than: str | None) -> bool:
+        return newer_cursor(value, than)
+
+
 Count = Callable[[str, int], None]
 
 

@@ -6,7 +6,7 @@ from agent.k8s.node import AGENT_CONDITIONS
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
 from agent.simulation.fake_apiserver.server import RESOURCES
-from tests.k8s_helpers import TAINT, gpu_node, grace_period_passes, make_agent, operator_client
+from tests.k8s_helpers import TAINT, gpu_node, grace_period_passes, make_agent, operator_client, running_pods
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
@@ -77,7 +77,7 @@ def test_an_application_fault_changes_nothing_on_the_node(fake):
     after = cluster.node("n1")
     assert after["spec"] == before["spec"]
     assert our_conditions(after) == {}
-    assert len(cluster.pods_on("n1")) == 9
+    assert len(running_pods(cluster, "n1")) == 9
 
 
 def test_last_transition_time_is_kept_while_the_status_holds(fake):
@@ -154,7 +154,7 @@ def test_a_pdb_that_blocks_past_the_deadline_is_never_forced(fake):
     stuck = agent.pipeline.tick(20.0)
     assert results(stuck)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.FAILED
     assert agent.stuck == ["ml/n1-trainer-3"]
-    assert "n1-trainer-3" in {p["metadata"]["name"] for p in cluster.pods_on("n1")}
+    assert "n1-trainer-3" in running_pods(cluster, "n1")
     assert any(e["reason"] == "EvictionStuck" for e in cluster.events())
     assert results(agent.pipeline.tick(40.0)).get((StepKind.EVICT, "ml/n1-trainer-3")) is StepResult.SKIPPED
 
@@ -224,7 +224,7 @@ def test_an_opted_out_node_only_gets_events(fake):
     agent.side.writer.set_metadata(labels={"gpu-health-agent.io/opt-out": "true"})
     outcome = agent.fault(3)
     assert results(outcome)[(StepKind.EVICT, "ml/n1-trainer-3")] is StepResult.SKIPPED
-    assert len(cluster.pods_on("n1")) == 9
+    assert len(running_pods(cluster, "n1")) == 9
 
 
 def test_a_cluster_wide_pause_blocks_disruption(fake):
@@ -430,7 +430,7 @@ def test_a_contained_ecc_error_taints_noschedule_and_evicts_nobody(fake):
     assert [(t["key"], t["effect"]) for t in node["spec"]["taints"]] == [(TAINT, "NoSchedule")]
     assert our_conditions(node)["GpuDegraded"]["status"] == "True"
     assert not [p for p in cluster.pods_on("n1") if p["metadata"].get("deletionTimestamp")]
-    assert len(cluster.pods_on("n1")) == 9
+    assert len(running_pods(cluster, "n1")) == 9
 
 
 def test_a_passing_diagnostic_releases_the_node_once_the_gpu_is_idle(fake):
@@ -449,7 +449,7 @@ def test_a_passing_diagnostic_releases_the_node_once_the_gpu_is_idle(fake):
         agent.pipeline.handle(Observation(Signal.XID, 31, at, "kmsg", inventory.gpus[2],
                                           frozen_attrs({"workload": f"ns/Deployment/app-{n}"})), at)
     assert TAINT in [t["key"] for t in cluster.node("n1")["spec"]["taints"]]
-    assert ran == [] and len(cluster.pods_on("n1")) == 9  # the tenant still runs: nobody evicted
+    assert ran == [] and len(running_pods(cluster, "n1")) == 9  # the tenant still runs: nobody evicted
     cluster.delete(resource("pods"), "ml", "n1-trainer-2")  # its job finished
     grace_period_passes(cluster)
     agent.pipeline.tick(500.0)

@@ -11,7 +11,17 @@ from agent.k8s.cluster import request_release
 from agent.model import GpuRef, NodeInventory, Observation, Signal, StepKind
 from agent.remediation import Mode
 from tests.conftest import wait_for
-from tests.k8s_helpers import RULES, TAINT, gpu_node, grace_period_passes, make_agent, operator_client, restart
+from tests.k8s_helpers import (
+    RULES,
+    TAINT,
+    eviction_requests,
+    gpu_node,
+    grace_period_passes,
+    make_agent,
+    operator_client,
+    restart,
+    running_pods,
+)
 
 BUDGET_LEASE = ("coordination.k8s.io", "leases", "gpu-health", "gpu-health-disruption-budget")
 
@@ -20,7 +30,8 @@ pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
 
 def pods_left(cluster, node):
-    return {p["metadata"]["name"] for p in cluster.pods_on(node)}
+    """The node's pods not evicted: an evicted pod stays listed while it terminates, so it is not counted."""
+    return running_pods(cluster, node)
 
 
 def taint_keys(cluster, node):
@@ -51,8 +62,10 @@ def test_an_unresolved_gpu_never_means_every_gpu_pod(fake):
     cluster, server = fake
     inventory = gpu_node("n1")
     agent = make_agent(cluster, server, NodeInventory("n1", (), inventory.pods))
+    start = len(cluster.log)
     agent.pipeline.handle(Observation(Signal.XID, 79, 1.0, "kmsg", GpuRef(pci_bus_id="0000:99:00")), 1.0)
     agent.settle(2.0)
+    assert eviction_requests(cluster, start) == []
     assert len(pods_left(cluster, "n1")) == 9
     assert taint_keys(cluster, "n1") == [TAINT]
 
@@ -144,8 +157,10 @@ def test_an_opted_out_node_gets_events_and_nothing_else(fake):
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"))
     agent.side.writer.set_metadata(labels={"gpu-health-agent.io/opt-out": "true"})
+    start = len(cluster.log)
     agent.fault(3)
     agent.settle(5.0)
+    assert eviction_requests(cluster, start) == []
     node = cluster.node("n1")
     assert taint_keys(cluster, "n1") == []
     assert not [c["type"] for c in node["status"]["conditions"] if c["type"].startswith("Gpu")]

@@ -24,7 +24,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -36,6 +35,7 @@ from agent.simulation.fake_apiserver.validation import (
     validate_event,
     validate_node,
 )
+from agent.timefmt import rfc3339
 
 #: A pod's terminationGracePeriodSeconds when its spec gives none (the API server's default).
 DEFAULT_GRACE_SECONDS = 30
@@ -75,7 +75,7 @@ _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
 
 def now_rfc3339(at: float | None = None) -> str:
-    return datetime.fromtimestamp(time.time() if at is None else at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(at)
 
 
 class ApiError(Exception):
