@@ -26,11 +26,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from agent.k8s.errors import Conflict, NotFound
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import JsonDocument, RawApi, api_path
-from agent.k8s.retry import with_retries
+from agent.k8s.retry import on_conflict, with_retries
 from agent.remediation.guard import GateReading
 
 PAUSE_LEASE = "gpu-health-pause"
@@ -38,6 +39,8 @@ PAUSE_LEASE = "gpu-health-pause"
 BUDGET_LEASE = "gpu-health-disruption-budget"
 SLOT_PREFIX = "gpu-health-slot-"
 SLOT_LABEL = "gpu-health-agent.io/budget-slot"
+
+T = TypeVar("T")
 
 
 def slot_name(node: str) -> str:
@@ -176,7 +179,7 @@ class LeaseBudget:
         """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
         if not (self._granted or self.maybe_held):
             try:  # nothing known of a slot here: look before writing (a restarted agent, a node never disrupted)
-                with_retries(lambda: self.raw.get(f"{self.leases}/{self.slot}"), deadline_seconds=self.deadline)
+                _retried(lambda: self.raw.get(f"{self.leases}/{self.slot}"), deadline_seconds=self.deadline)
             except NotFound:
                 return
         self._delete()
@@ -185,18 +188,18 @@ class LeaseBudget:
         """The node label as a view of the slot: set while holding, removed otherwise."""
         path = api_path("", "v1", "nodes", name=self.node)
         body = {"metadata": {"labels": {DISRUPTION_LABEL: "active" if holding else None}}}
-        with_retries(lambda: self.raw.strategic_patch(path, body), deadline_seconds=self.deadline)
+        _retried(lambda: self.raw.strategic_patch(path, body), deadline_seconds=self.deadline)
 
     # ---- requests ----
     def _paused(self) -> bool:
         try:
-            with_retries(lambda: self.raw.get(f"{self.leases}/{PAUSE_LEASE}"), deadline_seconds=self.deadline)
+            _retried(lambda: self.raw.get(f"{self.leases}/{PAUSE_LEASE}"), deadline_seconds=self.deadline)
         except NotFound:
             return False
         return True
 
     def _slots(self) -> list[Slot]:
-        listed = with_retries(lambda: self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"}),
+        listed = _retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"}),
                               deadline_seconds=self.deadline)
         slots = [Slot.of(item) for item in listed.get("items") or []]
         return self.sightings.live(slots, own=self.slot)
@@ -218,13 +221,13 @@ class LeaseBudget:
                         continue  # deleted between the two: create again
             return self.raw.create(self.leases, body)
 
-        return with_retries(create, deadline_seconds=self.deadline)
+        return _retried(create, deadline_seconds=self.deadline)
 
     def _renew(self) -> None:
         body = {"spec": {"renewTime": _micro(self.clock())}}
-        try:
-            with_retries(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
-                         deadline_seconds=self.deadline)
+        try:  # only this agent writes its slot: a 409 (a proxy's, a conflict answered anyway) is simply sent again
+            on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
+                                             deadline_seconds=self.deadline))
         except NotFound:  # deleted under us (an operator): the next acquire ranks a new one
             self._granted = False
             raise
@@ -234,7 +237,7 @@ class LeaseBudget:
             with contextlib.suppress(NotFound):
                 self.raw.delete(f"{self.leases}/{self.slot}")
 
-        with_retries(delete, deadline_seconds=self.deadline)
+        _retried(delete, deadline_seconds=self.deadline)
         self._granted = False
         self.maybe_held = False
 
@@ -243,12 +246,17 @@ class LeaseBudget:
         now = self.monotonic()
         if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
             return
-        nodes = with_retries(lambda: self.raw.get(api_path("", "v1", "nodes"),
+        nodes = _retried(lambda: self.raw.get(api_path("", "v1", "nodes"),
                                                   query={"labelSelector": self.selector}),
                              deadline_seconds=self.deadline)
         self._limit = budget_limit(gpu_nodes=len(nodes.get("items") or []), max_nodes=self.max_nodes,
                                    max_percent=self.max_percent)
         self._counted_at = now
+
+
+def _retried(func: Callable[[], T], *, deadline_seconds: float | None) -> T:
+    """A budget request retried on transient errors (jittered, bounded by the deadline)."""
+    return with_retries(func, deadline_seconds=deadline_seconds)
 
 
 def _epoch(stamp: object) -> float | None:
