@@ -158,11 +158,13 @@ class LeaseBudget:
     # ---- writing: only this node's slot ----
     def acquire(self) -> GateReading:
         """Take (or renew) this node's slot; `held` False when the budget is spent (the slot is given back)."""
-        lease = self._create_or_get()
         if self._granted:
-            self._renew()
-            return GateReading(held=True, limit=self._limit or 1)
-        own = Slot.of(lease)
+            try:
+                self._renew()
+                return GateReading(held=True, limit=self._limit or 1)
+            except NotFound:  # deleted under us (an operator): a new slot is ranked like any other
+                self._granted = False
+        own = Slot.of(self._create_or_get())
         slots = self._slots()
         self._count_gpu_nodes()
         ahead = ahead_of(own, slots)
@@ -225,12 +227,9 @@ class LeaseBudget:
 
     def _renew(self) -> None:
         body = {"spec": {"renewTime": _micro(self.clock())}}
-        try:  # only this agent writes its slot: a 409 (a proxy's, a conflict answered anyway) is simply sent again
-            on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
-                                             deadline_seconds=self.deadline))
-        except NotFound:  # deleted under us (an operator): the next acquire ranks a new one
-            self._granted = False
-            raise
+        # Only this agent writes its slot: a 409 (a conflict answered anyway) is simply sent again.
+        on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
+                                     deadline_seconds=self.deadline))
 
     def _delete(self) -> None:
         def delete() -> None:

@@ -14,11 +14,13 @@ from agent.k8s.errors import status_error
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import RawApi
 from agent.model import StepKind, StepResult
+from agent.simulation.fake_apiserver.server import RESOURCES
 from tests.k8s_helpers import gpu_node, make_agent, populate_any, start_cluster
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
 HOURS = 3600.0
+LEASE_RESOURCE = next(r for r in RESOURCES if r.plural == "leases")
 
 
 @pytest.fixture
@@ -51,9 +53,7 @@ def budget(server: Any, node: str, clock: Clock, *, limit: int = 1, api: Any = N
 
 
 def slots(cluster: Any) -> set[str]:
-    from agent.simulation.fake_apiserver.server import RESOURCES
-    leases = next(r for r in RESOURCES if r.plural == "leases")
-    return {lease["metadata"]["name"] for lease in cluster.list_objects(leases, "gpu-health")
+    return {lease["metadata"]["name"] for lease in cluster.list_objects(LEASE_RESOURCE, "gpu-health")
             if (lease["metadata"].get("labels") or {}).get(SLOT_LABEL) == "true"}
 
 
@@ -254,3 +254,14 @@ def test_the_guard_decides_on_one_read_of_the_gate_per_pass(fake):
     disruptive = [a for a in outcome.actions if a.step.disruptive and a.result is StepResult.APPLIED]
     assert len(disruptive) >= 2
     assert probe.seen == 1
+
+
+def test_a_slot_deleted_under_its_holder_is_ranked_again_not_assumed(fake):
+    """An operator deletes n1's slot and n2 takes the budget: n1's next renewal does not overbook."""
+    cluster, server = fake
+    first, second = budget(server, "n1", Clock()), budget(server, "n2", Clock())
+    assert first.acquire().held
+    cluster.delete(LEASE_RESOURCE, "gpu-health", slot_name("n1"))
+    assert second.acquire().held
+    assert not first.acquire().held
+    assert slots(cluster) == {slot_name("n2")}
