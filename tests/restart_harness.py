@@ -544,7 +544,8 @@ def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, st
             world.start_agent(first=True)
             worlds.append(world)
         observer = LeaseBudget(RawApi(client_for(backend.server.url)), node_name="observer", namespace="gpu-health",
-                               max_nodes=budget, max_percent=0, clock=lambda: now)
+                               max_nodes=budget, max_percent=0, clock=lambda: now,
+                               monotonic=lambda: now)
         reboot_at: dict[str, float] = {}
         faulty_at = {w.name: rng.uniform(0, 300) for w in worlds}
         samples = over_holders = over_disrupted = kills = 0

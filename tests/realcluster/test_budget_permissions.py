@@ -74,5 +74,7 @@ def test_no_agent_may_lift_or_change_an_operators_pause(control_plane, two_nodes
 def test_the_slot_policy_names_the_node_the_token_is_bound_to(control_plane, two_nodes):
     """The refusal says whose slot the token may write."""
     a, b = two_nodes
+    control_plane.forget("coordination.k8s.io", "leases", "gpu-health", slot_name(b))
+    assert agent_budget(control_plane, b).acquire().held
     with pytest.raises(Forbidden, match=f"only its own node's budget slot \\(Lease gpu-health-slot-{a}\\)"):
         agent_raw(control_plane, a).delete(f"{LEASES}/{slot_name(b)}")
