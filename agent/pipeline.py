@@ -51,11 +51,14 @@ from agent.remediation import (
     ActiveFault,
     AttemptHistory,
     ClusterView,
+    Decision,
+    GateReading,
     GuardPolicy,
     Mode,
     NodeState,
     PlanOptions,
     decide,
+    needs_gate,
     plan,
 )
 from agent.remediation.guard import node_writes_refused
@@ -95,15 +98,25 @@ class Actuator(Protocol):
 
 
 class ClusterGate(Protocol):
-    """The cluster-wide disruption budget and pause: asked only once the guard let a disruptive step past."""
+    """The cluster-wide disruption budget and pause: read once in a pass that has a disruptive step for the
+    guard to decide; written (the slot taken, renewed, given back) only after the guard let the step past."""
 
-    def paused(self) -> bool: ...
+    #: Whether a slot this gate wrote may still be on the server unconfirmed: the pipeline then gives it back.
+    maybe_held: bool
 
-    def acquire(self) -> bool:
-        """Take or renew this node's slot; False when the budget is spent."""
+    def read(self) -> GateReading:
+        """The pause and the budget's live slots; raises when the cluster cannot be read."""
+        ...
+
+    def acquire(self) -> GateReading:
+        """Take or renew this node's slot; `held` False when the budget is spent (nothing is kept)."""
         ...
 
     def release(self) -> None: ...
+
+    def show(self, holding: bool) -> None:
+        """Make the node's disruption label say whether the node holds a slot."""
+        ...
 
 
 class LocalActuator:
@@ -125,13 +138,18 @@ class LocalActuator:
 class LocalGate:
     """Local mode: a single node is its own cluster, so the budget is always there."""
 
-    def paused(self) -> bool:
-        return False
+    maybe_held = False
 
-    def acquire(self) -> bool:
-        return True
+    def read(self) -> GateReading:
+        return GateReading()
+
+    def acquire(self) -> GateReading:
+        return GateReading(held=True)
 
     def release(self) -> None:
+        return None
+
+    def show(self, holding: bool) -> None:
         return None
 
 
@@ -219,6 +237,10 @@ class Pipeline:
         self._due_at = 0.0
         self._backoff_until = 0.0
         self._renewed_at: float | None = None
+        #: This pass's one reading of the cluster gate (None until a step needs it).
+        self._gate_reading: GateReading | None = None
+        #: Whether this node holds its slot as far as this process knows (the label shows it).
+        self._holding = False
         self._passes = 0
         self._pass_verdicts: list[Verdict] = []
         #: What the last plan that called for nothing was made from, and until when time cannot change it.
@@ -722,6 +744,7 @@ class Pipeline:
         with self._pass:
             now = self.clock() if now is None else now
             self._pass_verdicts = []
+            self._gate_reading = None
             observed = self._observe_and_adopt(now)
             opted_out = observed.opted_out if observed is not None else False
             # The taint first: it keeps new work off the GPU and needs neither the pod list nor the Events.
@@ -900,17 +923,21 @@ class Pipeline:
         return progressed
 
     def _carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
-        """Guard first (it reads nothing from the cluster); the budget only for a step that will proceed."""
-        decision = decide(step, policy=self.policy, cluster=ClusterView(opted_out=opted_out), history=self.history,
-                          now=now)
+        """The guard decides, on the pass's one reading of the cluster gate (read only for a step that gets as
+        far as the gate); a step it lets past takes its budget slot first, and the guard decides again on
+        what that write found (another node may have taken the last slot meanwhile)."""
+        gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
+        if gated and now < self._backoff_until:
+            return None  # backing off: not attempted, not recorded again
+        cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None)
+        decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
+        if decision.proceed and step.disruptive and not (self._renewed_at is not None and cluster.gate is not None
+                                                          and cluster.gate.held):
+            decision = self._take_slot(step, now, cluster)
         result: StepResult | None = decision.result
         message = decision.reason
-        if decision.proceed and step.disruptive:
-            if now < self._backoff_until:
-                return None  # backing off: not attempted, not recorded again
-            result, message = self._take_slot()
-            if result is StepResult.BLOCKED:
-                self._backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        if decision.by_gate:
+            self._backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
         if result is None:
             result, message = self._apply(step, now)
         with self._lock:
@@ -945,16 +972,28 @@ class Pipeline:
         self._skipped = {k: v for k, v in self._skipped.items() if k in self._skipped_now}
         self._skipped_now = set()
 
-    def _take_slot(self) -> tuple[StepResult | None, str]:
+    def _read_gate(self) -> GateReading:
+        """The pass's one read of the cluster gate; an unreadable gate is a reading the guard blocks on."""
+        if self._gate_reading is None:
+            try:
+                self._gate_reading = self.gate.read()
+            except Exception as exc:  # noqa: BLE001 - isolation: an unreadable budget blocks, never crashes
+                self._gate_reading = GateReading(error=f"{type(exc).__name__}: {exc}")
+        return self._gate_reading
+
+    def _take_slot(self, step: Step, now: float, cluster: ClusterView) -> Decision:
+        """Write the slot the guard allowed, then let the guard decide on what the write found."""
+        before = cluster.gate or GateReading()
         try:
-            if self.gate.paused():
-                return StepResult.BLOCKED, "remediation paused cluster-wide"
-            if not self.gate.acquire():
-                return StepResult.BLOCKED, "cluster-wide disruption budget exhausted"
+            after = dataclasses.replace(self.gate.acquire(), paused=before.paused)
         except Exception as exc:  # noqa: BLE001 - isolation: an unreadable budget blocks, never crashes
-            return StepResult.BLOCKED, f"disruption budget unreadable: {type(exc).__name__}: {exc}"
-        self._renewed_at = self.clock()
-        return None, ""
+            after = GateReading(error=f"{type(exc).__name__}: {exc}")
+        self._gate_reading = after
+        if after.held:
+            self._renewed_at = now
+            self._holding = True
+        return decide(step, policy=self.policy, cluster=dataclasses.replace(cluster, gate=after),
+                      history=self.history, now=now)
 
     def _apply(self, step: Step, now: float) -> tuple[StepResult, str]:
         if step.disruptive:
@@ -1018,13 +1057,22 @@ class Pipeline:
         try:
             if disrupted:
                 if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:
-                    self._renewed_at = now
-                    if not self.gate.acquire():
+                    previous, self._renewed_at = self._renewed_at, now
+                    try:
+                        held = self.gate.acquire().held
+                    except Exception:
+                        self._renewed_at = previous  # a transient failure: the next pass tries again
+                        raise
+                    self._holding = held
+                    if not held:
                         self._log.warning("slot_not_renewed", reason="budget spent while the node is disrupted")
-            elif self._renewed_at is not None or (observed is not None and (observed.holds_slot or
-                                                                              self._passes == 0)):
-                self.gate.release()
+            elif self._renewed_at is not None or self.gate.maybe_held or (observed is not None and (
+                    observed.holds_slot or self._passes == 0)):
+                self.gate.release()  # a slot the record does not call for is given back, whatever wrote it
                 self._renewed_at = None
+                self._holding = False
+            if observed is not None and observed.holds_slot != self._holding:
+                self.gate.show(self._holding)  # the label is a view of the slot, repaired here
         except Exception as exc:  # noqa: BLE001 - the next pass tries again
             self._log.warning("budget_slot_failed", error=f"{type(exc).__name__}: {exc}")
 

@@ -138,7 +138,8 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
     writer = NodeWriter(apis, inventory.name, taint_key=TAINT)
     evictor = Evictor(apis, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
-                         max_percent=max_percent, **({"clock": budget_clock} if budget_clock else {}))
+                         max_percent=max_percent,
+                         **({"clock": budget_clock, "monotonic": budget_clock} if budget_clock else {}))
     stuck: list[str] = []
     actuator = K8sActuator(writer=writer, events=EventRecorder(apis, instance=f"{inventory.name}/test"),
                            evictor=evictor, reset=reset or (lambda uuid: (True, "fake reset")),

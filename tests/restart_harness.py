@@ -180,6 +180,8 @@ class World:
     now: float = 0.0
     resets: Counter[str] = field(default_factory=Counter)
     options: dict[str, Any] = field(default_factory=dict)
+    #: How far this machine's clocks are off (the budget's stamps and its monotonic base).
+    skew: float = 0.0
 
     @property
     def name(self) -> str:
@@ -197,7 +199,8 @@ class World:
 
         self.agent = make_agent(self.backend.cluster, self.backend.server, known, populate_node=first,
                                 restore=not first, journal=self.journal, reset=reset, clock=lambda: self.now,
-                                budget_clock=lambda: self.now, api_client=self.backend.client(self.tripwire),
+                                budget_clock=lambda: self.now + self.skew,
+                                api_client=self.backend.client(self.tripwire),
                                 **self.options)
         original = self.agent.pipeline.journal.save_record if self.agent.pipeline.journal else None
         if original is not None and self.agent.pipeline.journal is not None:
@@ -524,10 +527,11 @@ class FleetResult:
 
 
 def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, step: float = 15.0,
-          kill_rate: float = 0.01, directory: Path) -> FleetResult:
+          kill_rate: float = 0.01, skew_hours: float = 0.0, directory: Path) -> FleetResult:
     """Every node of a fleet gets a fatal fault at once; a budget of 2 lets two at a time evict and ask for a
     reboot; reboots come 30 to 180 minutes later (slots outlive their 2 h lifetime unless renewed); agents
-    are killed at random I/O points and started again. Samples the Lease and the Nodes at every step."""
+    are killed at random I/O points and started again; each agent's clocks are off by up to `skew_hours`
+    either way (its own, drawn at random). Samples the slots and the Nodes at every step."""
     rng = random.Random(seed)
     backend = start_backend()
     directory.mkdir(parents=True, exist_ok=True)
@@ -535,11 +539,13 @@ def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, st
     try:
         for index in range(nodes):
             world = World(backend, gpu_node(f"f{seed}-{index}"), directory / f"fleet-{seed}-{index}.db",
-                          random.Random(seed * 1000 + index), options={"max_nodes": budget, "max_percent": 0})
+                          random.Random(seed * 1000 + index), options={"max_nodes": budget, "max_percent": 0},
+                          skew=random.Random(seed * 7919 + index).uniform(-skew_hours, skew_hours) * 3600.0)
             world.start_agent(first=True)
             worlds.append(world)
         observer = LeaseBudget(RawApi(client_for(backend.server.url)), node_name="observer", namespace="gpu-health",
-                               max_nodes=budget, max_percent=0, clock=lambda: now)
+                               max_nodes=budget, max_percent=0, clock=lambda: now,
+                               monotonic=lambda: now)
         reboot_at: dict[str, float] = {}
         faulty_at = {w.name: rng.uniform(0, 300) for w in worlds}
         samples = over_holders = over_disrupted = kills = 0

@@ -1,27 +1,50 @@
-"""The cluster-wide disruption budget: one Lease in the agent's namespace is a semaphore over nodes.
+"""The cluster-wide disruption budget: one small Lease per disrupted node, counted by every agent.
 
 A node must hold a slot before a disruptive step (eviction, GPU reset, reboot request), and renews it
-while it stays disrupted. The slots live in the Lease's annotation and every change is an optimistic
-update (resourceVersion), so two agents racing for the last slot cannot both win. A slot not renewed
-for `ttl_seconds` lapses (its agent died). A second Lease, when present, pauses all disruption
-cluster-wide. Asked only after the guard let a step past: quarantine mode and dry-run write no Lease.
+while it stays disrupted. A slot is a Lease `gpu-health-slot-<node>` labelled as a budget slot, which only
+that node's agent creates, renews and deletes (the admission policy holds every agent to its own: the
+node named in its bound token). No agent's clock decides anything:
+  - a slot's life is judged as Kubernetes leader election judges a lease: by how long this reader has seen
+    it unchanged (uid and resourceVersion) on its own monotonic clock. A slot first seen counts as live
+    for a whole lifetime; the stamps in it (renewTime) are written for people and never read, so a stamp
+    from a clock hours ahead or behind, or in the future, neither erases nor blocks anything for long;
+  - two agents taking the last slot at once: each creates its slot first, then lists the live slots and
+    counts those created no later than its own (the API server's creationTimestamp, one clock; equal
+    seconds count against both). An agent with `limit` or more ahead deletes its slot and waits. The last
+    slot created sees every other, so no more than `limit` slots are ever granted together.
+Every request is retried on transient errors (bounded, jittered, under a deadline). A slot this agent may
+have written but not confirmed as granted is remembered (`maybe_held`) until it is deleted, so the
+pipeline gives it back. A second Lease, written only by an operator, pauses all disruption cluster-wide.
+The node label `gpu-health-agent.io/disruption` is a view of the slot, set and repaired by `show`.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
 
 from agent.k8s.errors import Conflict, NotFound
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
+from agent.remediation.guard import GateReading
 
-BUDGET_LEASE = "gpu-health-disruption-budget"
 PAUSE_LEASE = "gpu-health-pause"
-HOLDERS_ANNOTATION = "gpu-health-agent.io/holders"
+#: The one shared Lease of earlier versions (holders in an annotation): no longer read; cleanup removes it.
+BUDGET_LEASE = "gpu-health-disruption-budget"
+SLOT_PREFIX = "gpu-health-slot-"
+SLOT_LABEL = "gpu-health-agent.io/budget-slot"
+
+T = TypeVar("T")
+
+
+def slot_name(node: str) -> str:
+    return SLOT_PREFIX + node
 
 
 def budget_limit(*, gpu_nodes: int, max_nodes: int, max_percent: float) -> int:
@@ -35,125 +58,214 @@ def budget_limit(*, gpu_nodes: int, max_nodes: int, max_percent: float) -> int:
     return min(bounds) if bounds and gpu_nodes > 0 else 0
 
 
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One budget slot as the API server lists it."""
+
+    name: str
+    holder: str
+    uid: str
+    version: str
+    #: The server's creationTimestamp in seconds since the epoch (None: unreadable, ranked first).
+    created: float | None
+
+    @classmethod
+    def of(cls, lease: JsonDocument) -> Slot:
+        meta = lease.get("metadata") or {}
+        return cls(str(meta.get("name", "")), str((lease.get("spec") or {}).get("holderIdentity") or ""),
+                   str(meta.get("uid", "")), str(meta.get("resourceVersion", "")),
+                   _epoch(meta.get("creationTimestamp")))
+
+
+class Sightings:
+    """When this reader last saw each slot change, on its own monotonic clock (leader election's rule)."""
+
+    def __init__(self, ttl_seconds: float, monotonic: Callable[[], float]) -> None:
+        self.ttl = ttl_seconds
+        self.monotonic = monotonic
+        self._seen: dict[str, tuple[tuple[str, str], float]] = {}
+
+    def live(self, slots: Iterable[Slot], *, own: str = "") -> list[Slot]:
+        """The slots not seen unchanged for a whole lifetime; `own` (this node's) is live while it exists."""
+        now = self.monotonic()
+        seen: dict[str, tuple[tuple[str, str], float]] = {}
+        listed = list(slots)
+        for slot in listed:
+            key = (slot.uid, slot.version)
+            before = self._seen.get(slot.name)
+            seen[slot.name] = (key, before[1] if before is not None and before[0] == key else now)
+        self._seen = seen  # a slot gone from the list is forgotten; seen again, it starts a new lifetime
+        return [s for s in listed if s.name == own or now - seen[s.name][1] < self.ttl]
+
+
+def ahead_of(own: Slot, live: Iterable[Slot]) -> int:
+    """Live slots created no later than `own` (ties and unreadable stamps count against it)."""
+    return sum(1 for s in live if s.name != own.name and
+               (s.created is None or own.created is None or s.created <= own.created))
+
+
 class LeaseBudget:
-    """ClusterGate for the pipeline: the pause Lease and the budget Lease."""
+    """ClusterGate for the pipeline: the pause Lease and this node's budget slot."""
 
     def __init__(self, raw: RawApi, *, node_name: str, namespace: str, max_nodes: int, max_percent: float,
                  gpu_node_selector: str = "nvidia.com/gpu.present=true", ttl_seconds: float = 7200.0,
                  count_seconds: float = 300.0, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
                  on_usage: Callable[[int, int], None] = lambda in_use, limit: None) -> None:
         self.raw = raw
         self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=namespace)
         self.node = node_name
+        self.slot = slot_name(node_name)
         self.namespace = namespace
         self.max_nodes = max_nodes
         self.max_percent = max_percent
         self.selector = gpu_node_selector
         self.ttl = ttl_seconds
         self.count_seconds = count_seconds
+        #: Wall clock: only for the stamps people read (renewTime); never for a decision.
         self.clock = clock
+        self.monotonic = monotonic
+        self.deadline = deadline_seconds
         self.on_usage = on_usage
+        self.sightings = Sightings(ttl_seconds, monotonic)
         self._limit = 0
         self._counted_at: float | None = None
+        #: This process confirmed its slot as granted (renewals then only renew).
+        self._granted = False
+        #: This process may have a slot on the server it has not confirmed or given back.
+        self.maybe_held = False
 
-    def paused(self) -> bool:
+    # ---- reading ----
+    def read(self) -> GateReading:
+        """The pause Lease and the live slots, in one go (three requests at most, each retried)."""
+        if self._paused():
+            return GateReading(paused=True, held=self._granted, limit=self._limit or 1)
+        slots = self._slots()
+        others = len([s for s in slots if s.name != self.slot])
+        own = next((s for s in slots if s.name == self.slot), None)
+        if own is not None and self._granted:
+            return GateReading(held=True, in_use=others, limit=self._limit or 1)
+        self._count_gpu_nodes()
+        # A slot of ours this process has not confirmed (an earlier process wrote it) counts as what it ranks.
+        held = own is not None and ahead_of(own, slots) < self._limit
+        self.on_usage(len(slots), self._limit)
+        return GateReading(held=held, in_use=others, limit=self._limit)
+
+    def holders(self) -> dict[str, float]:
+        """The live slots' holders, with the server's creation time (tests and the fleet observer)."""
+        return {s.holder or s.name: s.created or 0.0 for s in self._slots()}
+
+    # ---- writing: only this node's slot ----
+    def acquire(self) -> GateReading:
+        """Take (or renew) this node's slot; `held` False when the budget is spent (the slot is given back)."""
+        if self._granted:
+            try:
+                self._renew()
+                return GateReading(held=True, limit=self._limit or 1)
+            except NotFound:  # deleted under us (an operator): a new slot is ranked like any other
+                self._granted = False
+        own = Slot.of(self._create_or_get())
+        slots = self._slots()
+        self._count_gpu_nodes()
+        ahead = ahead_of(own, slots)
+        others = len([s for s in slots if s.name != self.slot])
+        if ahead < self._limit:
+            self._granted = True
+            self.on_usage(others + 1, self._limit)
+            return GateReading(held=True, in_use=others, limit=self._limit)
+        self._delete()
+        self.on_usage(others, self._limit)
+        return GateReading(held=False, in_use=others, limit=self._limit)
+
+    def release(self) -> None:
+        """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
+        if not (self._granted or self.maybe_held):
+            try:  # nothing known of a slot here: look before writing (a restarted agent, a node never disrupted)
+                _retried(lambda: self.raw.get(f"{self.leases}/{self.slot}"), deadline_seconds=self.deadline)
+            except NotFound:
+                return
+        self._delete()
+
+    def show(self, holding: bool) -> None:
+        """The node label as a view of the slot: set while holding, removed otherwise."""
+        path = api_path("", "v1", "nodes", name=self.node)
+        body = {"metadata": {"labels": {DISRUPTION_LABEL: "active" if holding else None}}}
+        _retried(lambda: self.raw.strategic_patch(path, body), deadline_seconds=self.deadline)
+
+    # ---- requests ----
+    def _paused(self) -> bool:
         try:
-            self.raw.get(f"{self.leases}/{PAUSE_LEASE}")
+            _retried(lambda: self.raw.get(f"{self.leases}/{PAUSE_LEASE}"), deadline_seconds=self.deadline)
         except NotFound:
             return False
         return True
 
-    def holders(self) -> dict[str, float]:
-        lease = self._read_or_create()
-        return self._live(lease)
+    def _slots(self) -> list[Slot]:
+        listed = _retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"}),
+                              deadline_seconds=self.deadline)
+        slots = [Slot.of(item) for item in listed.get("items") or []]
+        return self.sightings.live(slots, own=self.slot)
 
-    def acquire(self) -> bool:
-        """Hold (or renew) this node's slot; False when the budget is spent."""
+    def _create_or_get(self) -> JsonDocument:
+        body = {"metadata": {"name": self.slot, "namespace": self.namespace, "labels": {SLOT_LABEL: "true"}},
+                "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.ttl),
+                         "acquireTime": _micro(self.clock()), "renewTime": _micro(self.clock())}}
+        self.maybe_held = True  # from here until the slot is confirmed or deleted
 
-        def attempt() -> bool:
-            lease = self._read_or_create()
-            holders = self._live(lease)
-            if self.node not in holders:
-                self._count_gpu_nodes()
-                if len(holders) >= self._limit:
-                    self.on_usage(len(holders), self._limit)
-                    return False
-            holders[self.node] = self.clock()
-            self._write(lease, holders)
-            self.on_usage(len(holders), self._limit)
-            return True
+        def create() -> JsonDocument:
+            for _ in range(3):
+                try:
+                    return self.raw.create(self.leases, body)
+                except Conflict:  # ours already (an earlier pass or process, or a retried create that landed)
+                    try:
+                        return self.raw.get(f"{self.leases}/{self.slot}")
+                    except NotFound:
+                        continue  # deleted between the two: create again
+            return self.raw.create(self.leases, body)
 
-        granted = bool(on_conflict(attempt))
-        if granted:
-            self._label(True)
-        return granted
+        return _retried(create, deadline_seconds=self.deadline)
+
+    def _renew(self) -> None:
+        body = {"spec": {"renewTime": _micro(self.clock())}}
+        # Only this agent writes its slot: a 409 (a conflict answered anyway) is simply sent again.
+        on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
+                                     deadline_seconds=self.deadline))
+
+    def _delete(self) -> None:
+        def delete() -> None:
+            with contextlib.suppress(NotFound):
+                self.raw.delete(f"{self.leases}/{self.slot}")
+
+        _retried(delete, deadline_seconds=self.deadline)
+        self._granted = False
+        self.maybe_held = False
 
     def _count_gpu_nodes(self) -> None:
-        """A list call: made only when a slot is to be taken (not on renewals), at most every few minutes,
-        so a blocked node stays cheap for the API server."""
-        now = self.clock()
+        """A list call: made at most every few minutes, so a blocked node stays cheap for the API server."""
+        now = self.monotonic()
         if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
             return
-        nodes = with_retries(lambda: self.raw.get(api_path("", "v1", "nodes"),
-                                                  query={"labelSelector": self.selector}))
+        nodes = _retried(lambda: self.raw.get(api_path("", "v1", "nodes"),
+                                                  query={"labelSelector": self.selector}),
+                             deadline_seconds=self.deadline)
         self._limit = budget_limit(gpu_nodes=len(nodes.get("items") or []), max_nodes=self.max_nodes,
                                    max_percent=self.max_percent)
         self._counted_at = now
 
-    def release(self) -> None:
-        """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
 
-        def attempt() -> None:
-            try:
-                lease = self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
-            except NotFound:
-                return
-            holders = self._live(lease)
-            if self.node in holders:
-                del holders[self.node]
-                self._write(lease, holders)
-                if self._limit:
-                    self.on_usage(len(holders), self._limit)
+def _retried(func: Callable[[], T], *, deadline_seconds: float | None) -> T:
+    """A budget request retried on transient errors (jittered, bounded by the deadline)."""
+    return with_retries(func, deadline_seconds=deadline_seconds)
 
-        on_conflict(attempt)
-        self._label(False)
 
-    def _read_or_create(self) -> JsonDocument:
-        try:
-            return self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
-        except NotFound:
-            body = {"metadata": {"name": BUDGET_LEASE, "namespace": self.namespace,
-                                 "annotations": {HOLDERS_ANNOTATION: "{}"}},
-                    "spec": {"holderIdentity": "gpu-health-agent", "leaseDurationSeconds": int(self.ttl)}}
-            try:
-                return self.raw.create(self.leases, body)
-            except Conflict:
-                return self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
-
-    def _live(self, lease: JsonDocument) -> dict[str, float]:
-        annotations = lease.get("metadata", {}).get("annotations") or {}
-        try:
-            raw = json.loads(annotations.get(HOLDERS_ANNOTATION, "{}"))
-        except ValueError:
-            raw = {}
-        now = self.clock()
-        return {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float) and now - float(v) < self.ttl}
-
-    def _write(self, lease: JsonDocument, holders: dict[str, float]) -> None:
-        body = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"],
-                             "annotations": {HOLDERS_ANNOTATION: json.dumps(holders, sort_keys=True)}},
-                "spec": {"renewTime": _micro(self.clock())}}
-        self.raw.merge_patch(f"{self.leases}/{BUDGET_LEASE}", body)
-
-    def _label(self, holding: bool) -> None:
-        labels = {DISRUPTION_LABEL: "active" if holding else None}
-        path = api_path("", "v1", "nodes", name=self.node)
-        node = self.raw.get(path)
-        current = (node.get("metadata", {}).get("labels") or {}).get(DISRUPTION_LABEL)
-        if current != labels[DISRUPTION_LABEL]:
-            self.raw.strategic_patch(path, {"metadata": {"labels": labels}})
+def _epoch(stamp: object) -> float | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _micro(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(at))
-

@@ -2,7 +2,7 @@
 
 What the agent sets, and so what this removes: its own taint (by key), the cordon it set (only where its
 `cordoned` annotation says so), its node conditions, its labels and annotations, DeviceTaintRules it
-labelled as managed by it, and its budget Lease. Operators' marks stay: other taints, a cordon without the
+labelled as managed by it, and its budget Leases. Operators' marks stay: other taints, a cordon without the
 agent's annotation, the opt-out label, the pause Lease (an operator's switch, reported, not removed).
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agent.k8s.budget import BUDGET_LEASE, PAUSE_LEASE
+from agent.k8s.budget import BUDGET_LEASE, PAUSE_LEASE, SLOT_LABEL
 from agent.k8s.errors import NotFound
 from agent.k8s.node import (
     AGENT_CONDITIONS,
@@ -123,7 +123,11 @@ class Cleaner:
         return None
 
     def _leases(self) -> Iterator[Mark]:
-        try:
+        slots = self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"})
+        for item in slots.get("items") or []:
+            name = str(item["metadata"]["name"])
+            yield Mark("lease", f"lease/{self.scope.namespace}/{name}", name, "a node's disruption-budget slot")
+        try:  # the one shared budget Lease of earlier versions
             self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
         except NotFound:
             return

@@ -60,7 +60,8 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
     )
     budget = LeaseBudget(raw, node_name=config.node_name, namespace=settings.namespace,
                          max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
-                         gpu_node_selector=settings.gpu_node_selector, clock=clock, on_usage=on_budget)
+                         gpu_node_selector=settings.gpu_node_selector, clock=clock, monotonic=time.monotonic,
+                         on_usage=on_budget)
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
                      dra_gpus=devices.gpus_by_pod)
     operands = OperandPauser(writer, raw, labels=tuple(settings.reset_operand_labels),

@@ -41,11 +41,15 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, K8sError) and exc.transient
 
 
-def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None) -> T:
+def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None, wait_multiplier: float = 0.05,
+                 wait_max: float = 1.0) -> T:
     """func(), retried on transient errors (5xx, unreachable, timed out) until the deadline.
 
     No attempt starts, and no backoff sleeps, past the deadline; requests sent meanwhile have their
-    timeouts cut to what is left of it (see `remaining_seconds`).
+    timeouts cut to what is left of it (see `remaining_seconds`). The waits are jittered and grow
+    exponentially from `wait_multiplier` up to `wait_max` seconds: short, so a call gets about fifteen tries
+    within the default 5 s (with waits up to 5 s it got six, and one server answering half its requests with
+    503 failed one call in 64: a fatal step blocked for the pipeline's 30-s back-off).
     """
     seconds = DEFAULT_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds
     outer = _deadline.get()
@@ -55,7 +59,8 @@ def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None
         retrying = Retrying(
             retry=retry_if_exception(_transient),
             stop=stop_after_delay(seconds) | stop_before_delay(seconds),
-            wait=wait_random_exponential(multiplier=0.2, max=5) if WAIT else wait_random_exponential(max=0),
+            wait=wait_random_exponential(multiplier=wait_multiplier, max=wait_max) if WAIT
+            else wait_random_exponential(max=0),
             reraise=True,
         )
         return retrying(func)

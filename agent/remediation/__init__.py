@@ -1,6 +1,15 @@
 """Remediation logic: the planner (what to do) and the guard (whether it may be done now)."""
 
-from agent.remediation.guard import AttemptHistory, ClusterView, Decision, GuardPolicy, Mode, decide
+from agent.remediation.guard import (
+    AttemptHistory,
+    ClusterView,
+    Decision,
+    GateReading,
+    GuardPolicy,
+    Mode,
+    decide,
+    needs_gate,
+)
 from agent.remediation.planner import ActiveFault, NodeState, PlanOptions, plan
 
 __all__ = [
@@ -8,10 +17,12 @@ __all__ = [
     "AttemptHistory",
     "ClusterView",
     "Decision",
+    "GateReading",
     "GuardPolicy",
     "Mode",
     "NodeState",
     "PlanOptions",
     "decide",
+    "needs_gate",
     "plan",
 ]

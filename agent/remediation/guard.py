@@ -1,8 +1,9 @@
 """Decides whether a planned step may run: mode, dry-run, opt-out, pause, cluster budget, attempt caps.
 
-Pure: the caller passes what it knows of the cluster (budget available, paused, opted out) and the
-history of attempts; the guard never blocks clearing, and never lets a disruptive step past an
-exhausted budget.
+Pure: the caller passes what it knows of the cluster (opted out, and one reading of the cluster gate: the
+pause Lease and the budget's live slots) and the history of attempts; the guard never blocks clearing, and
+never lets a disruptive step past a pause, an unreadable gate or an exhausted budget. `needs_gate` says
+whether a step gets as far as the gate, so the caller reads the cluster only for a step that may use it.
 """
 
 from __future__ import annotations
@@ -41,12 +42,27 @@ class GuardPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterView:
-    """What the caller learnt from the cluster just before acting."""
+class GateReading:
+    """One read of the cluster gate: the pause Lease, the budget's live slots, whether this node holds one."""
 
-    budget_available: bool = True
     paused: bool = False
+    held: bool = False
+    in_use: int = 0
+    limit: int = 1
+    #: Why the gate could not be read (after the retries); empty when it was.
+    error: str = ""
+
+    @property
+    def budget_available(self) -> bool:
+        return self.held or self.in_use < self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What the caller learnt from the cluster just before acting; `gate` is None when it was not read."""
+
     opted_out: bool = False
+    gate: GateReading | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +72,8 @@ class Decision:
     step: Step
     result: StepResult | None
     reason: str = ""
+    #: Blocked by the cluster gate (pause, unreadable, budget spent): the caller backs off before asking again.
+    by_gate: bool = False
 
     @property
     def proceed(self) -> bool:
@@ -76,9 +94,13 @@ class AttemptHistory:
         return [t for t in self.attempts.get((step.kind, step.target), ()) if now - t < within]
 
 
-def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: AttemptHistory,
-           now: float) -> Decision:
-    """Whether `step` may run now, and if not, what to record instead and why."""
+def needs_gate(step: Step, *, policy: GuardPolicy, opted_out: bool) -> bool:
+    """Whether `decide` asks the cluster gate about `step`: a disruptive step that mode, dry-run and opt-out
+    let past. Only then is the gate worth a read."""
+    return _before_gate(step, policy=policy, opted_out=opted_out) is None
+
+
+def _before_gate(step: Step, *, policy: GuardPolicy, opted_out: bool) -> Decision | None:
     if policy.dry_run:
         return Decision(step, StepResult.DRY_RUN, "dry-run: recorded what would be done")
     if step.kind.clearing:
@@ -87,20 +109,34 @@ def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: At
         return Decision(step, StepResult.SKIPPED, f"mode {policy.mode} does not {step.kind}")
     if step.disruptive and policy.mode is not Mode.REMEDIATE:
         return Decision(step, StepResult.SKIPPED, f"mode {policy.mode} does not take pods off with NoExecute")
-    if cluster.opted_out and step.kind is not StepKind.EVENT:
+    if opted_out and step.kind is not StepKind.EVENT:
         return Decision(step, StepResult.SKIPPED, "node opted out of remediation by label")
     if not step.disruptive:
         return Decision(step, None)
-    if cluster.paused:
-        return Decision(step, StepResult.BLOCKED, "remediation paused cluster-wide")
+    return None
+
+
+def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: AttemptHistory,
+           now: float) -> Decision:
+    """Whether `step` may run now, and if not, what to record instead and why."""
+    early = _before_gate(step, policy=policy, opted_out=cluster.opted_out)
+    if early is not None:
+        return early
+    gate = cluster.gate
+    if gate is None:
+        return Decision(step, StepResult.BLOCKED, "disruption budget not read", by_gate=True)
+    if gate.error:
+        return Decision(step, StepResult.BLOCKED, f"disruption budget unreadable: {gate.error}", by_gate=True)
+    if gate.paused:
+        return Decision(step, StepResult.BLOCKED, "remediation paused cluster-wide", by_gate=True)
     recent = history.recent(step, now, 3600.0) if step.kind in CAPPED_STEPS else []
     if len(recent) >= policy.max_attempts_per_hour:
         return Decision(step, StepResult.BLOCKED,
                         f"attempt cap: {len(recent)} {step.kind} attempts on {step.target} within the hour")
     if recent and now - max(recent) < policy.cooldown_seconds:
         return Decision(step, StepResult.BLOCKED, f"cooldown: last {step.kind} on {step.target} too recent")
-    if not cluster.budget_available:
-        return Decision(step, StepResult.BLOCKED, "cluster-wide disruption budget exhausted")
+    if not gate.budget_available:
+        return Decision(step, StepResult.BLOCKED, "cluster-wide disruption budget exhausted", by_gate=True)
     return Decision(step, None)
 
 

@@ -40,7 +40,8 @@ def used(events: list[dict]) -> set[Permission]:
 
 
 def remediate_once(plane: ControlPlane) -> None:
-    """Fault -> condition, taint, eviction, events, budget slot; an operator's release; recovery -> clear."""
+    """Fault -> condition, taint, eviction, events, budget slot (taken, renewed, given back); an operator's
+    release; recovery -> clear."""
     cluster, server = RealCluster(plane), RealServer(plane)
     name = plane.unique("rbac")
     inventory = gpu_node(name)
@@ -52,11 +53,12 @@ def remediate_once(plane: ControlPlane) -> None:
         agent.actuator.events.record(regarding={"kind": "Node", "apiVersion": "v1", "name": name},
                                      reason="GpuWarning", action="Record", note="same")
     agent.pipeline.handle(Observation(Signal.ROW_REMAP_FAILURE, 1, 2.0, "nvml", inventory.gpus[5]), 2.0)
+    agent.pipeline.reconcile(650.0)  # still disrupted 10 minutes on: the budget slot is renewed
     request_release(server.operator_client(), name, inventory.gpus[5].uuid)
-    agent.pipeline.reconcile(3.0)
-    agent.pipeline.handle(Observation(Signal.TEMPERATURE, 70, 4.0, "nvml", inventory.gpus[2],
-                                      {"shutdown_c": 92, "slowdown_c": 90}), 4.0)
-    assert agent.pipeline.tick(700.0).verdicts
+    agent.pipeline.reconcile(651.0)
+    agent.pipeline.handle(Observation(Signal.TEMPERATURE, 70, 652.0, "nvml", inventory.gpus[2],
+                                      {"shutdown_c": 92, "slowdown_c": 90}), 652.0)
+    assert agent.pipeline.tick(1400.0).verdicts
     assert TAINT not in {t["key"] for t in cluster.node(name)["spec"].get("taints") or []}
     server.stop()
 

@@ -59,11 +59,14 @@ def test_every_fault_class_has_a_runbook(fault_class):
         assert f"## {section}" in text
 
 
-def test_rbac_grants_nothing_on_secrets_and_never_delete():
+def test_rbac_grants_nothing_on_secrets_and_deletes_only_leases():
+    """No secrets, no wildcard, no deletecollection; delete only on Leases (the admission policy narrows it to the
+    agent's own budget slot)."""
     for document in manifests("rbac.yaml"):
         for rule in document.get("rules", []):
             assert "secrets" not in rule["resources"]
-            assert "delete" not in rule["verbs"] and "deletecollection" not in rule["verbs"]
+            assert "deletecollection" not in rule["verbs"]
+            assert "delete" not in rule["verbs"] or rule["resources"] == ["leases"]
             assert "*" not in rule["verbs"] and "*" not in rule["resources"]
 
 
@@ -152,11 +155,24 @@ def test_the_deployed_config_is_valid(tmp_path: Path):
 
 
 def test_the_admission_policy_pins_the_agent_to_its_own_node():
-    policy, binding = manifests("admission-policy.yaml")
+    policy, binding, *_ = manifests("admission-policy.yaml")
     expression = policy["spec"]["validations"][0]["expression"]
     assert "authentication.kubernetes.io/node-name" in expression and "object.metadata.name" in expression
     assert "system:serviceaccount:gpu-health:gpu-health-agent" in policy["spec"]["matchConditions"][0]["expression"]
     assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_the_admission_policy_pins_every_lease_write_to_the_agents_own_slot():
+    """Create, update and delete of any Lease by the agent must name its own node's slot (its token's node)."""
+    *_, policy, binding = manifests("admission-policy.yaml")
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], set(rule["operations"])) == (["leases"], {"CREATE", "UPDATE", "DELETE"})
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert "authentication.kubernetes.io/node-name" in variables["nodes"]
+    assert "'gpu-health-slot-' + variables.nodes[0]" in variables["own"]
+    assert policy["spec"]["validations"][0]["expression"] == "variables.own"
+    assert (binding["spec"]["policyName"], binding["spec"]["validationActions"]) == (policy["metadata"]["name"],
+                                                                                    ["Deny"])
 
 
 def test_the_dashboard_covers_what_operators_ask():

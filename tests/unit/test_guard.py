@@ -1,12 +1,13 @@
 from agent.model import Step, StepKind, StepResult
-from agent.remediation import AttemptHistory, ClusterView, GuardPolicy, Mode, decide
+from agent.remediation import AttemptHistory, ClusterView, GateReading, GuardPolicy, Mode, decide, needs_gate
 
 EVICT = Step(StepKind.EVICT, "ml/trainer-3", "holds faulty GPU")
 TAINT = Step(StepKind.TAINT, "node-1", "fatal")
 UNTAINT = Step(StepKind.UNTAINT, "node-1", "healthy")
 EVENT = Step(StepKind.EVENT, "node-1", "fatal")
 RESET = Step(StepKind.RESET_GPU, "GPU-1", "fatal")
-OPEN = ClusterView()
+OPEN = ClusterView(gate=GateReading())
+SPENT = GateReading(in_use=2, limit=2)
 
 
 def _decide(step, *, mode=Mode.REMEDIATE, dry_run=False, cluster=OPEN, history=None, now=1000.0):
@@ -34,12 +35,12 @@ def test_dry_run_records_every_step_instead_of_doing_it():
 
 
 def test_clearing_is_never_blocked():
-    blocked = ClusterView(budget_available=False, paused=True, opted_out=True)
+    blocked = ClusterView(gate=GateReading(paused=True, in_use=2, limit=2), opted_out=True)
     assert _decide(UNTAINT, mode=Mode.OBSERVE, cluster=blocked).proceed
 
 
 def test_an_exhausted_budget_blocks_disruptive_steps_only():
-    empty = ClusterView(budget_available=False)
+    empty = ClusterView(gate=SPENT)
     decision = _decide(EVICT, cluster=empty)
     assert decision.result is StepResult.BLOCKED
     assert "budget" in decision.reason
@@ -47,7 +48,37 @@ def test_an_exhausted_budget_blocks_disruptive_steps_only():
 
 
 def test_a_cluster_wide_pause_blocks_disruption():
-    assert _decide(EVICT, cluster=ClusterView(paused=True)).result is StepResult.BLOCKED
+    """The pause Lease, as the gate read it, blocks a disruptive step (and says why)."""
+    decision = _decide(EVICT, cluster=ClusterView(gate=GateReading(paused=True)))
+    assert (decision.result, decision.reason) == (StepResult.BLOCKED, "remediation paused cluster-wide")
+
+
+def test_a_node_holding_its_slot_proceeds_although_every_slot_is_in_use():
+    """A renewal needs no free slot: the node's own slot counts as the budget it has."""
+    assert _decide(EVICT, cluster=ClusterView(gate=GateReading(held=True, in_use=2, limit=2))).proceed
+
+
+def test_an_unreadable_gate_blocks_disruption_and_names_why():
+    """A gate that could not be read is never taken as open."""
+    decision = _decide(EVICT, cluster=ClusterView(gate=GateReading(error="Unavailable: 503")))
+    assert decision.result is StepResult.BLOCKED
+    assert decision.reason == "disruption budget unreadable: Unavailable: 503"
+    assert decision.by_gate
+
+
+def test_a_disruptive_step_without_a_gate_reading_is_blocked():
+    """The guard never lets a disruptive step past a gate nobody read."""
+    assert _decide(EVICT, cluster=ClusterView()).result is StepResult.BLOCKED
+
+
+def test_only_a_disruptive_step_the_mode_allows_needs_the_gate():
+    """The caller reads the cluster gate only for a step that gets as far as it."""
+    policy = GuardPolicy(mode=Mode.REMEDIATE)
+    assert needs_gate(EVICT, policy=policy, opted_out=False)
+    assert not needs_gate(TAINT, policy=policy, opted_out=False)
+    assert not needs_gate(EVICT, policy=GuardPolicy(mode=Mode.QUARANTINE), opted_out=False)
+    assert not needs_gate(EVICT, policy=GuardPolicy(mode=Mode.REMEDIATE, dry_run=True), opted_out=False)
+    assert not needs_gate(EVICT, policy=policy, opted_out=True)
 
 
 def test_an_opted_out_node_gets_events_only():

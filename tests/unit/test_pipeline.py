@@ -68,13 +68,17 @@ def test_detection_to_quarantine_is_measured_when_the_taint_is_applied(shipped_r
 
 def test_a_blocked_step_is_retried_later(shipped_rules):
     from agent.pipeline import LocalGate
+    from agent.remediation import GateReading
 
     class EmptyBudget(LocalGate):
         def __init__(self):
             self.available = False
 
         def acquire(self):
-            return self.available
+            return GateReading(held=self.available)
+
+        def read(self):
+            return GateReading(limit=1 if self.available else 0)
 
     gate = EmptyBudget()
     p = Pipeline(rules=shipped_rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), gate=gate,

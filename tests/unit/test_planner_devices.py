@@ -4,7 +4,7 @@ import dataclasses
 
 from agent.model import Action, DeviceRef, NodeInventory, PodRef, Severity, StepKind, StepResult, Verdict, VerdictKind
 from agent.remediation import ActiveFault, NodeState, PlanOptions, plan
-from agent.remediation.guard import AttemptHistory, ClusterView, GuardPolicy, Mode, decide
+from agent.remediation.guard import AttemptHistory, ClusterView, GateReading, GuardPolicy, Mode, decide
 from agent.remediation.planner import DeviceIsolation, DeviceMark
 from agent.remediation.record import NodeRecord
 from tests.conftest import gpu
@@ -14,6 +14,8 @@ PODS = (PodRef("ml", "on-gpu-1", "u1", (GPUS[1].uuid,)), PodRef("ml", "on-gpu-2"
 NODE = NodeInventory("node-1", GPUS, PODS)
 DEVICES = {g.uuid: (DeviceRef("gpu.nvidia.com", "node-1", f"gpu-{g.index}"),) for g in GPUS[:3]}
 DEVICE = PlanOptions(node_name="node-1", devices=DeviceIsolation(DEVICES))
+
+SPENT = ClusterView(gate=GateReading(in_use=1, limit=1))
 
 
 def fault(index, action=Action.DRAIN, severity=Severity.FATAL, rule="xid-79"):
@@ -122,12 +124,12 @@ def test_no_execute_device_taint_needs_remediate_mode():
     first, taint = [s for s in plan([v], active_of(v), NodeState(), NODE, options=options)
                     if s.kind is StepKind.TAINT_DEVICE]
     assert (first.details["effect"], taint.details["effect"]) == ("NoSchedule", "NoExecute")
-    assert decide(first, policy=GuardPolicy(mode=Mode.QUARANTINE), cluster=ClusterView(budget_available=False),
+    assert decide(first, policy=GuardPolicy(mode=Mode.QUARANTINE), cluster=SPENT,
                   history=AttemptHistory(), now=0.0).proceed
-    args = {"cluster": ClusterView(), "history": AttemptHistory(), "now": 0.0}
+    args = {"cluster": ClusterView(gate=GateReading()), "history": AttemptHistory(), "now": 0.0}
     assert decide(taint, policy=GuardPolicy(mode=Mode.QUARANTINE), **args).result is StepResult.SKIPPED
     assert decide(taint, policy=GuardPolicy(mode=Mode.REMEDIATE), **args).proceed
-    assert not decide(taint, policy=GuardPolicy(mode=Mode.REMEDIATE), cluster=ClusterView(budget_available=False),
+    assert not decide(taint, policy=GuardPolicy(mode=Mode.REMEDIATE), cluster=SPENT,
                       history=AttemptHistory(), now=0.0).proceed
 
 

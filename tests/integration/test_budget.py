@@ -1,0 +1,267 @@
+"""The disruption budget against the fake API server: slots judged on the reader's own clock, retried
+requests, and no slot kept that the record does not hold."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agent.k8s.budget import SLOT_LABEL, LeaseBudget, slot_name
+from agent.k8s.client import client_for
+from agent.k8s.errors import status_error
+from agent.k8s.node import DISRUPTION_LABEL
+from agent.k8s.raw import RawApi
+from agent.model import StepKind, StepResult
+from agent.simulation.fake_apiserver.server import RESOURCES
+from tests.k8s_helpers import gpu_node, make_agent, populate_any, start_cluster
+
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
+
+HOURS = 3600.0
+LEASE_RESOURCE = next(r for r in RESOURCES if r.plural == "leases")
+
+
+@pytest.fixture
+def fake():
+    cluster, server = start_cluster()
+    for name in ("n1", "n2", "n3"):
+        populate_any(cluster, gpu_node(name))
+    yield cluster, server
+    server.stop()
+
+
+class Clock:
+    """A machine's clocks: wall time (maybe hours off) and a monotonic clock that only this machine reads."""
+
+    def __init__(self, skew: float = 0.0) -> None:
+        self.skew = skew
+        self.elapsed = 0.0
+
+    def wall(self) -> float:
+        import time
+        return time.time() + self.skew
+
+    def monotonic(self) -> float:
+        return 1000.0 + self.elapsed
+
+
+def budget(server: Any, node: str, clock: Clock, *, limit: int = 1, api: Any = None) -> LeaseBudget:
+    return LeaseBudget(RawApi(api or client_for(server.url)), node_name=node, namespace="gpu-health",
+                       max_nodes=limit, max_percent=0, clock=clock.wall, monotonic=clock.monotonic)
+
+
+def slots(cluster: Any) -> set[str]:
+    return {lease["metadata"]["name"] for lease in cluster.list_objects(LEASE_RESOURCE, "gpu-health")
+            if (lease["metadata"].get("labels") or {}).get(SLOT_LABEL) == "true"}
+
+
+@pytest.mark.parametrize("skew", [2.5 * HOURS, -2.5 * HOURS])
+def test_a_reader_hours_off_does_not_take_a_live_slot_as_lapsed(fake, skew):
+    """A node 2.5 h ahead or behind (back from a reboot before NTP) is refused the slot another holds."""
+    cluster, server = fake
+    holder, late = Clock(), Clock(skew)
+    assert budget(server, "n1", holder).acquire().held
+    reading = budget(server, "n2", late).acquire()
+    assert (reading.held, reading.in_use, reading.limit) == (False, 1, 1)
+    assert slots(cluster) == {slot_name("n1")}
+
+
+@pytest.mark.parametrize("skew", [2.5 * HOURS, -2.5 * HOURS])
+def test_a_holder_hours_off_keeps_its_fresh_slot(fake, skew):
+    """A slot stamped by a clock 2.5 h ahead or behind is live to every reader: its stamp is never read."""
+    cluster, server = fake
+    assert budget(server, "n1", Clock(skew)).acquire().held
+    assert not budget(server, "n2", Clock()).acquire().held
+    assert slots(cluster) == {slot_name("n1")}
+
+
+def test_a_slot_stamped_in_the_future_lapses_once_unrenewed_for_a_lifetime(fake):
+    """A ghost stamped 31 years ahead blocks for one lifetime of the reader's own clock, not for ever."""
+    cluster, server = fake
+    future = "2057-01-01T00:00:00.000000Z"
+    cluster.add("leases", {"metadata": {"name": slot_name("ghost"), "labels": {SLOT_LABEL: "true"}},
+                           "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": 7200,
+                                    "acquireTime": future, "renewTime": future}},
+                group="coordination.k8s.io", namespace="gpu-health")
+    clock = Clock()
+    reader = budget(server, "n2", clock)
+    assert not reader.acquire().held
+    clock.elapsed = 7199.0
+    assert not reader.acquire().held
+    clock.elapsed = 7201.0
+    assert reader.acquire().held
+
+
+def test_a_renewed_slot_stays_live_past_its_lifetime(fake):
+    """Each renewal changes the slot, so a reader starts its lifetime again (leader election's rule)."""
+    _, server = fake
+    holder_clock, reader_clock = Clock(), Clock()
+    holder, reader = budget(server, "n1", holder_clock), budget(server, "n2", reader_clock)
+    assert holder.acquire().held
+    for hour in range(1, 5):
+        assert not reader.acquire().held
+        reader_clock.elapsed = hour * 0.9 * 7200.0
+        assert holder.acquire().held  # the renewal
+    assert not reader.acquire().held
+
+
+def test_two_nodes_racing_for_the_last_slot_do_not_both_get_it(fake):
+    """Both create their slot before either ranks: the one created later (or in the same second) yields."""
+    cluster, server = fake
+    first, second = budget(server, "n1", Clock()), budget(server, "n2", Clock())
+    first._create_or_get()
+    second._create_or_get()
+    granted = [first.acquire().held, second.acquire().held]
+    assert granted.count(True) <= 1
+    assert len(slots(cluster)) == granted.count(True)
+
+
+class Faulty:
+    """The agent's API client with one request (the `fail_at`-th matching one) answered 503, or carried out
+    by the server and its answer lost (`after`)."""
+
+    def __init__(self, api: Any, matches: Callable[[str, str], bool], *, after: bool = False,
+                 times: int = 1) -> None:
+        self.api = api
+        self.matches = matches
+        self.after = after
+        self.times = times
+        self.fail_at: int | None = None
+        self.seen = 0
+        self.failed = 0
+        original = api.request
+
+        def request(method: str, path: str, **kwargs: Any) -> bytes:
+            hit = matches(method, path)
+            if hit:
+                self.seen += 1
+            failing = hit and self.fail_at is not None and self.seen >= self.fail_at and self.failed < self.times
+            if failing and not self.after:
+                self.failed += 1
+                raise status_error(503, "Service Unavailable", "")
+            answer = original(method, path, **kwargs)
+            if failing:
+                self.failed += 1
+                raise status_error(503, "Service Unavailable", "")
+            return answer
+
+        api.request = request
+
+
+def lease_requests(method: str, path: str) -> bool:
+    return "/leases" in path
+
+
+def disrupted(agent: Any) -> bool:
+    node = agent.pipeline.record.node
+    return bool(node.reboot_requested or any(node.evicted.values()))
+
+
+def budget_requests(cluster: Any, server: Any) -> int:
+    """How many lease requests one fatal fault's remediation makes on a healthy API server."""
+    probe = Faulty(client_for(server.url), lease_requests)
+    agent = make_agent(cluster, server, gpu_node("n3"), populate_node=False, api_client=probe.api)
+    agent.fault(0)
+    agent.close()
+    return probe.seen
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["refused", "answer-lost"])
+def test_a_503_on_any_budget_request_leaks_no_slot(fake, after):
+    """Whichever Lease request fails (refused, or done with its answer lost), after the next pass the slot
+    exists exactly when the record says the node is disrupted, and another node can take a freed slot."""
+    total = budget_requests(*fake)
+    assert total >= 3
+    for index in range(1, total + 1):
+        cluster, server = start_cluster()
+        try:
+            faulty = Faulty(client_for(server.url), lease_requests, after=after, times=10**9)
+            faulty.fail_at = index  # that request and every later one fails, past the retries' deadline
+            agent = make_agent(cluster, server, gpu_node("n1"), api_client=faulty.api, max_nodes=1, max_percent=0)
+            agent.fault(0)
+            assert faulty.failed, index
+            faulty.fail_at = None
+            agent.pipeline.reconcile(10.0)  # the API is back: the next pass (still backing off the eviction)
+            assert (slot_name("n1") in slots(cluster)) == disrupted(agent), index
+            agent.pipeline.tick(40.0)  # the eviction retried
+            assert (slot_name("n1") in slots(cluster)) == disrupted(agent), index
+            agent.close()
+        finally:
+            server.stop()
+
+
+def test_a_slot_the_record_does_not_hold_is_given_back_on_the_first_pass(fake):
+    """A slot left by a process that died after writing it is released by the next agent of the node."""
+    cluster, server = fake
+    assert budget(server, "n1", Clock()).acquire().held
+    agent = make_agent(cluster, server, gpu_node("n1"), populate_node=False)
+    agent.pipeline.reconcile(1.0)
+    assert slots(cluster) == set()
+
+
+def test_a_transient_error_on_the_slot_write_is_retried_within_the_pass(fake):
+    """One 503 on creating the slot: the eviction still happens in the same pass."""
+    cluster, server = fake
+    faulty = Faulty(client_for(server.url), lambda method, path: method == "POST" and path.endswith("/leases"))
+    faulty.fail_at = 1
+    agent = make_agent(cluster, server, gpu_node("n1"), populate_node=False, api_client=faulty.api)
+    outcome = agent.fault(0)
+    assert faulty.failed == 1
+    assert {(a.step.kind, a.step.target): a.result for a in outcome.actions}[
+        (StepKind.EVICT, "ml/n1-trainer-0")] is StepResult.APPLIED
+
+
+def test_a_transient_error_on_reading_the_gate_is_retried_within_the_pass(fake):
+    """One 503 on the pause read: the eviction still happens in the same pass."""
+    cluster, server = fake
+    faulty = Faulty(client_for(server.url), lambda method, path: method == "GET" and "/leases/" in path)
+    faulty.fail_at = 1
+    agent = make_agent(cluster, server, gpu_node("n1"), populate_node=False, api_client=faulty.api)
+    outcome = agent.fault(0)
+    assert faulty.failed == 1
+    assert {(a.step.kind, a.step.target): a.result for a in outcome.actions}[
+        (StepKind.EVICT, "ml/n1-trainer-0")] is StepResult.APPLIED
+
+
+def test_the_disruption_label_is_a_repaired_view_of_the_slot(fake):
+    """A failed label write costs nothing but the label; the next pass puts it right."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"), populate_node=False)
+    original, calls = agent.side.gate.show, []
+
+    def failing_once(holding: bool) -> None:
+        calls.append(holding)
+        if len(calls) == 1:
+            raise status_error(503, "Service Unavailable", "")
+        original(holding)
+
+    agent.side.gate.show = failing_once
+    agent.fault(0)
+    assert slot_name("n1") in slots(cluster)
+    assert DISRUPTION_LABEL not in cluster.node("n1")["metadata"].get("labels", {})
+    agent.pipeline.tick(40.0)
+    assert cluster.node("n1")["metadata"]["labels"][DISRUPTION_LABEL] == "active"
+
+
+def test_the_guard_decides_on_one_read_of_the_gate_per_pass(fake):
+    """A pass with several disruptive steps reads the pause Lease once."""
+    cluster, server = fake
+    probe = Faulty(client_for(server.url), lambda method, path: method == "GET" and path.endswith("/gpu-health-pause"))
+    agent = make_agent(cluster, server, gpu_node("n1"), populate_node=False, api_client=probe.api)
+    outcome = agent.fault(0)
+    disruptive = [a for a in outcome.actions if a.step.disruptive and a.result is StepResult.APPLIED]
+    assert len(disruptive) >= 2
+    assert probe.seen == 1
+
+
+def test_a_slot_deleted_under_its_holder_is_ranked_again_not_assumed(fake):
+    """An operator deletes n1's slot and n2 takes the budget: n1's next renewal does not overbook."""
+    cluster, server = fake
+    first, second = budget(server, "n1", Clock()), budget(server, "n2", Clock())
+    assert first.acquire().held
+    cluster.delete(LEASE_RESOURCE, "gpu-health", slot_name("n1"))
+    assert second.acquire().held
+    assert not first.acquire().held
+    assert slots(cluster) == {slot_name("n2")}

@@ -1,0 +1,81 @@
+"""One agent's own bound token turned on the shared budget objects: another node's slot, the pause Lease.
+
+Each attempt is one request a misbehaving (or compromised) agent could make; the real API server must refuse
+every one (RBAC and the admission policy gpu-health-agent-own-slot-only). Used by the tests and by
+scripts/fault_injection.py's token row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agent.k8s.budget import PAUSE_LEASE, SLOT_LABEL, LeaseBudget, slot_name
+from agent.k8s.errors import Forbidden
+from agent.k8s.raw import JsonDocument, RawApi, api_path
+from tests.realcluster.backend import RealServer
+from tests.realcluster.controlplane import ControlPlane
+
+LEASES = api_path("coordination.k8s.io", "v1", "leases", namespace="gpu-health")
+
+
+def agent_raw(plane: ControlPlane, node: str) -> RawApi:
+    return RawApi(RealServer(plane).agent_client(node))
+
+
+def agent_budget(plane: ControlPlane, node: str, *, raw: RawApi | None = None) -> LeaseBudget:
+    return LeaseBudget(raw or agent_raw(plane, node), node_name=node, namespace="gpu-health", max_nodes=5,
+                       max_percent=0)
+
+
+def slot_body(name: str, holder: str) -> JsonDocument:
+    return {"metadata": {"name": name, "namespace": "gpu-health", "labels": {SLOT_LABEL: "true"}},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 7200}}
+
+
+def pause(plane: ControlPlane) -> None:
+    """An operator pauses the fleet (admin credentials)."""
+    try:
+        plane.rest("POST", LEASES, {"metadata": {"name": PAUSE_LEASE}, "spec": {}})
+    except Exception as exc:
+        if "AlreadyExists" not in str(exc) and "409" not in str(exc):
+            raise
+    plane.forget("coordination.k8s.io", "leases", "gpu-health", PAUSE_LEASE)
+
+
+def attempts(raw: RawApi, own: str, other: str) -> dict[str, Callable[[], object]]:
+    """What the agent of `own` must not be able to do to `other`'s live slot and to the pause Lease."""
+    theirs = f"{LEASES}/{slot_name(other)}"
+    ghost = "2057-01-01T00:00:00.000000Z"
+    return {
+        "renew another node's slot": lambda: raw.merge_patch(theirs, {"spec": {"renewTime": ghost}}),
+        "take over another node's slot": lambda: raw.merge_patch(theirs, {"spec": {"holderIdentity": own}}),
+        "delete another node's slot": lambda: raw.delete(theirs),
+        "create a slot named for another node": lambda: raw.create(LEASES, slot_body(slot_name(f"{other}-x"), own)),
+        "create its own slot held by another node": lambda: raw.create(LEASES, slot_body(slot_name(own), other)),
+        "create a ghost slot": lambda: raw.create(LEASES, slot_body("gpu-health-slot-ghost", "ghost")),
+        "create the pause Lease": lambda: raw.create(LEASES, {"metadata": {"name": PAUSE_LEASE}, "spec": {}}),
+    }
+
+
+def operator_pause_attempts(raw: RawApi) -> dict[str, Callable[[], object]]:
+    """What no agent may do to the operator's pause Lease once it exists."""
+    paused = f"{LEASES}/{PAUSE_LEASE}"
+    return {
+        "change the pause Lease": lambda: raw.merge_patch(paused, {"spec": {"holderIdentity": "agent"}}),
+        "delete the pause Lease": lambda: raw.delete(paused),
+    }
+
+
+def accepted(tries: dict[str, Callable[[], object]]) -> list[str]:
+    """The attempts the server did not refuse with 403 (carried out, or failed some other way)."""
+    done = []
+    for what, attempt in tries.items():
+        try:
+            attempt()
+        except Forbidden:
+            continue
+        except Exception as exc:
+            done.append(f"{what}: {type(exc).__name__}: {exc}")
+            continue
+        done.append(what)
+    return done
