@@ -1,0 +1,37 @@
+"""The quarantine brake: new quarantines beyond a share of the GPU nodes within a window wait.
+
+Pure. It never blocks clearing, untainting or a release (the caller asks it only for a new quarantine), a
+node already counted in the window passes again (a restart replays nothing new), and it closes by itself as
+the window moves on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BrakePolicy:
+    """At most `max_share` of the GPU nodes (never fewer than `min_nodes`, never more than `max_nodes`) newly
+    quarantined within `window_seconds`."""
+
+    max_share: float = 0.15
+    min_nodes: int = 2
+    max_nodes: int = 200
+    window_seconds: float = 600.0
+
+
+def brake_bound(gpu_nodes: int, policy: BrakePolicy) -> int:
+    """How many nodes may be newly quarantined within one window."""
+    by_share = math.floor(policy.max_share * max(gpu_nodes, 0))
+    return max(policy.min_nodes, min(policy.max_nodes, by_share))
+
+
+def brake_allows(*, node: str, quarantined_at: Mapping[str, float], gpu_nodes: int, now: float,
+                 policy: BrakePolicy) -> bool:
+    """Whether `node` may be newly quarantined now, given when each node was newly quarantined (the reader's
+    clock): yes when it is already counted in the window, or the window has room."""
+    window = {name for name, at in quarantined_at.items() if 0.0 <= now - at < policy.window_seconds}
+    return node in window or len(window) < brake_bound(gpu_nodes, policy)

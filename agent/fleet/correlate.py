@@ -1,0 +1,187 @@
+"""Correlation: the same fault on many nodes at once, grouped by what the nodes share, is one suspected cause.
+
+Pure. The caller (the fleet controller) passes the nodes' summaries and its sightings: when it first saw each
+fault on each node, and where each node's current boot lies, both on its own monotonic clock, so no
+comparison of wall clocks across machines decides anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from agent.fleet.summary import NodeSummary
+from agent.model import FaultClass
+
+
+class Dimension(StrEnum):
+    """What the nodes showing one fault may share: the suspected cause's kind."""
+
+    WORKLOAD = "workload"
+    FABRIC_DOMAIN = "fabric-domain"
+    BOOT_WINDOW = "boot-window"
+    DRIVER_VERSION = "driver-version"
+    GPU_MODEL = "gpu-model"
+    RACK = "rack"
+    ZONE = "zone"
+
+
+#: For each fault class, the causes to prefer when two explain the nodes equally well (most likely first):
+#: an application fault is first the job's, a link fault the fabric's, a driver fault the driver version's.
+PREFERENCE: Mapping[FaultClass, tuple[Dimension, ...]] = {
+    FaultClass.APPLICATION: (Dimension.WORKLOAD, Dimension.BOOT_WINDOW, Dimension.FABRIC_DOMAIN,
+                             Dimension.DRIVER_VERSION, Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE),
+    FaultClass.INTERCONNECT: (Dimension.FABRIC_DOMAIN, Dimension.BOOT_WINDOW, Dimension.WORKLOAD, Dimension.RACK,
+                              Dimension.ZONE, Dimension.DRIVER_VERSION, Dimension.GPU_MODEL),
+    FaultClass.DRIVER: (Dimension.DRIVER_VERSION, Dimension.WORKLOAD, Dimension.BOOT_WINDOW,
+                        Dimension.FABRIC_DOMAIN, Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE),
+}
+_DEFAULT_PREFERENCE = (Dimension.DRIVER_VERSION, Dimension.BOOT_WINDOW, Dimension.WORKLOAD, Dimension.FABRIC_DOMAIN,
+                       Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE)
+_AT_BOOT = "at-boot"
+
+
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """One active fault on one node, with when the reader first saw it and (if known) when the node booted."""
+
+    node: str
+    rule_id: str
+    fault_class: FaultClass
+    seen_at: float
+    booted_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CorrelationPolicy:
+    """When faults on several nodes count as one cause: at least `min_nodes` nodes sharing a key, or at least
+    `min_share` of a group of at least `min_group` nodes, within `window_seconds`; never fewer than two."""
+
+    min_nodes: int = 3
+    min_share: float = 0.5
+    min_group: int = 4
+    window_seconds: float = 600.0
+    boot_window_seconds: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Correlation:
+    """One suspected cause: a rule's fault on `nodes`, all sharing `key` of `dimension` with the `group`."""
+
+    rule_id: str
+    fault_class: FaultClass
+    dimension: Dimension
+    key: str
+    nodes: frozenset[str]
+    group: frozenset[str]
+    first_at: float
+    last_at: float
+
+    @property
+    def id(self) -> str:
+        """Stable while the cause stands: the hold it leads to keeps this name."""
+        return f"{self.rule_id}/{self.dimension}/{self.key}"
+
+    @property
+    def share(self) -> float:
+        return len(self.nodes) / len(self.group) if self.group else 0.0
+
+    @property
+    def cause(self) -> str:
+        """The suspected cause in an operator's words."""
+        shown = f"{self.rule_id} on {len(self.nodes)} of {len(self.group)} nodes"
+        what = {
+            Dimension.WORKLOAD: f"the workload {self.key}",
+            Dimension.FABRIC_DOMAIN: f"the NVLink fabric domain {self.key}",
+            Dimension.BOOT_WINDOW: "a boot-time flap (each node shows it within minutes of its boot)",
+            Dimension.DRIVER_VERSION: f"the driver version {self.key}",
+            Dimension.GPU_MODEL: f"the GPU model {self.key}",
+            Dimension.RACK: f"the rack {self.key}",
+            Dimension.ZONE: f"the zone {self.key}",
+        }[self.dimension]
+        return f"{shown} share one suspected cause: {what}"
+
+
+def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting], *, now: float,
+              policy: CorrelationPolicy) -> list[Correlation]:
+    """The causes that explain the recent sightings of each rule, best first: each pass takes the key that
+    explains its nodes best (the largest share of its group, then the most nodes, then the fault class's
+    preference) and goes on with the nodes it did not explain; nodes no cause explains stay on their own."""
+    recent: dict[tuple[str, FaultClass], dict[str, Sighting]] = {}
+    for sighting in sightings:
+        if now - sighting.seen_at <= policy.window_seconds and sighting.node in summaries:
+            recent.setdefault((sighting.rule_id, sighting.fault_class), {})[sighting.node] = sighting
+    found: list[Correlation] = []
+    for (rule_id, fault_class), by_node in sorted(recent.items()):
+        left = dict(by_node)
+        while len(left) >= 2:
+            best = _best(rule_id, fault_class, left, summaries, policy)
+            if best is None:
+                break
+            found.append(best)
+            for node in best.nodes:
+                del left[node]
+    return found
+
+
+def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sighting],
+          summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy) -> Correlation | None:
+    preference = PREFERENCE.get(fault_class, _DEFAULT_PREFERENCE)
+    best: tuple[tuple[float, int, int], Correlation] | None = None
+    for rank, dimension in enumerate(preference):
+        members: dict[str, set[str]] = {}
+        for node, sighting in sightings.items():
+            for key in _keys(dimension, summaries[node], sighting, rule_id, policy):
+                members.setdefault(key, set()).add(node)
+        for key, nodes in members.items():
+            group = _group(dimension, key, summaries, sightings, policy) | nodes
+            if not _enough(len(nodes), len(group), policy):
+                continue
+            times = [sightings[n].seen_at for n in nodes]
+            candidate = Correlation(rule_id, fault_class, dimension, key, frozenset(nodes), frozenset(group),
+                                    min(times), max(times))
+            score = (candidate.share, len(nodes), -rank)
+            if best is None or score > best[0]:
+                best = (score, candidate)
+    return best[1] if best is not None else None
+
+
+def _enough(nodes: int, group: int, policy: CorrelationPolicy) -> bool:
+    if nodes < 2:
+        return False
+    return nodes >= policy.min_nodes or (group >= policy.min_group and nodes / group >= policy.min_share)
+
+
+def _keys(dimension: Dimension, summary: NodeSummary, sighting: Sighting, rule_id: str,
+          policy: CorrelationPolicy) -> tuple[str, ...]:
+    """The keys a node showing the fault has in this dimension (a fault may touch several workloads)."""
+    if dimension is Dimension.WORKLOAD:
+        return tuple({owner for fault in summary.faults if fault.rule_id == rule_id for owner in fault.owners})
+    if dimension is Dimension.BOOT_WINDOW:
+        booted = sighting.booted_at
+        at_boot = booted is not None and 0.0 <= sighting.seen_at - booted <= policy.boot_window_seconds
+        return (_AT_BOOT,) if at_boot else ()
+    value = _static_key(dimension, summary)
+    return (value,) if value else ()
+
+
+def _static_key(dimension: Dimension, summary: NodeSummary) -> str:
+    return {
+        Dimension.FABRIC_DOMAIN: summary.fabric_domain,
+        Dimension.DRIVER_VERSION: summary.driver_version,
+        Dimension.GPU_MODEL: summary.gpu_model,
+        Dimension.RACK: summary.rack,
+        Dimension.ZONE: summary.zone,
+    }.get(dimension, "")
+
+
+def _group(dimension: Dimension, key: str, summaries: Mapping[str, NodeSummary],
+           sightings: Mapping[str, Sighting], policy: CorrelationPolicy) -> set[str]:
+    """Every node that shares the key, faulty or not: the share's denominator and the hold's scope."""
+    if dimension is Dimension.WORKLOAD:
+        return {name for name, s in summaries.items()
+                if key in s.workloads or any(key in f.owners for f in s.faults)}
+    if dimension is Dimension.BOOT_WINDOW:
+        return set(summaries)  # a boot-time flap is judged against the whole fleet
+    return {name for name, s in summaries.items() if _static_key(dimension, s) == key}

@@ -1,0 +1,116 @@
+"""Holds: while a correlated cause stands, its fault class on the affected nodes is not acted on node by node.
+
+Pure. A hold covers one rule on a set of nodes; it never covers a hardware-class fault (a node's own
+double-bit ECC, fell-off-the-bus or row-remap failure is acted on as ever) nor another rule. It lasts while
+its correlation stands and ends by itself a bounded time after it no longer does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from agent.errors import InputError
+from agent.fleet.correlate import Correlation, Dimension
+from agent.model import FaultClass
+
+#: The classes a fleet cause can explain; a hardware fault is a node's own evidence and is never held.
+HOLDABLE = frozenset({FaultClass.APPLICATION, FaultClass.DRIVER, FaultClass.INTERCONNECT, FaultClass.TELEMETRY})
+
+
+def holdable(fault_class: FaultClass) -> bool:
+    return fault_class in HOLDABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One rule held on `nodes` for `cause`, from `started_at` until `expires_at` (the reader's clock)."""
+
+    id: str
+    rule_id: str
+    fault_class: FaultClass
+    dimension: Dimension
+    key: str
+    cause: str
+    nodes: frozenset[str]
+    started_at: float
+    expires_at: float
+    by_operator: bool = False
+    #: Renewed for its whole bound while the cause still stands: kept (covering nothing) so it does not restart.
+    spent: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "rule": self.rule_id, "class": str(self.fault_class), "dimension": str(self.dimension),
+                "key": self.key, "cause": self.cause, "nodes": sorted(self.nodes), "started": self.started_at,
+                "expires": self.expires_at, "operator": self.by_operator, "spent": self.spent}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object], *, source: str = "") -> Hold:
+        try:
+            nodes = value["nodes"]
+            if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+                raise TypeError("nodes is not a list of names")
+            return cls(id=str(value["id"]), rule_id=str(value["rule"]), fault_class=FaultClass(str(value["class"])),
+                       dimension=Dimension(str(value["dimension"])), key=str(value["key"]), cause=str(value["cause"]),
+                       nodes=frozenset(nodes), started_at=_seconds(value["started"]),
+                       expires_at=_seconds(value["expires"]), by_operator=value.get("operator") is True,
+                       spent=value.get("spent") is True)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise InputError(f"hold is malformed: {exc}", file=source) from None
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
+
+
+def holds_to_json(holds: Iterable[Hold]) -> str:
+    return json.dumps([h.to_json() for h in sorted(holds, key=lambda h: h.id)], separators=(",", ":"))
+
+
+def holds_from_json(text: str, *, source: str = "") -> list[Hold]:
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"holds are not JSON: {exc}", file=source) from None
+    if not isinstance(document, list) or not all(isinstance(v, dict) for v in document):
+        raise InputError("holds are not a list of objects", file=source)
+    return [Hold.from_json(v, source=source) for v in document]
+
+
+def next_holds(previous: Mapping[str, Hold], correlations: Iterable[Correlation], *, now: float,
+               hold_seconds: float, max_hold_seconds: float) -> dict[str, Hold]:
+    """The holds after a pass: each holdable correlation starts or renews its hold (its scope grows with the
+    group, never shrinks while it stands), renewal stops at `max_hold_seconds` after the start, and a hold
+    whose correlation ended lives out its last renewal. A hold that reached its bound while the cause still
+    stands is kept as spent (covering nothing) until the cause ends, so it cannot start over."""
+    standing = {c.id: c for c in correlations if holdable(c.fault_class)}
+    holds: dict[str, Hold] = {}
+    for key, hold in previous.items():
+        if now < hold.expires_at:
+            holds[key] = hold
+        elif key in standing and (hold.spent or now >= hold.started_at + max_hold_seconds):
+            holds[key] = replace(hold, spent=True)
+    for key, correlation in standing.items():
+        held = holds.get(key)
+        if held is None:
+            holds[key] = Hold(key, correlation.rule_id, correlation.fault_class, correlation.dimension,
+                              correlation.key, correlation.cause, correlation.group, now, now + hold_seconds)
+        elif not (held.by_operator or held.spent):
+            expires = min(held.started_at + max_hold_seconds, now + hold_seconds)
+            holds[key] = replace(held, cause=correlation.cause, nodes=held.nodes | correlation.group,
+                                 expires_at=max(held.expires_at, expires))
+    return holds
+
+
+def covering_hold(holds: Iterable[Hold], *, node: str, rule_id: str, fault_class: FaultClass,
+                  now: float) -> Hold | None:
+    """The live hold that covers this node's fault, if any: never a hardware fault, never another rule."""
+    if not holdable(fault_class):
+        return None
+    for hold in holds:
+        if hold.rule_id == rule_id and node in hold.nodes and now < hold.expires_at:
+            return hold
+    return None

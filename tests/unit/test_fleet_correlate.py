@@ -1,0 +1,126 @@
+"""Correlation: faults on many nodes at once are named as one suspected cause, by what those nodes share."""
+
+from __future__ import annotations
+
+from agent.fleet import CorrelationPolicy, Dimension, FaultSummary, NodeSummary, Sighting, correlate
+from agent.model import Action, FaultClass, Severity
+
+POLICY = CorrelationPolicy()
+
+
+def fleet(size: int = 40, *, domain_size: int = 10) -> dict[str, NodeSummary]:
+    """`size` healthy nodes: half on each of two driver versions, fabric domains (= racks) of `domain_size`."""
+    return {f"n{i}": NodeSummary(node=f"n{i}", gpu_model="NVIDIA H100 80GB HBM3",
+                                 driver_version="570.86.15" if i % 2 == 0 else "575.51.03",
+                                 fabric_domain=f"fabric-{i // domain_size}", rack=f"rack-{i // domain_size}",
+                                 zone="zone-a", workloads=(f"ml/job-{i}",))
+            for i in range(size)}
+
+
+def with_fault(summaries: dict[str, NodeSummary], nodes: list[str], rule_id: str, fault_class: FaultClass,
+               *, owner: str | None = None) -> list[Sighting]:
+    """Put the rule's fault on each node (on GPUs the owner's pods hold, if an owner is given)."""
+    sightings = []
+    for at, node in enumerate(nodes):
+        summary = summaries[node]
+        owners = (owner,) if owner else ()
+        fault = FaultSummary(rule_id, fault_class, Severity.FATAL, Action.QUARANTINE, owners=owners)
+        summaries[node] = NodeSummary(**{**{f: getattr(summary, f) for f in summary.__slots__},  # type: ignore[arg-type]
+                                         "faults": (*summary.faults, fault),
+                                         "workloads": (*summary.workloads, *owners)})
+        sightings.append(Sighting(node, rule_id, fault_class, seen_at=float(at)))
+    return sightings
+
+
+def test_one_jobs_crash_loop_on_many_nodes_is_named_as_the_job():
+    """Xid 13 on the 12 nodes one job spans, same driver as 20 others: the job is the cause, not the driver."""
+    summaries = fleet()
+    nodes = [f"n{i}" for i in range(0, 24, 2)]
+    sightings = with_fault(summaries, nodes, "xid-13", FaultClass.APPLICATION, owner="ml/Job/train")
+    [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
+    assert (found.dimension, found.key) == (Dimension.WORKLOAD, "ml/Job/train")
+    assert found.nodes == set(nodes)
+    assert "the workload ml/Job/train" in found.cause
+
+
+def test_a_fault_on_every_node_of_one_driver_version_is_named_as_the_driver():
+    """GSP timeouts on all 20 nodes of driver 570 (different jobs each): the driver version is the cause."""
+    summaries = fleet()
+    nodes = [f"n{i}" for i in range(0, 40, 2)]
+    sightings = with_fault(summaries, nodes, "xid-119", FaultClass.DRIVER)
+    [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
+    assert (found.dimension, found.key) == (Dimension.DRIVER_VERSION, "570.86.15")
+    assert found.group == set(nodes)
+
+
+def test_links_down_in_one_fabric_domain_are_named_as_the_fabric_domain():
+    """NVLink down on the 10 nodes of one fabric domain (both driver versions): the domain is the cause."""
+    summaries = fleet()
+    nodes = [f"n{i}" for i in range(10, 20)]
+    sightings = with_fault(summaries, nodes, "nvlink-down", FaultClass.INTERCONNECT)
+    [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
+    assert (found.dimension, found.key) == (Dimension.FABRIC_DOMAIN, "fabric-1")
+
+
+def test_links_down_right_after_each_boot_are_named_as_a_boot_time_flap():
+    """Links down within minutes of each node's boot, across domains: a boot-time flap, one cause."""
+    summaries = fleet()
+    nodes = ["n1", "n12", "n25", "n38"]
+    sightings = [Sighting(s.node, s.rule_id, s.fault_class, seen_at=1000.0 + i * 3600, booted_at=900.0 + i * 3600)
+                 for i, s in enumerate(with_fault(summaries, nodes, "nvlink-down", FaultClass.INTERCONNECT))]
+    policy = CorrelationPolicy(window_seconds=4 * 3600)
+    [found] = correlate(summaries, sightings, now=1000.0 + 3 * 3600, policy=policy)
+    assert found.dimension is Dimension.BOOT_WINDOW
+    assert found.nodes == set(nodes)
+
+
+def test_one_node_alone_is_never_a_fleet_cause():
+    """A single node's fault is that node's, whatever its group."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n3"], "xid-119", FaultClass.DRIVER)
+    assert correlate(summaries, sightings, now=1.0, policy=POLICY) == []
+
+
+def test_two_of_forty_nodes_on_different_groups_are_not_correlated():
+    """Two nodes in different domains, on different drivers and jobs: below k and below the share of any group."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n3", "n14"], "xid-119", FaultClass.DRIVER)
+    assert correlate(summaries, sightings, now=1.0, policy=POLICY) == []
+
+
+def test_sightings_older_than_the_window_do_not_count():
+    """Faults spread over hours are not one event: only those within the window are counted together."""
+    summaries = fleet()
+    nodes = [f"n{i}" for i in range(0, 24, 2)]
+    sightings = [Sighting(s.node, s.rule_id, s.fault_class, seen_at=i * 1000.0)
+                 for i, s in enumerate(with_fault(summaries, nodes, "xid-13", FaultClass.APPLICATION,
+                                                  owner="ml/Job/train"))]
+    assert correlate(summaries, sightings, now=11 * 1000.0, policy=POLICY) == []
+
+
+def test_two_jobs_crash_looping_at_once_are_two_causes():
+    """Each job's nodes are named for their own job: the first cause does not swallow the second's nodes."""
+    summaries = fleet()
+    first = with_fault(summaries, ["n0", "n2", "n4", "n6"], "xid-13", FaultClass.APPLICATION, owner="ml/Job/a")
+    second = with_fault(summaries, ["n21", "n23", "n25", "n27"], "xid-13", FaultClass.APPLICATION, owner="ml/Job/b")
+    found = correlate(summaries, first + second, now=10.0, policy=POLICY)
+    assert {(c.dimension, c.key) for c in found} == {(Dimension.WORKLOAD, "ml/Job/a"), (Dimension.WORKLOAD, "ml/Job/b")}
+
+
+def test_a_correlations_group_holds_nodes_not_yet_showing_the_fault():
+    """The job's other nodes are in the group (the hold's scope) before they fault too."""
+    summaries = fleet()
+    for node in ("n30", "n31"):
+        s = summaries[node]
+        summaries[node] = NodeSummary(node=node, driver_version=s.driver_version, workloads=("ml/Job/train",))
+    sightings = with_fault(summaries, ["n0", "n2", "n4"], "xid-13", FaultClass.APPLICATION, owner="ml/Job/train")
+    [found] = correlate(summaries, sightings, now=5.0, policy=POLICY)
+    assert found.group == {"n0", "n2", "n4", "n30", "n31"}
+
+
+def test_one_node_is_never_a_cause_whatever_the_policy_says():
+    """Even a policy of one node in a group of one names no cause of fewer than two nodes."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n3", "n14"], "xid-119", FaultClass.DRIVER)
+    policy = CorrelationPolicy(min_nodes=1, min_group=1, min_share=0.0)
+    assert all(len(c.nodes) >= 2 for c in correlate(summaries, sightings, now=1.0, policy=policy))

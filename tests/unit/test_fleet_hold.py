@@ -1,0 +1,85 @@
+"""Holds: a correlated cause keeps its rule from being acted on node by node, never a node's own hardware fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.errors import InputError
+from agent.fleet import Correlation, Dimension, covering_hold, holds_from_json, holds_to_json, next_holds
+from agent.model import FaultClass
+
+
+def correlation(rule_id: str = "xid-13", fault_class: FaultClass = FaultClass.APPLICATION,
+                group: frozenset[str] = frozenset({"n1", "n2", "n3", "n4"})) -> Correlation:
+    return Correlation(rule_id, fault_class, Dimension.WORKLOAD, "ml/Job/train", frozenset({"n1", "n2", "n3"}),
+                       group, 0.0, 2.0)
+
+
+def test_a_correlation_starts_a_hold_over_its_whole_group():
+    """Every node sharing the cause is held, also the one that has not faulted yet."""
+    holds = next_holds({}, [correlation()], now=10.0, hold_seconds=600, max_hold_seconds=6 * 3600)
+    assert covering_hold(holds.values(), node="n4", rule_id="xid-13", fault_class=FaultClass.APPLICATION, now=11.0)
+
+
+def test_a_hold_never_covers_a_hardware_fault():
+    """A node's own double-bit ECC is acted on as ever, inside a hold."""
+    holds = next_holds({}, [correlation()], now=10.0, hold_seconds=600, max_hold_seconds=6 * 3600)
+    assert covering_hold(holds.values(), node="n1", rule_id="xid-13", fault_class=FaultClass.HARDWARE,
+                         now=11.0) is None
+
+
+def test_a_hold_never_covers_another_rule():
+    """Independent evidence (another rule) on a held node is not held."""
+    holds = next_holds({}, [correlation()], now=10.0, hold_seconds=600, max_hold_seconds=6 * 3600)
+    assert covering_hold(holds.values(), node="n1", rule_id="xid-79", fault_class=FaultClass.APPLICATION,
+                         now=11.0) is None
+
+
+def test_no_hold_is_started_for_a_hardware_correlation():
+    """Many nodes with hardware faults at once are each acted on: hardware is never a fleet cause to hold."""
+    holds = next_holds({}, [correlation("ecc-dbe", FaultClass.HARDWARE)], now=10.0, hold_seconds=600,
+                       max_hold_seconds=6 * 3600)
+    assert holds == {}
+
+
+def test_a_hold_ends_by_itself_after_its_correlation_ends():
+    """Renewed while the cause stands; gone one hold period after the last pass that saw it."""
+    holds = next_holds({}, [correlation()], now=10.0, hold_seconds=600, max_hold_seconds=6 * 3600)
+    holds = next_holds(holds, [correlation()], now=300.0, hold_seconds=600, max_hold_seconds=6 * 3600)
+    holds = next_holds(holds, [], now=899.0, hold_seconds=600, max_hold_seconds=6 * 3600)
+    assert list(holds) == ["xid-13/workload/ml/Job/train"]
+    assert next_holds(holds, [], now=900.0, hold_seconds=600, max_hold_seconds=6 * 3600) == {}
+
+
+def test_a_hold_is_renewed_no_longer_than_its_bound():
+    """A cause that never ends still lets its hold lapse after the bound: nothing is held for ever."""
+    holds = next_holds({}, [correlation()], now=0.0, hold_seconds=600, max_hold_seconds=3600)
+    covered_until = 0
+    for now in range(60, 8000, 60):
+        holds = next_holds(holds, [correlation()], now=float(now), hold_seconds=600, max_hold_seconds=3600)
+        if covering_hold(holds.values(), node="n1", rule_id="xid-13", fault_class=FaultClass.APPLICATION,
+                         now=float(now)):
+            covered_until = now
+    assert covered_until == 3540
+
+
+def test_a_spent_hold_starts_afresh_once_its_cause_has_ended():
+    """After the cause ended, a new correlation of the same rule and key is a new event with a new hold."""
+    holds = next_holds({}, [correlation()], now=0.0, hold_seconds=600, max_hold_seconds=600)
+    holds = next_holds(holds, [correlation()], now=600.0, hold_seconds=600, max_hold_seconds=600)
+    assert next(iter(holds.values())).spent
+    holds = next_holds(holds, [], now=660.0, hold_seconds=600, max_hold_seconds=600)
+    holds = next_holds(holds, [correlation()], now=720.0, hold_seconds=600, max_hold_seconds=600)
+    assert covering_hold(holds.values(), node="n1", rule_id="xid-13", fault_class=FaultClass.APPLICATION, now=721.0)
+
+
+def test_holds_survive_their_json_form():
+    """What the fleet controller publishes is what the nodes read back (a restart loses no hold)."""
+    holds = next_holds({}, [correlation()], now=10.0, hold_seconds=600, max_hold_seconds=6 * 3600)
+    assert holds_from_json(holds_to_json(holds.values())) == list(holds.values())
+
+
+def test_malformed_holds_are_one_input_error():
+    """A damaged holds object is one line naming it, never a traceback."""
+    with pytest.raises(InputError, match="gpu-health/holds: hold is malformed"):
+        holds_from_json('[{"id": "x"}]', source="gpu-health/holds")
