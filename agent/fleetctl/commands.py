@@ -140,7 +140,7 @@ def run_command(namespace: str | None, kubeconfig: str | None, identity: str | N
                              hold_seconds=hold_seconds, max_hold_seconds=max_hold, tick_seconds=tick)
     metrics = FleetMetrics()
     controller = FleetController(raw, settings, identity=me, metrics=metrics,
-                                 events=EventRecorder(raw, instance=me, namespace=ns))
+                                 events=EventRecorder(raw, instance=me, namespace=ns, fold_seconds=0.0))  # create only
     nodes = ListWatch(api, "/api/v1/nodes", WatchOptions(metadata_only=True))
     elector = LeaderElector(raw, LeaseConfig(namespace=ns, name=LEASE_NAME, identity=me))
 
