@@ -16,9 +16,11 @@ import urllib3.exceptions
 from agent.k8s.errors import K8sError, status_error, translate
 from agent.k8s.raw import JsonDocument
 
-#: Accept header of a metadata-only list or watch: the objects come as PartialObjectMetadata (labels,
-#: annotations, names), a tenth of a GPU Node's size.
+#: Accept headers of a metadata-only watch and list (as client-go's metadata client sends them; the API server
+#: answers 406 to a list asked for as PartialObjectMetadata): the objects come as PartialObjectMetadata
+#: (labels, annotations, names), a tenth of a GPU Node's size.
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 #: A list is read in pages of this many objects (the API server's continue tokens).
 PAGE = 500
 
@@ -68,8 +70,10 @@ class ListWatch:
             query["fieldSelector"] = self.options.field_selector
         return query
 
-    def _accept(self) -> str:
-        return METADATA_ONLY if self.options.metadata_only else "application/json"
+    def _accept(self, *, listing: bool = False) -> str:
+        if not self.options.metadata_only:
+            return "application/json"
+        return METADATA_ONLY_LIST if listing else METADATA_ONLY
 
     def list_all(self) -> tuple[list[JsonDocument], str]:
         """Every object, page by page, and the list's resourceVersion (where a watch resumes)."""
@@ -88,7 +92,8 @@ class ListWatch:
                 return items, str(metadata.get("resourceVersion") or "")
 
     def _read(self, query: dict[str, str], read_timeout: float) -> bytes:
-        response = self.api_client.stream(self.path, query=query, accept=self._accept(), read_timeout=read_timeout)
+        response = self.api_client.stream(self.path, query=query, accept=self._accept(listing=True),
+                                          read_timeout=read_timeout)
         try:
             return bytes(response.read())
         finally:

@@ -189,3 +189,13 @@ def test_a_failing_server_is_retried_with_backoff_and_reported(server):
     assert synced == [0]
     assert len(errors) == 3 and all("503" in e for e in errors)
     assert all(0 < w <= lw.options.max_backoff_seconds for w in waits)
+
+
+def test_a_list_asked_for_as_single_object_metadata_is_refused_as_a_real_server_does(server):
+    """A list with Accept as=PartialObjectMetadata (not ...List) is a 406, as kube-apiserver answers it."""
+    from agent.k8s.errors import K8sError
+    from agent.k8s.watch import METADATA_ONLY
+
+    with pytest.raises(K8sError) as raised:
+        client_for(server.url).stream("/api/v1/nodes", accept=METADATA_ONLY)
+    assert raised.value.status == 406

@@ -36,7 +36,7 @@ from agent.simulation.fake_apiserver.validation import (
     validate_event,
     validate_node,
 )
-from agent.simulation.fake_apiserver.watch import WatchHistory, metadata_only, partial
+from agent.simulation.fake_apiserver.watch import NotAcceptable, WatchHistory, metadata_only, partial
 
 #: A pod's terminationGracePeriodSeconds when its spec gives none (the API server's default).
 DEFAULT_GRACE_SECONDS = 30
@@ -682,7 +682,11 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                 return
             cluster.log.append(("WATCH", path, 200))
             labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
-            partial_only = metadata_only(self.headers.get("Accept", ""))
+            try:
+                partial_only = metadata_only(self.headers.get("Accept", ""), listing=False)
+            except NotAcceptable as exc:
+                self._send(406, ApiError(406, "NotAcceptable", str(exc)).status())
+                return
             with cluster.lock:
                 since = int(query.get("resourceVersion") or cluster.revision)
             self.send_response(200)
@@ -742,7 +746,11 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                     revision = cluster.revision
                     items = cluster.list_objects(resource, namespace or None, query.get("labelSelector", ""),
                                                  query.get("fieldSelector", ""))
-                if metadata_only(self.headers.get("Accept", "")):
+                try:
+                    partial_only = metadata_only(self.headers.get("Accept", ""), listing=True)
+                except NotAcceptable as exc:
+                    raise ApiError(406, "NotAcceptable", str(exc)) from None
+                if partial_only:
                     return 200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
                                  "metadata": {"resourceVersion": str(revision)},
                                  "items": [partial(o) for o in items]}

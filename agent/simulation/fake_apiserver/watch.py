@@ -98,10 +98,22 @@ class WatchHistory:
                 yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(seen)}}}
 
 
-def metadata_only(accept: str) -> bool:
-    """Whether the client asked for PartialObjectMetadata (what `kubectl get --output-watch-events`
-    and client-go's metadata informers ask for)."""
-    return "as=PartialObjectMetadata" in accept.replace(" ", "")
+def metadata_only(accept: str, *, listing: bool) -> bool:
+    """Whether the client asked for metadata only, as client-go's metadata informers do: a list as
+    PartialObjectMetadataList, a watch as PartialObjectMetadata. The other way round is a 406, as on a real
+    server (which does not fall back to another type the Accept header offers)."""
+    asked = {part.split("=", 1)[1] for part in accept.replace(" ", "").replace(",", ";").split(";")
+             if part.startswith("as=")}
+    wanted = "PartialObjectMetadataList" if listing else "PartialObjectMetadata"
+    if asked - {wanted}:
+        kind = "a list" if listing else "a single object"
+        raise NotAcceptable(f"you requested {', '.join(sorted(asked - {wanted}))}, but the requested object is "
+                            f"{kind}")
+    return wanted in asked
+
+
+class NotAcceptable(Exception):
+    """406: the Accept header asks for a type the server cannot give for this request."""
 
 
 def partial(obj: dict[str, Any]) -> dict[str, Any]:
