@@ -6,10 +6,10 @@ pods (list with field selectors, graceful deletion: a deleted or evicted pod kee
 until its grace period has passed on the cluster's clock, or `finish_termination`); pods/eviction with
 PodDisruptionBudget semantics (429 when no disruption is allowed, the bare 500 for a pod under two
 budgets); events.k8s.io/v1 events (validated as on creation); coordination.k8s.io/v1 leases; apps/v1
-daemonsets; resource.k8s.io/v1 DeviceClasses, ResourceSlices, ResourceClaims and DeviceTaintRules (stored
-and listed, rules validated, deletion preconditions honoured; no scheduler allocates claims); and injected
-faults (5xx, latency, downtime, conflicts). Objects live in memory. What still differs from a real server is
-listed in docs/testing.md.
+daemonsets; ConfigMaps; watches with bookmarks and 410 (watch.py); resource.k8s.io/v1 DeviceClasses,
+ResourceSlices, ResourceClaims and DeviceTaintRules (stored and listed, rules validated, deletion
+preconditions honoured; no scheduler allocates claims); and injected faults (5xx, latency, downtime,
+conflicts). Objects live in memory. What still differs from a real server is listed in docs/testing.md.
 """
 
 from __future__ import annotations
