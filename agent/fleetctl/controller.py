@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent.errors import AgentError
 from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
 from agent.fleet.published import HOLDS_CONFIGMAP
 from agent.fleetctl.metrics import FleetMetrics
@@ -79,14 +80,14 @@ class FleetController:
             self.metrics.nodes.labels("invalid").set(len(self.view.invalid))
             self.metrics.nodes.labels("none").set(len(self.view.nodes - set(self.view.summaries)
                                                       - set(self.view.invalid)))
-        published, _ = self.store.read()
-        known = self._standing | {h.id for h in published}
+        read = self.store.read()
+        known = self._standing | {h.id for h in read[0]}
         fresh = [c for c in correlations if c.id not in known]
         for correlation in fresh:  # before the hold is written: a crash in between sends it once more, by name
             self._announce(correlation)
         before, after = self.store.update(lambda held: list(next_holds(
             {h.id: h for h in held}, correlations, now=now, hold_seconds=s.hold_seconds,
-            max_hold_seconds=s.max_hold_seconds).values()))
+            max_hold_seconds=s.max_hold_seconds).values()), read=read)
         for gone in {h.id for h in before} - {h.id for h in after}:
             log.info("fleet_hold_ended", hold=gone)
         self._standing = {c.id for c in correlations}
@@ -150,7 +151,7 @@ class FleetController:
                     continue  # a standby keeps its view warm; the first pass waits for the first list
                 try:
                     self.reconcile()
-                except K8sError as exc:
+                except AgentError as exc:  # the API, or a holds object someone broke: kept, tried again
                     self._failed("holds", exc)
                     self.changed.set()
                     stop.wait(self.settings.settle_seconds)
@@ -165,7 +166,7 @@ class FleetController:
         if leading:
             self.changed.set()  # adopt the published holds at once
 
-    def _failed(self, what: str, exc: K8sError) -> None:
+    def _failed(self, what: str, exc: AgentError) -> None:
         self.metrics.errors.labels(what).inc()
         log.warning("fleet_api_failed", what=what, error=str(exc))
 

@@ -63,12 +63,16 @@ class HoldsStore:
         self._placed = (new_version, list(holds))
         return new_version
 
-    def update(self, change: Callable[[list[Hold]], list[Hold]]) -> tuple[list[Hold], list[Hold]]:
-        """(before, after): read, apply `change`, write only when it changed something; a 409 reads again
-        and re-applies the change (so an operator's edit in between is kept)."""
+    def update(self, change: Callable[[list[Hold]], list[Hold]], *,
+               read: tuple[list[Hold], str] | None = None) -> tuple[list[Hold], list[Hold]]:
+        """(before, after): read (or start from `read`, what the caller just read), apply `change`, write only
+        when it changed something; a 409 reads again and re-applies the change (so an operator's edit in
+        between is kept)."""
+        first = [read]
 
         def attempt() -> tuple[list[Hold], list[Hold]]:
-            before, version = self.read()
+            given = first.pop() if first else None
+            before, version = given if given is not None else self.read()
             after = change(list(before))
             changed = bool(after) if not version else not same_holds(before, after)
             if changed:  # no object is created until there is a hold to publish

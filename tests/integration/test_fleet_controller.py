@@ -290,3 +290,40 @@ def _wait(predicate: Any, what: str, timeout: float = 20.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"never happened: {what}")
+
+
+def test_a_write_that_conflicts_reads_the_object_again_and_publishes(server):
+    """A 409 on the holds write (someone wrote in between) is a fresh read and the change applied again."""
+    add_nodes(server.cluster, 4, XID13)
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    clock.now += 120.0
+    server.cluster.faults.fail_next_writes.append(409)
+    made.reconcile()
+    [held] = published(server, clock)
+    assert held.expires_at == pytest.approx(clock.now + 600.0, abs=1.0)
+
+
+def test_a_broken_holds_object_is_reported_kept_and_not_overwritten(server):
+    """A holds object someone broke by hand: the running controller counts the failure and keeps trying;
+    it never overwrites what it cannot read (an operator's holds may be in it)."""
+    add_nodes(server.cluster, 4, XID13)
+    server.cluster.add("configmaps", {"metadata": {"name": HOLDS_CONFIGMAP, "namespace": NS},
+                                      "data": {"holds.json": "[{", "written": "1"}}, namespace=NS)
+    raw = RawApi(client_for(server.url))
+    made = FleetController(raw, SETTINGS, identity="fleet-a", events=EventRecorder(raw, instance="a", namespace=NS))
+    nodes = ListWatch(client_for(server.url), "/api/v1/nodes")
+    elector = LeaderElector(raw, LeaseConfig(namespace=NS, name="fleet", identity="fleet-a", retry_seconds=0.2,
+                                             renew_deadline_seconds=5, lease_seconds=10))
+    stop = threading.Event()
+    thread = threading.Thread(target=made.run, kwargs={"stop": stop, "nodes": nodes, "elector": elector},
+                              daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: made.metrics.errors.labels("holds")._value.get() >= 2, "two failed passes")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    obj = server.cluster.get(next(r for r in RESOURCES if r.plural == "configmaps"), NS, HOLDS_CONFIGMAP)
+    assert obj["data"]["holds.json"] == "[{"
