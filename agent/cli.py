@@ -30,6 +30,7 @@ from agent.daemon import Daemon, device_reset_of, rules_dir_of
 from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
 from agent.errors import AgentError, InputError, InputErrors
 from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
+from agent.fleetctl.commands import fleet
 from agent.gpu.helper import serve as serve_resets
 from agent.hot_path import describe as describe_storm_path
 from agent.httpserver import AgentHttpServer
@@ -180,6 +181,9 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
               help="Show the version, and whether the storm path is compiled, and exit.")
 def main() -> None:
     """Node-level GPU health and self-healing agent for Kubernetes."""
+
+
+main.add_command(fleet)
 
 
 @main.command()

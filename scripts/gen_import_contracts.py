@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Where each guarded import may stand; every other module of agent is a source of its forbidden contract.
 ALLOWED = {
     "pynvml": {"agent.sources.nvml"},
-    "urllib3": {"agent.k8s.client", "agent.k8s.errors"},
+    "urllib3": {"agent.k8s.client", "agent.k8s.errors", "agent.k8s.watch"},
     "subprocess": {"agent.diagnostics", "agent.gpu.reset", "agent.k8s.exec_credential", "agent.cli"},
 }
 

@@ -25,6 +25,8 @@ class Dimension(StrEnum):
     GPU_MODEL = "gpu-model"
     RACK = "rack"
     ZONE = "zone"
+    #: Not found by correlation: an operator's `gpu-health-agent fleet hold` names the nodes.
+    OPERATOR = "operator"
 
 
 #: For each fault class, the causes to prefer when two explain the nodes equally well (most likely first):
@@ -99,6 +101,7 @@ class Correlation:
             Dimension.GPU_MODEL: f"the GPU model {self.key}",
             Dimension.RACK: f"the rack {self.key}",
             Dimension.ZONE: f"the zone {self.key}",
+            Dimension.OPERATOR: f"an operator's hold ({self.key})",
         }[self.dimension]
         return f"{shown} share one suspected cause: {what}"
 

@@ -116,6 +116,33 @@ class ApiClient:
             raise status_error(response.status, response.reason or "", data.decode("utf-8", errors="replace"))
         return data
 
+    def stream(self, path: str, *, query: Mapping[str, str] | None = None, accept: str = "application/json",
+               read_timeout: float | None = None) -> Any:
+        """A GET whose answer is read as it comes (a watch, a large list): the open urllib3 response, each
+        read bounded by `read_timeout`; the caller reads and releases it. Failures as in `request`."""
+        url = self._prefix + path + (f"?{urlencode(dict(query))}" if query else "")
+        connect, read = self.timeouts.connect, self.timeouts.read if read_timeout is None else read_timeout
+        headers = {"Accept": accept, "User-Agent": "gpu-health-agent"}
+        for attempt in (1, 2):
+            authorization = self._authorization()
+            if authorization:
+                headers["Authorization"] = authorization
+            try:
+                response = self.pool.urlopen("GET", url, headers=headers, retries=False, redirect=False,
+                                             timeout=urllib3.Timeout(connect=connect, read=read),
+                                             preload_content=False)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise translate(exc, request=f"GET {path}", timeout=(connect, read),
+                                server=f"{self.pool.host}:{self.pool.port}") from None
+            if response.status != 401 or attempt == 2 or not self._refresh_credentials():
+                break
+            response.release_conn()
+        if not 200 <= response.status <= 299:
+            data = response.read() or b""
+            response.release_conn()
+            raise status_error(response.status, response.reason or "", data.decode("utf-8", errors="replace"))
+        return response
+
     def _authorization(self) -> str:
         credentials = self.credentials
         if credentials.exec_plugin is not None:

@@ -34,6 +34,8 @@ _DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--") if shutil.which("set
 AGENT_NAMESPACE = "gpu-health"
 AGENT_SERVICE_ACCOUNT = "gpu-health-agent"
 AGENT_USER = f"system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_SERVICE_ACCOUNT}"
+#: The fleet controller's identity (daemonset/fleet), audited like the agent's for its RBAC-from-use test.
+FLEET_USER = f"system:serviceaccount:{AGENT_NAMESPACE}:gpu-health-fleet"
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
 GPU_LABEL = "nvidia.com/gpu.present"
 # kwok manages only the nodes the tests made, so it never touches anything else.
@@ -56,12 +58,13 @@ RESOURCES = {
     ("", "nodes"): ("v1", False), ("", "pods"): ("v1", True), ("", "namespaces"): ("v1", False),
     ("policy", "poddisruptionbudgets"): ("v1", True), ("events.k8s.io", "events"): ("v1", True),
     ("coordination.k8s.io", "leases"): ("v1", True), ("apps", "daemonsets"): ("v1", True),
+    ("", "configmaps"): ("v1", True),
     ("resource.k8s.io", "resourceslices"): ("v1", False), ("resource.k8s.io", "resourceclaims"): ("v1", True),
     ("resource.k8s.io", "devicetaintrules"): ("v1", False), ("resource.k8s.io", "deviceclasses"): ("v1", False),
 }
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-    "rules": [{"level": "Metadata", "users": [AGENT_USER]}, {"level": "None"}],
+    "rules": [{"level": "Metadata", "users": [AGENT_USER, FLEET_USER]}, {"level": "None"}],
 }
 
 

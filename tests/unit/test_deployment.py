@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from agent.config import Config, load_config
+from agent.fleet.published import HOLDS_CONFIGMAP, LEASE_NAME
 from tests.conftest import REPO
 
 DEPLOY = REPO / "daemonset"
@@ -81,6 +82,37 @@ def test_rbac_grants_exactly_what_the_agent_does():
     [role] = [d for d in manifests("rbac.yaml") if d["kind"] == "Role"]
     assert role["metadata"]["namespace"] == "gpu-health"
     assert [r["resources"] for r in role["rules"]] == [["leases"]]
+
+
+def test_the_fleet_controller_is_granted_exactly_what_it_does():
+    """daemonset/fleet/rbac.yaml: nodes list/watch, Events create; in its namespace only the holds ConfigMap
+    and the leader Lease by name (create cannot be limited by name); nothing else, never delete."""
+    documents = manifests("fleet/rbac.yaml")
+    [cluster_role] = [d for d in documents if d["kind"] == "ClusterRole"]
+    assert {(g, r): set(rule["verbs"]) for rule in cluster_role["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"]} == {("", "nodes"): {"list", "watch"}, ("events.k8s.io", "events"): {"create"}}
+    [role] = [d for d in documents if d["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "gpu-health"
+    grants = {(g, r, tuple(rule.get("resourceNames", ())), v) for rule in role["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"] for v in rule["verbs"]}
+    assert grants == {("", "configmaps", (), "create"), ("coordination.k8s.io", "leases", (), "create"),
+                      ("", "configmaps", (HOLDS_CONFIGMAP,), "get"), ("", "configmaps", (HOLDS_CONFIGMAP,), "update"),
+                      ("coordination.k8s.io", "leases", (LEASE_NAME,), "get"),
+                      ("coordination.k8s.io", "leases", (LEASE_NAME,), "update")}
+    bound = {d["kind"]: d["subjects"][0]["name"] for d in documents if d["kind"].endswith("Binding")}
+    assert bound == {"ClusterRoleBinding": "gpu-health-fleet", "RoleBinding": "gpu-health-fleet"}
+
+
+def test_the_fleet_controller_runs_unprivileged_as_the_fleet_service_account():
+    """No root, no host access, a read-only root filesystem; `fleet run` on its own ServiceAccount."""
+    [deployment] = manifests("fleet/deployment.yaml")
+    spec = deployment["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert spec["serviceAccountName"] == "gpu-health-fleet" and container["args"][:2] == ["fleet", "run"]
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not {"hostPID", "hostNetwork", "volumes"} & set(spec)
 
 
 def test_every_rbac_rule_says_why():

@@ -135,6 +135,32 @@ def test_dra_enabled_renders_exactly_the_objects_of_daemonset_dra(helm):
     assert {kind for kind, _ in set(without_policy) & set(dra)} == {"ClusterRole", "ClusterRoleBinding"}
 
 
+def test_fleet_enabled_renders_exactly_the_objects_of_daemonset_fleet(helm):
+    """fleet.enabled adds the fleet controller's Deployment, ServiceAccount and RBAC, field for field as
+    `kubectl apply -k daemonset/fleet` would; off by default."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is installed by scripts/test")
+    out = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset" / "fleet")], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    fleet = {key: comparable(obj) for key, obj in objects(out).items()}
+    base = objects(render(helm).stdout)
+    enabled = {key: comparable(obj) for key, obj in objects(render(helm, "--set", "fleet.enabled=true").stdout).items()
+               if key not in base}
+    assert enabled == fleet
+    assert not set(fleet) & set(base)
+
+
+def test_fleet_values_reach_the_controller(helm):
+    """replicas, the rack label and extra options reach the Deployment."""
+    rendered = objects(render(helm, "--set", "fleet.enabled=true", "--set", "fleet.replicas=3",
+                              "--set", "fleet.rackLabel=example.com/rack", "--set-json",
+                              'fleet.extraArgs=["--min-nodes","5"]').stdout)
+    deployment = rendered[("Deployment", "gpu-health-fleet")]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert deployment["spec"]["replicas"] == 3
+    assert container["args"] == ["fleet", "run", "--rack-label", "example.com/rack", "--min-nodes", "5"]
+
+
 def test_dra_values_reach_the_agent_config(helm):
     """dra.taintEffect and dra.taintDegraded become remediation.device_taint_effect and device_taint_degraded."""
     rendered = objects(render(helm, "--set", "dra.taintEffect=NoExecute", "--set", "dra.taintDegraded=true").stdout)
@@ -199,6 +225,8 @@ def test_the_values_schema_rejects_an_unknown_key(helm):
     ("files/admission-policy.yaml", "daemonset/admission-policy.yaml"),
     ("files/dra/rbac.yaml", "daemonset/dra/rbac.yaml"),
     ("files/dra/admission-policy.yaml", "daemonset/dra/admission-policy.yaml"),
+    ("files/fleet/serviceaccount.yaml", "daemonset/fleet/serviceaccount.yaml"),
+    ("files/fleet/rbac.yaml", "daemonset/fleet/rbac.yaml"),
     ("files/alerts/gpu-health-alerts.yaml", "daemonset/alerts/gpu-health-alerts.yaml"),
     *[(f"files/rules/{p.name}", f"rules/{p.name}") for p in sorted((REPO / "rules").glob("*.yaml"))],
 ])

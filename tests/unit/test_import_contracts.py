@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: Where each guarded import is allowed (the contract's allow-list), as pyproject.toml declares it.
 ALLOWED = {
     "pynvml": {"agent.sources.nvml"},
-    "urllib3": {"agent.k8s.client", "agent.k8s.errors"},
+    "urllib3": {"agent.k8s.client", "agent.k8s.errors", "agent.k8s.watch"},
     "subprocess": {"agent.diagnostics", "agent.gpu.reset", "agent.k8s.exec_credential", "agent.cli"},
 }
 

@@ -6,10 +6,10 @@ pods (list with field selectors, graceful deletion: a deleted or evicted pod kee
 until its grace period has passed on the cluster's clock, or `finish_termination`); pods/eviction with
 PodDisruptionBudget semantics (429 when no disruption is allowed, the bare 500 for a pod under two
 budgets); events.k8s.io/v1 events (validated as on creation); coordination.k8s.io/v1 leases; apps/v1
-daemonsets; resource.k8s.io/v1 DeviceClasses, ResourceSlices, ResourceClaims and DeviceTaintRules (stored
-and listed, rules validated, deletion preconditions honoured; no scheduler allocates claims); and injected
-faults (5xx, latency, downtime, conflicts). Objects live in memory. What still differs from a real server is
-listed in docs/testing.md.
+daemonsets; ConfigMaps; watches with bookmarks and 410 (watch.py); resource.k8s.io/v1 DeviceClasses,
+ResourceSlices, ResourceClaims and DeviceTaintRules (stored and listed, rules validated, deletion
+preconditions honoured; no scheduler allocates claims); and injected faults (5xx, latency, downtime,
+conflicts). Objects live in memory. What still differs from a real server is listed in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from agent.simulation.fake_apiserver.validation import (
     validate_event,
     validate_node,
 )
+from agent.simulation.fake_apiserver.watch import NotAcceptable, WatchHistory, metadata_only, partial
 from agent.timefmt import rfc3339
 
 #: A pod's terminationGracePeriodSeconds when its spec gives none (the API server's default).
@@ -62,6 +63,7 @@ RESOURCES = [
     Resource("", "v1", "pods", "Pod", True, ("status", "eviction"), ("po",)),
     Resource("", "v1", "namespaces", "Namespace", False, (), ("ns",)),
     Resource("", "v1", "events", "Event", True, (), ("ev",)),
+    Resource("", "v1", "configmaps", "ConfigMap", True, (), ("cm",)),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("status",), ("pdb",)),
     Resource("events.k8s.io", "v1", "events", "Event", True, (), ("ev",)),
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
@@ -128,6 +130,11 @@ class FakeCluster:
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self.faults = Faults()
         self.log: list[tuple[str, str, int]] = []
+        self.history = WatchHistory()
+
+    def _changed(self, type_: str, key: tuple[str, str, str, str], obj: dict[str, Any]) -> None:
+        """Every write lands in the watch history under the revision it made."""
+        self.history.record(self.revision, type_, key[0], key[1], key[2], obj)
 
     # ---- storage ----
     def _key(self, resource: Resource, namespace: str, name: str) -> tuple[str, str, str, str]:
@@ -160,6 +167,7 @@ class FakeCluster:
                 obj.setdefault("spec", {}).setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
             _validate(resource, namespace, obj)
             self.objects[key] = self._stamp(resource, obj)
+            self._changed("ADDED", key, self.objects[key])
             return copy.deepcopy(self.objects[key])
 
     def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any]:
@@ -207,6 +215,7 @@ class FakeCluster:
                     updated["metadata"][kept] = current["metadata"][kept]
             _validate(resource, namespace, updated)
             self.objects[self._key(resource, namespace, name)] = self._stamp(resource, updated)
+            self._changed("MODIFIED", self._key(resource, namespace, name), updated)
             return copy.deepcopy(self.objects[self._key(resource, namespace, name)])
 
     def patch(self, resource: Resource, namespace: str, name: str, content_type: str, body: Any,
@@ -254,6 +263,7 @@ class FakeCluster:
             del self.objects[key]
             self._terminating.pop(key, None)
             self.revision += 1
+            self._changed("DELETED", key, obj)
             return obj
 
     def _terminate(self, resource: Resource, key: tuple[str, str, str, str], pod: dict[str, Any],
@@ -265,6 +275,7 @@ class FakeCluster:
         pod["metadata"]["deletionTimestamp"] = now_rfc3339(deadline)
         pod["metadata"]["deletionGracePeriodSeconds"] = period
         self.objects[key] = self._stamp(resource, pod)
+        self._changed("MODIFIED", key, pod)
         return copy.deepcopy(pod)
 
     def finish_terminations(self) -> None:
@@ -284,8 +295,10 @@ class FakeCluster:
 
     def _finish(self, key: tuple[str, str, str, str]) -> None:
         self._terminating.pop(key, None)
-        if self.objects.pop(key, None) is not None:
+        gone = self.objects.pop(key, None)
+        if gone is not None:
             self.revision += 1
+            self._changed("DELETED", key, gone)
 
     # ---- eviction ----
     def evict(self, namespace: str, name: str, *, grace_seconds: int | None = None) -> None:
@@ -321,6 +334,7 @@ class FakeCluster:
                                "message": "Eviction API: evicting", "lastTransitionTime": now_rfc3339(self.clock())})
             pod.setdefault("status", {})["conditions"] = conditions
             self.objects[self._key(pods, namespace, name)] = self._stamp(pods, pod)
+            self._changed("MODIFIED", self._key(pods, namespace, name), pod)
             self.delete(pods, namespace, name, grace_seconds=grace_seconds)
 
     # ---- helpers for tests and simulate ----
@@ -534,6 +548,7 @@ class FakeApiServer:
         return self
 
     def stop(self) -> None:
+        self.cluster.history.close()
         self._server.shutdown()
         self._server.server_close()
 
@@ -637,6 +652,9 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                         forced = 409
                 if writing:
                     faults.writes += 1
+            if method == "GET" and query.get("watch") in {"1", "true"}:
+                self._watch(url.path, query)
+                return
             try:
                 body = self._body()
                 if faults.latency_seconds:
@@ -652,6 +670,45 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
             except ApiError as exc:
                 cluster.log.append((method, url.path, exc.code))
                 self._send(exc.code, exc.status())
+
+        def _watch(self, path: str, query: dict[str, str]) -> None:
+            """A watch: the events after the asked resourceVersion as JSON lines over a chunked answer."""
+            match = _PATH.match(path)
+            resource = _BY_PATH.get((match.group("group") or "", match.group("core") or match.group("version"),
+                                     match.group("plural"))) if match else None
+            if match is None or resource is None or match.group("name"):
+                cluster.log.append(("WATCH", path, 404))
+                self._send(404, ApiError(404, "NotFound", "the server could not find the requested resource").status())
+                return
+            cluster.log.append(("WATCH", path, 200))
+            labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
+            try:
+                partial_only = metadata_only(self.headers.get("Accept", ""), listing=False)
+            except NotAcceptable as exc:
+                self._send(406, ApiError(406, "NotAcceptable", str(exc)).status())
+                return
+            with cluster.lock:
+                since = int(query.get("resourceVersion") or cluster.revision)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            events = cluster.history.stream(
+                group=resource.group, plural=resource.plural, namespace=unquote(match.group("ns") or ""),
+                since=since,
+                matches=lambda o: _labels_match(o, labels) and _fields_match(o, fields),
+                timeout=float(query.get("timeoutSeconds") or 1800),
+                bookmarks=query.get("allowWatchBookmarks") == "true")
+            try:
+                for event in events:
+                    shown = {"type": event["type"], "object": partial(event["object"])} \
+                        if partial_only and event["type"] in {"ADDED", "MODIFIED", "DELETED"} else event
+                    line = json.dumps(shown).encode() + b"\n"
+                    self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                self.close_connection = True
 
         def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, dict[str, Any]]:
             if method == "GET":
@@ -685,10 +742,20 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                 return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                              "code": 201}
             if method == "GET" and not name:
-                items = cluster.list_objects(resource, namespace or None, query.get("labelSelector", ""),
-                                     query.get("fieldSelector", ""))
+                with cluster.lock:  # the items and the list's resourceVersion are one snapshot
+                    revision = cluster.revision
+                    items = cluster.list_objects(resource, namespace or None, query.get("labelSelector", ""),
+                                                 query.get("fieldSelector", ""))
+                try:
+                    partial_only = metadata_only(self.headers.get("Accept", ""), listing=True)
+                except NotAcceptable as exc:
+                    raise ApiError(406, "NotAcceptable", str(exc)) from None
+                if partial_only:
+                    return 200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                                 "metadata": {"resourceVersion": str(revision)},
+                                 "items": [partial(o) for o in items]}
                 return 200, {"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
-                             "metadata": {"resourceVersion": str(cluster.revision)}, "items": items}
+                             "metadata": {"resourceVersion": str(revision)}, "items": items}
             if method == "GET":
                 return 200, cluster.get(resource, namespace, name)
             if method == "POST" and not name:

@@ -1,0 +1,69 @@
+"""Where the fleet view lives on the API server and the holds' published form.
+
+Each agent writes its NodeSummary's JSON to its own Node as the annotation SUMMARY_ANNOTATION. The fleet
+controller (and an operator's `fleet hold|release`) writes the holds to one ConfigMap, HOLDS_CONFIGMAP in the
+agent's namespace, under the data keys below. Times in it are the writer's wall clock, and what they say is
+their differences: a reader places each hold on its own monotonic clock as `observed_at + (t - written)`,
+where `observed_at` is when it first saw that resourceVersion. A reader that first sees an old version (a
+restarted controller or agent) may also cut the placement short by how long ago its own wall clock says the
+version was written: wall clocks can only shorten a hold (toward acting as without one), never lengthen
+it. Pure: the I/O is agent.fleetctl.store's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from agent.errors import InputError
+from agent.fleet import Hold, holds_from_json, holds_to_json
+
+SUMMARY_ANNOTATION = "gpu-health-agent.io/fleet-summary"
+HOLDS_CONFIGMAP = "gpu-health-fleet-holds"
+LEASE_NAME = "gpu-health-fleet-controller"
+#: The ConfigMap's data keys: the holds (agent.fleet.holds_to_json), the writer's clock when it wrote them,
+#: and who wrote them (the controller's identity, or `operator`).
+HOLDS_KEY = "holds.json"
+WRITTEN_KEY = "written"
+WRITER_KEY = "writer"
+
+
+def encode(holds: Iterable[Hold], *, now: float, wall: float, writer: str) -> dict[str, str]:
+    """The ConfigMap's data for holds kept on the writer's monotonic clock (`now`), stamped on its wall
+    clock (`wall`): every time shifts by the same offset, so a reader recovers the differences."""
+    offset = wall - now
+    shifted = [replace(h, started_at=round(h.started_at + offset, 3), expires_at=round(h.expires_at + offset, 3))
+               for h in holds]
+    return {HOLDS_KEY: holds_to_json(shifted), WRITTEN_KEY: f"{wall:.3f}", WRITER_KEY: writer}
+
+
+def decode(data: Mapping[str, str] | None, *, observed_at: float, wall: float | None = None,
+           source: str = "") -> list[Hold]:
+    """The holds of a ConfigMap's data on the reader's monotonic clock, placed from `observed_at` (when
+    the reader first saw this version of the object), less the time since `written` by the reader's wall
+    clock `wall` when given and positive. An empty or absent object holds nothing; a malformed one is an
+    InputError naming `source`."""
+    if not data or not data.get(HOLDS_KEY):
+        return []
+    try:
+        written = float(data.get(WRITTEN_KEY, ""))
+    except ValueError:
+        raise InputError(f"{WRITTEN_KEY} {data.get(WRITTEN_KEY)!r} is not a number", file=source) from None
+    offset = observed_at - written - (max(0.0, wall - written) if wall is not None else 0.0)
+    return [replace(h, started_at=h.started_at + offset, expires_at=h.expires_at + offset)
+            for h in holds_from_json(data[HOLDS_KEY], source=source)]
+
+
+def same_holds(left: Iterable[Hold], right: Iterable[Hold], *, slack: float = 1.0) -> bool:
+    """Whether two sets of holds say the same thing, times within `slack` seconds (a placement's jitter):
+    the controller writes only when something changed."""
+    a, b = {h.id: h for h in left}, {h.id: h for h in right}
+    if a.keys() != b.keys():
+        return False
+    for key, x in a.items():
+        y = b[key]
+        if replace(x, started_at=0.0, expires_at=0.0) != replace(y, started_at=0.0, expires_at=0.0):
+            return False
+        if abs(x.started_at - y.started_at) > slack or abs(x.expires_at - y.expires_at) > slack:
+            return False
+    return True

@@ -1,0 +1,175 @@
+"""The fleet controller: while it leads, it correlates the nodes' summaries on every change (and at a
+bounded tick), publishes the holds that follow, and announces each new correlation with one Event."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.errors import AgentError
+from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
+from agent.fleet.published import HOLDS_CONFIGMAP
+from agent.fleetctl.metrics import FleetMetrics
+from agent.fleetctl.settings import FleetSettings
+from agent.fleetctl.store import HoldsStore
+from agent.fleetctl.view import FleetView
+from agent.k8s.errors import K8sError
+from agent.k8s.events import EventRecorder
+from agent.k8s.leader import LeaderElector
+from agent.k8s.raw import RawApi
+from agent.k8s.watch import ListWatch
+from agent.logs import get_logger
+
+log = get_logger("agent.fleetctl")
+
+#: The API group and version of the workload kinds an Event can be put on (the owner keys of
+#: agent.workloads name the kind only); an owner of another kind gets its Event on the holds object.
+WORKLOAD_API_VERSIONS = {
+    "Job": "batch/v1", "CronJob": "batch/v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1",
+    "DaemonSet": "apps/v1", "ReplicaSet": "apps/v1", "JobSet": "jobset.x-k8s.io/v1alpha2",
+    "PyTorchJob": "kubeflow.org/v1", "TFJob": "kubeflow.org/v1", "MPIJob": "kubeflow.org/v2beta1",
+    "RayJob": "ray.io/v1", "RayCluster": "ray.io/v1", "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
+}
+REASON = "FleetCorrelation"
+
+
+class FleetController:
+    """One pass is `reconcile`; `run` watches, elects and reconciles until stopped."""
+
+    def __init__(self, raw: RawApi, settings: FleetSettings, *, identity: str, events: EventRecorder,
+                 metrics: FleetMetrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.raw = raw
+        self.settings = settings
+        self.identity = identity
+        self.events = events
+        self.metrics = metrics or FleetMetrics()
+        self.clock = clock
+        self.view = FleetView(settings.labels)
+        self.store = HoldsStore(raw, settings.namespace, writer=identity, clock=clock, wall=wall)
+        self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self._standing: set[str] = set()
+        self.holds: list[Hold] = []
+        self.correlations: list[Correlation] = []
+
+    # ---- the watch's side ----
+    def on_sync(self, objects: list[dict[str, Any]]) -> None:
+        with self.lock:
+            if self.view.resync(objects, self.clock()):
+                self.changed.set()
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            now = self.clock()
+            changed = self.view.forget(_name(obj)) if kind == "DELETED" else self.view.observe(obj, now)
+        if changed:
+            self.changed.set()
+
+    # ---- one pass ----
+    def reconcile(self) -> list[Correlation]:
+        """Correlate, announce what is new, publish the holds; returns the new correlations."""
+        now = self.clock()
+        s = self.settings
+        with self.lock:
+            correlations = correlate(self.view.summaries, self.view.sightings(), now=now, policy=s.policy)
+            self.metrics.nodes.labels("valid").set(len(self.view.summaries))
+            self.metrics.nodes.labels("invalid").set(len(self.view.invalid))
+            self.metrics.nodes.labels("none").set(len(self.view.nodes - set(self.view.summaries)
+                                                      - set(self.view.invalid)))
+        read = self.store.read()
+        known = self._standing | {h.id for h in read[0]}
+        fresh = [c for c in correlations if c.id not in known]
+        for correlation in fresh:  # before the hold is written: a crash in between sends it once more, by name
+            self._announce(correlation)
+        before, after = self.store.update(lambda held: list(next_holds(
+            {h.id: h for h in held}, correlations, now=now, hold_seconds=s.hold_seconds,
+            max_hold_seconds=s.max_hold_seconds).values()), read=read)
+        for gone in {h.id for h in before} - {h.id for h in after}:
+            log.info("fleet_hold_ended", hold=gone)
+        self._standing = {c.id for c in correlations}
+        self.holds, self.correlations = after, correlations
+        self.metrics.passes.inc()
+        self.metrics.show(correlations, after, now=now)
+        return fresh
+
+    def _announce(self, correlation: Correlation) -> None:
+        self.metrics.correlations.labels(correlation.rule_id, str(correlation.dimension)).inc()
+        held = holdable(correlation.fault_class)
+        note = (f"{correlation.cause}. "
+                + (f"The rule is held on these {len(correlation.group)} nodes for up to "
+                   f"{self.settings.hold_seconds:.0f}s while the cause stands (hold {correlation.id}): "
+                   "conditions and Events as ever, no taint, eviction, reset or reboot for it; "
+                   "`gpu-health-agent fleet release` ends it." if held else
+                   "A hardware fault is never held: each node acts on it as its own evidence."))
+        log.warning("fleet_correlation", hold=correlation.id, cause=correlation.cause)
+        digest = hashlib.sha256(f"{correlation.id}/{int(time.time() // 3600)}".encode()).hexdigest()[:16]
+        try:
+            self.events.record(regarding=self._regarding(correlation), reason=REASON,
+                               action="Hold" if held else "Correlate", note=note, event_id=digest)
+        except K8sError as exc:
+            self.metrics.errors.labels("event").inc()
+            log.warning("fleet_event_failed", hold=correlation.id, error=str(exc))
+
+    def _regarding(self, correlation: Correlation) -> dict[str, str]:
+        if correlation.dimension is Dimension.WORKLOAD:
+            namespace, _, rest = correlation.key.partition("/")
+            kind, _, name = rest.partition("/")
+            if kind in WORKLOAD_API_VERSIONS and name and "/" not in name:
+                return {"apiVersion": WORKLOAD_API_VERSIONS[kind], "kind": kind, "namespace": namespace,
+                        "name": name}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "namespace": self.settings.namespace,
+                "name": HOLDS_CONFIGMAP}
+
+    # ---- the long run ----
+    def run(self, stop: threading.Event, *, nodes: ListWatch, elector: LeaderElector) -> None:
+        """Watch the Nodes, stand for election, and reconcile while leading: on a change (after
+        `settle_seconds`, so one burst of annotations is one pass) and every `tick_seconds`."""
+        watcher = threading.Thread(target=nodes.run, name="fleet-watch", daemon=True, kwargs={
+            "stop": stop, "on_sync": self.on_sync, "on_event": self.on_event,
+            "on_error": lambda exc: self._failed("watch", exc)})
+        election = threading.Thread(target=elector.run, name="fleet-election", daemon=True, kwargs={
+            "stop": stop, "on_change": self._leading, "on_error": lambda exc: self._failed("lease", exc)})
+        watcher.start()
+        election.start()
+        due = time.monotonic() + self.settings.tick_seconds
+        try:
+            while not stop.is_set():
+                self.changed.wait(min(0.5, self.settings.tick_seconds))  # and see `stop` twice a second
+                if stop.is_set():
+                    break
+                if not self.changed.is_set() and time.monotonic() < due:
+                    continue
+                if self.changed.is_set():
+                    stop.wait(self.settings.settle_seconds)
+                self.changed.clear()
+                due = time.monotonic() + self.settings.tick_seconds
+                if not elector.leading or not nodes.resource_version:
+                    continue  # a standby keeps its view warm; the first pass waits for the first list
+                try:
+                    self.reconcile()
+                except AgentError as exc:  # the API, or a holds object someone broke: kept, tried again
+                    self._failed("holds", exc)
+                    self.changed.set()
+                    stop.wait(self.settings.settle_seconds)
+        finally:
+            nodes.close()
+            election.join(timeout=5.0)
+            watcher.join(timeout=5.0)
+
+    def _leading(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
+        log.warning("fleet_leader", identity=self.identity, leading=leading)
+        if leading:
+            self.changed.set()  # adopt the published holds at once
+
+    def _failed(self, what: str, exc: AgentError) -> None:
+        self.metrics.errors.labels(what).inc()
+        log.warning("fleet_api_failed", what=what, error=str(exc))
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")

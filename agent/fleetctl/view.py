@@ -1,0 +1,108 @@
+"""The controller's view of the fleet: each node's summary (topology from its labels), when this controller
+first saw each (node, rule) and where each node's boot lies, all on the controller's own monotonic clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent.errors import InputError
+from agent.fleet import NodeSummary, Sighting
+from agent.fleet.published import SUMMARY_ANNOTATION
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+RACK_LABEL = "topology.kubernetes.io/rack"
+
+
+@dataclass(frozen=True, slots=True)
+class Labels:
+    """Which node labels name the topology the fleet groups by."""
+
+    rack: str = RACK_LABEL
+    zone: str = ZONE_LABEL
+
+
+class FleetView:
+    """Nodes' summaries as the watch delivers them; `observe` says whether anything the correlation reads
+    changed, so the controller runs a pass only then (and at its tick)."""
+
+    def __init__(self, labels: Labels = Labels()) -> None:
+        self.labels = labels
+        self.summaries: dict[str, NodeSummary] = {}
+        #: Nodes whose annotation could not be read, with the one-line reason (they are left out).
+        self.invalid: dict[str, str] = {}
+        self.nodes: set[str] = set()
+        self.first_seen: dict[tuple[str, str], float] = {}
+        self.boots: dict[str, tuple[str, float]] = {}
+
+    def resync(self, objects: Iterable[Mapping[str, Any]], now: float) -> bool:
+        """A fresh list: nodes gone from it are forgotten, the others observed."""
+        names = set()
+        changed = False
+        for obj in objects:
+            names.add(_name(obj))
+            changed |= self.observe(obj, now)
+        for gone in self.nodes - names:
+            changed |= self.forget(gone)
+        return changed
+
+    def observe(self, obj: Mapping[str, Any], now: float) -> bool:
+        """One Node (or its PartialObjectMetadata) as added or modified."""
+        name = _name(obj)
+        if not name:
+            return False
+        self.nodes.add(name)
+        metadata = obj.get("metadata") or {}
+        text = (metadata.get("annotations") or {}).get(SUMMARY_ANNOTATION)
+        if not text:
+            self.invalid.pop(name, None)
+            return self._drop_summary(name)
+        try:
+            summary = NodeSummary.from_json(str(text), source=f"node {name} annotation {SUMMARY_ANNOTATION}")
+        except InputError as exc:
+            self.invalid[name] = exc.line()
+            return self._drop_summary(name)
+        self.invalid.pop(name, None)
+        labels = metadata.get("labels") or {}
+        summary = replace(summary, node=name, rack=str(labels.get(self.labels.rack) or summary.rack),
+                          zone=str(labels.get(self.labels.zone) or summary.zone))
+        if self.summaries.get(name) == summary:
+            return False
+        self.summaries[name] = summary
+        boot = self.boots.get(name)
+        if boot is None or boot[0] != summary.boot_id:
+            self.boots[name] = (summary.boot_id, now - summary.uptime_seconds)
+        rules = {f.rule_id for f in summary.faults}
+        for key in [k for k in self.first_seen if k[0] == name and k[1] not in rules]:
+            del self.first_seen[key]  # the fault ended: a later one is a new sighting
+        for rule in rules:
+            self.first_seen.setdefault((name, rule), now)
+        return True
+
+    def forget(self, name: str) -> bool:
+        """The Node was deleted."""
+        self.nodes.discard(name)
+        self.invalid.pop(name, None)
+        self.boots.pop(name, None)
+        return self._drop_summary(name)
+
+    def _drop_summary(self, name: str) -> bool:
+        for key in [k for k in self.first_seen if k[0] == name]:
+            del self.first_seen[key]
+        return self.summaries.pop(name, None) is not None
+
+    def sightings(self) -> list[Sighting]:
+        """Every active fault, with when it was first seen and when its node booted (this clock)."""
+        found = []
+        for name, summary in self.summaries.items():
+            booted = self.boots.get(name, ("", None))[1]
+            for fault in summary.faults:
+                seen = self.first_seen.get((name, fault.rule_id))
+                if seen is not None:
+                    found.append(Sighting(name, fault.rule_id, fault.fault_class, seen, booted))
+        return found
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")

@@ -1,0 +1,329 @@
+"""The fleet controller over the fake API server: summaries in, one hold and one Event out per cause,
+restart-safe, and an operator's edits kept."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agent.fleet import CorrelationPolicy, Dimension, FaultSummary, Hold, NodeSummary
+from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode
+from agent.fleetctl.controller import FleetController
+from agent.fleetctl.settings import FleetSettings
+from agent.fleetctl.store import HoldsStore
+from agent.k8s.client import client_for
+from agent.k8s.events import EventRecorder
+from agent.k8s.leader import LeaderElector, LeaseConfig
+from agent.k8s.raw import RawApi
+from agent.k8s.watch import ListWatch, WatchOptions
+from agent.model import Action, FaultClass, Severity
+from agent.simulation.fake_apiserver.server import RESOURCES, ApiError, FakeApiServer, FakeCluster
+
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
+NS = "gpu-health"
+JOB = "ml/Job/train"
+SETTINGS = FleetSettings(namespace=NS, policy=CorrelationPolicy(min_nodes=3), hold_seconds=600.0,
+                         max_hold_seconds=3600.0, tick_seconds=600.0, settle_seconds=0.0)
+NODES = next(r for r in RESOURCES if r.plural == "nodes")
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    fake = FakeApiServer(FakeCluster()).start()
+    yield fake
+    fake.stop()
+
+
+def summary(name: str, *faults: tuple[str, FaultClass], owner: str = JOB, driver: str = "570.86.15") -> str:
+    return NodeSummary(node=name, driver_version=driver, uptime_seconds=86400.0, workloads=(owner,), faults=tuple(
+        FaultSummary(rule, cls, Severity.FATAL, Action.QUARANTINE, owners=(owner,) if cls is FaultClass.APPLICATION
+                     else ()) for rule, cls in faults)).to_json()
+
+
+def add_nodes(cluster: FakeCluster, count: int, *faults: tuple[str, FaultClass], **kw: Any) -> list[str]:
+    names = [f"gpu-{i}" for i in range(count)]
+    for name in names:
+        cluster.add("nodes", {"metadata": {"name": name, "annotations": {SUMMARY_ANNOTATION: summary(name, *faults,
+                                                                                                      **kw)}}})
+    return names
+
+
+def set_faults(cluster: FakeCluster, name: str, *faults: tuple[str, FaultClass]) -> None:
+    cluster.patch(NODES, "", name, "application/merge-patch+json",
+                  {"metadata": {"annotations": {SUMMARY_ANNOTATION: summary(name, *faults)}}})
+
+
+def controller(server: FakeApiServer, clock: Clock, identity: str = "fleet-a", *,
+               wall: Clock | None = None) -> FleetController:
+    raw = RawApi(client_for(server.url))
+    made = FleetController(raw, SETTINGS, identity=identity, clock=clock, wall=wall or Clock(1.7e9),
+                           events=EventRecorder(raw, instance=identity, namespace=NS))
+    made.on_sync(server.cluster.list_objects(NODES, None))
+    return made
+
+
+def published(server: FakeApiServer, clock: Clock) -> list[Hold]:
+    store = HoldsStore(RawApi(client_for(server.url)), NS, writer="test", clock=clock, wall=lambda: 0.0)
+    return store.read()[0]  # a wall clock behind every writer's: placed as just written
+
+
+def fleet_events(server: FakeApiServer) -> list[dict[str, Any]]:
+    return [e for e in server.cluster.events() if e.get("reason") == "FleetCorrelation"]
+
+
+XID13 = ("xid-13", FaultClass.APPLICATION)
+
+
+def test_a_correlated_fault_is_published_as_one_hold_covering_the_group(server):
+    """Xid 13 on the four nodes of one job: one hold for xid-13 on those nodes, in the holds ConfigMap."""
+    add_nodes(server.cluster, 4, XID13)
+    clock = Clock()
+    controller(server, clock).reconcile()
+    [held] = published(server, clock)
+    assert (held.rule_id, held.dimension, held.key) == ("xid-13", Dimension.WORKLOAD, JOB)
+    assert held.nodes == {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
+    assert held.expires_at == pytest.approx(clock.now + 600.0, abs=1.0)
+
+
+def test_a_new_correlation_is_announced_once_on_the_workload(server):
+    """One Event, on the Job, naming the job as the cause; later passes announce nothing more."""
+    add_nodes(server.cluster, 4, XID13)
+    clock = Clock()
+    made = controller(server, clock)
+    assert len(made.reconcile()) == 1
+    clock.now += 30.0
+    assert made.reconcile() == []
+    [event] = fleet_events(server)
+    assert event["regarding"] == {"apiVersion": "batch/v1", "kind": "Job", "namespace": "ml", "name": "train"}
+    assert "the workload ml/Job/train" in event["note"] and event["action"] == "Hold"
+
+
+def test_a_cause_that_is_no_workload_is_announced_on_the_holds_object(server):
+    """GSP timeouts on every node of one driver version: the Event names the driver, on the holds ConfigMap."""
+    add_nodes(server.cluster, 4, ("xid-119", FaultClass.DRIVER))
+    controller(server, Clock()).reconcile()
+    [event] = fleet_events(server)
+    assert event["regarding"]["kind"] == "ConfigMap" and event["regarding"]["name"] == HOLDS_CONFIGMAP
+    assert "the driver version 570.86.15" in event["note"]
+
+
+def test_a_hardware_cause_is_announced_but_never_held(server):
+    """Double-bit ECC on many nodes is each node's own evidence: an Event, no hold."""
+    add_nodes(server.cluster, 4, ("xid-48", FaultClass.HARDWARE))
+    controller(server, Clock()).reconcile()
+    assert published(server, Clock()) == []
+    [event] = fleet_events(server)
+    assert event["action"] == "Correlate"
+
+
+def test_a_restarted_controller_adopts_the_published_holds_and_announces_nothing_again(server):
+    """A new process (fresh view, other clock) keeps the one hold, with its expiry, and sends no second Event."""
+    add_nodes(server.cluster, 4, XID13)
+    first_clock = Clock(1000.0)
+    controller(server, first_clock).reconcile()
+    before = published(server, Clock(0.0))
+    clock = Clock(50_000.0)
+    assert controller(server, clock, identity="fleet-b").reconcile() == []
+    after = published(server, Clock(0.0))
+    assert [h.id for h in after] == [h.id for h in before]
+    assert after[0].started_at == pytest.approx(before[0].started_at, abs=1.0)
+    assert len(fleet_events(server)) == 1
+
+
+def test_a_restart_after_the_faults_ended_keeps_the_hold_until_it_expires(server):
+    """The cause no longer stands when the new controller starts: the hold lives out its last renewal, it is
+    not dropped by a controller that never saw it."""
+    names = add_nodes(server.cluster, 4, XID13)
+    wall = Clock(1.7e9)
+    controller(server, Clock(), wall=wall).reconcile()
+    for name in names:
+        set_faults(server.cluster, name)
+    clock = Clock(7.0)
+    controller(server, clock, identity="fleet-b", wall=wall).reconcile()
+    assert [h.rule_id for h in published(server, clock)] == ["xid-13"]
+    clock.now += 601.0
+    wall.now += 601.0
+    controller(server, clock, identity="fleet-c", wall=wall).reconcile()
+    assert published(server, clock) == []
+
+
+def test_an_operators_hold_written_between_passes_is_kept(server):
+    """The controller reads the object each pass: a hold an operator added is published on, not overwritten."""
+    add_nodes(server.cluster, 4, XID13)
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    store = HoldsStore(RawApi(client_for(server.url)), NS, writer="operator", clock=clock, wall=lambda: 1.7e9)
+    mine = Hold("operator/xid-31/x", "xid-31", FaultClass.APPLICATION, Dimension.OPERATOR, "gpu-9", "by hand",
+                frozenset({"gpu-9"}), clock.now, clock.now + 3000.0, by_operator=True)
+    store.update(lambda holds: [*holds, mine])
+    clock.now += 10.0
+    made.reconcile()
+    assert {h.id for h in published(server, clock)} == {"xid-13/workload/ml/Job/train", "operator/xid-31/x"}
+
+
+def test_a_released_hold_is_not_started_again_while_its_cause_stands(server):
+    """Released (spent) by an operator, a correlated hold stays spent on the next passes: its nodes act."""
+    add_nodes(server.cluster, 4, XID13)
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    store = HoldsStore(RawApi(client_for(server.url)), NS, writer="operator", clock=clock, wall=lambda: 1.7e9)
+    store.update(lambda holds: [Hold(**{**{f: getattr(h, f) for f in Hold.__slots__},  # type: ignore[arg-type]
+                                        "spent": True, "expires_at": clock.now}) for h in holds])
+    clock.now += 10.0
+    made.reconcile()
+    [held] = published(server, clock)
+    assert held.spent and held.expires_at <= clock.now
+
+
+def test_rereading_an_unchanged_object_does_not_move_an_expiry(server):
+    """A version seen before keeps its placement: reading it again later does not push the expiry out."""
+    add_nodes(server.cluster, 4, XID13)
+    writer_clock = Clock()
+    controller(server, writer_clock).reconcile()
+    clock = Clock(0.0)
+    store = HoldsStore(RawApi(client_for(server.url)), NS, writer="reader", clock=clock, wall=lambda: 0.0)
+    first = store.read()[0][0].expires_at
+    clock.now += 500.0
+    assert store.read()[0][0].expires_at == first
+
+
+def test_a_pass_that_changes_nothing_writes_nothing(server):
+    """Renewal moves the expiry, so a pass writes; with the hold and its nodes unchanged within a second, no."""
+    add_nodes(server.cluster, 4, XID13)
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    writes = made.store.writes
+    made.reconcile()
+    assert made.store.writes == writes
+
+
+def test_metrics_show_the_standing_correlation_and_the_live_hold(server):
+    """gpu_health_fleet_correlation{rule,dimension,key} 1 and one live correlated hold on four nodes."""
+    add_nodes(server.cluster, 4, XID13)
+    made = controller(server, Clock())
+    made.reconcile()
+    text = made.metrics.exposition().decode()
+    assert 'gpu_health_fleet_correlation{dimension="workload",key="ml/Job/train",rule="xid-13"} 1.0' in text
+    assert 'gpu_health_fleet_holds{origin="correlated",state="live"} 1.0' in text
+    assert "gpu_health_fleet_held_nodes 4.0" in text
+    assert 'gpu_health_fleet_nodes{summary="valid"} 4.0' in text
+
+
+def test_the_running_leader_publishes_a_hold_when_a_watched_summary_changes(server):
+    """run(): elected, it lists and watches the Nodes; faults arriving on the watch lead to a pass and a hold
+    without waiting for the tick."""
+    names = add_nodes(server.cluster, 4)
+    raw = RawApi(client_for(server.url))
+    made = FleetController(raw, SETTINGS, identity="fleet-a", events=EventRecorder(raw, instance="a", namespace=NS))
+    nodes = ListWatch(client_for(server.url), "/api/v1/nodes", WatchOptions(metadata_only=True))
+    elector = LeaderElector(raw, LeaseConfig(namespace=NS, name="fleet", identity="fleet-a", retry_seconds=0.2,
+                                             renew_deadline_seconds=5, lease_seconds=10))
+    stop = threading.Event()
+    thread = threading.Thread(target=made.run, kwargs={"stop": stop, "nodes": nodes, "elector": elector},
+                              daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: elector.leading and nodes.watches, "leading and watching")
+        for name in names:
+            set_faults(server.cluster, name, XID13)
+        _wait(lambda: _held(server), "the hold published")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert [h.rule_id for h in _held(server)] == ["xid-13"]
+    assert not thread.is_alive()
+    lease = raw.get(f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/fleet")
+    assert lease["spec"]["holderIdentity"] == ""  # released on the way out
+
+
+def test_a_standby_publishes_nothing(server):
+    """While another candidate holds the Lease, run() watches but writes no holds and no Events."""
+    add_nodes(server.cluster, 4, XID13)
+    raw = RawApi(client_for(server.url))
+    other = LeaderElector(raw, LeaseConfig(namespace=NS, name="fleet", identity="other"))
+    assert other.try_acquire_or_renew()
+    made = FleetController(raw, SETTINGS, identity="fleet-a", events=EventRecorder(raw, instance="a", namespace=NS))
+    nodes = ListWatch(client_for(server.url), "/api/v1/nodes")
+    elector = LeaderElector(raw, LeaseConfig(namespace=NS, name="fleet", identity="fleet-a", retry_seconds=0.2,
+                                             renew_deadline_seconds=5, lease_seconds=10))
+    stop = threading.Event()
+    thread = threading.Thread(target=made.run, kwargs={"stop": stop, "nodes": nodes, "elector": elector},
+                              daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: nodes.watches and len(made.view.summaries) == 4, "the standby's view")
+        made.changed.set()
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert _held(server) == [] and fleet_events(server) == []
+
+
+def _held(server: FakeApiServer) -> list[Hold]:
+    try:
+        obj = server.cluster.get(next(r for r in RESOURCES if r.plural == "configmaps"), NS, HOLDS_CONFIGMAP)
+    except ApiError:  # not created yet
+        return []
+    return decode(obj.get("data"), observed_at=0.0)
+
+
+def _wait(predicate: Any, what: str, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_a_write_that_conflicts_reads_the_object_again_and_publishes(server):
+    """A 409 on the holds write (someone wrote in between) is a fresh read and the change applied again."""
+    add_nodes(server.cluster, 4, XID13)
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    clock.now += 120.0
+    server.cluster.faults.fail_next_writes.append(409)
+    made.reconcile()
+    [held] = published(server, clock)
+    assert held.expires_at == pytest.approx(clock.now + 600.0, abs=1.0)
+
+
+def test_a_broken_holds_object_is_reported_kept_and_not_overwritten(server):
+    """A holds object someone broke by hand: the running controller counts the failure and keeps trying;
+    it never overwrites what it cannot read (an operator's holds may be in it)."""
+    add_nodes(server.cluster, 4, XID13)
+    server.cluster.add("configmaps", {"metadata": {"name": HOLDS_CONFIGMAP, "namespace": NS},
+                                      "data": {"holds.json": "[{", "written": "1"}}, namespace=NS)
+    raw = RawApi(client_for(server.url))
+    made = FleetController(raw, SETTINGS, identity="fleet-a", events=EventRecorder(raw, instance="a", namespace=NS))
+    nodes = ListWatch(client_for(server.url), "/api/v1/nodes")
+    elector = LeaderElector(raw, LeaseConfig(namespace=NS, name="fleet", identity="fleet-a", retry_seconds=0.2,
+                                             renew_deadline_seconds=5, lease_seconds=10))
+    stop = threading.Event()
+    thread = threading.Thread(target=made.run, kwargs={"stop": stop, "nodes": nodes, "elector": elector},
+                              daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: made.metrics.errors.labels("holds")._value.get() >= 2, "two failed passes")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    obj = server.cluster.get(next(r for r in RESOURCES if r.plural == "configmaps"), NS, HOLDS_CONFIGMAP)
+    assert obj["data"]["holds.json"] == "[{"

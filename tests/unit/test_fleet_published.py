@@ -1,0 +1,57 @@
+"""The holds' published form: times recovered as differences on the reader's own clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.errors import InputError
+from agent.fleet import Dimension, Hold
+from agent.fleet.published import HOLDS_KEY, WRITTEN_KEY, decode, encode, same_holds
+from agent.model import FaultClass
+
+
+def hold(started: float = 100.0, expires: float = 1000.0, **kw: object) -> Hold:
+    fields = {"id": "xid-13/workload/ml/Job/train", "rule_id": "xid-13", "fault_class": FaultClass.APPLICATION,
+              "dimension": Dimension.WORKLOAD, "key": "ml/Job/train", "cause": "c", "nodes": frozenset({"a", "b"}),
+              "started_at": started, "expires_at": expires, **kw}
+    return Hold(**fields)  # type: ignore[arg-type]
+
+
+def test_a_reader_places_holds_on_its_own_clock_from_when_it_saw_them():
+    """Written on one machine's clocks, read on another's: only the time left carries over."""
+    data = encode([hold(started=100.0, expires=1000.0)], now=400.0, wall=1.7e9, writer="c")
+    [read] = decode(data, observed_at=50.0)
+    assert read.expires_at == pytest.approx(50.0 + 600.0)
+    assert read.started_at == pytest.approx(50.0 - 300.0)
+
+
+def test_a_reader_that_sees_an_old_version_cuts_it_short_by_its_wall_clock_never_longer():
+    """Written 300 s ago by the reader's wall clock: 300 s less; a reader whose wall clock is behind the
+    writer's places it as if just written (skew never lengthens a hold)."""
+    data = encode([hold(expires=1000.0)], now=400.0, wall=5000.0, writer="c")
+    [late] = decode(data, observed_at=50.0, wall=5300.0)
+    [behind] = decode(data, observed_at=50.0, wall=4000.0)
+    assert late.expires_at == pytest.approx(50.0 + 300.0)
+    assert behind.expires_at == pytest.approx(50.0 + 600.0)
+
+
+def test_an_empty_or_absent_object_holds_nothing():
+    """No ConfigMap yet, or one with no holds key: no holds."""
+    assert decode(None, observed_at=1.0) == [] and decode({WRITTEN_KEY: "1.0"}, observed_at=1.0) == []
+
+
+def test_a_malformed_written_stamp_is_one_input_error():
+    """A broken `written` names the object instead of raising a traceback."""
+    data = encode([hold()], now=1.0, wall=2.0, writer="c")
+    with pytest.raises(InputError, match="written"):
+        decode({**data, WRITTEN_KEY: "soon"}, observed_at=1.0, source="configmap x")
+    with pytest.raises(InputError, match="JSON"):
+        decode({**data, HOLDS_KEY: "{"}, observed_at=1.0, source="configmap x")
+
+
+def test_same_holds_ignores_placement_jitter_but_not_a_change():
+    """Re-placed times within the slack are the same holds; another node, or an expiry moved, is not."""
+    assert same_holds([hold()], [hold(started=100.4, expires=1000.3)])
+    assert not same_holds([hold()], [hold(expires=1100.0)])
+    assert not same_holds([hold()], [hold(nodes=frozenset({"a"}))])
+    assert not same_holds([hold()], [])
