@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FakeNvml, eight_gpus
+from tests.realcluster.controlplane import ControlPlane, ControlPlaneError
+from tests.realnode.node import RealNode
 from tests.realnode.runtime import REPO, Containerd, NodeError
 
 IMAGE_NAME = "ghcr.io/gpu-health-agent/gpu-health-agent"
@@ -53,6 +56,10 @@ def containerd(tmp_path_factory: pytest.TempPathFactory, image_archive: Path) ->
     try:
         runtime.start()
         runtime.import_image(image_archive, IMAGE_NAME)
+        pause = REPO / "tests" / "realnode" / "bin" / "pause-image.tar"
+        if not pause.is_file():
+            raise NodeError(f"{pause} missing: run scripts/build-node")
+        runtime.import_image(pause, PAUSE_IMAGE.rsplit(":", 1)[0])
     except NodeError as exc:
         runtime.stop()
         pytest.fail(f"containerd: {exc}", pytrace=False)
@@ -69,3 +76,62 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             for log in sorted(logs.glob("*.log")):
                 text = log.read_text(errors="replace").splitlines()[-25:]
                 report.sections.append((f"real node: {log.name}", "\n".join(text)))
+
+
+@pytest.fixture(scope="session")
+def node_nvml(tmp_path_factory: pytest.TempPathFactory) -> FakeNvml:
+    """The fake NVML state the node's device plugin (and, mounted, the agent's pod) reads: eight H100s."""
+    fake = FakeNvml(tmp_path_factory.mktemp("node-nvml") / "nvml-state.json")
+    fake.write(eight_gpus())
+    return fake
+
+
+@pytest.fixture(scope="session")
+def node_plane(tmp_path_factory: pytest.TempPathFactory, containerd: Containerd) -> Iterator[ControlPlane]:
+    """A control plane of the real node's own (with the DaemonSet and garbage collector controllers), so
+    nothing the node runs meets the kwok nodes of tests/realcluster's."""
+    plane = ControlPlane(tmp_path_factory.mktemp("node-controlplane"),
+                         extra_controllers=("daemonset", "garbage-collector"))
+    _LOGS.append(plane.logs)
+    try:
+        plane.start()
+    except ControlPlaneError as exc:
+        plane.stop()
+        pytest.fail(f"the real node's control plane did not start: {exc}", pytrace=False)
+    yield plane
+    plane.reset()
+    plane.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_node_plane(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What a test made on the node's control plane is deleted after it, while the kubelet still runs."""
+    yield
+    if "node_plane" in request.fixturenames:
+        plane = request.getfixturevalue("node_plane")
+        if plane.url:
+            plane.reset()
+
+
+@pytest.fixture(scope="session")
+def real_node(tmp_path_factory: pytest.TempPathFactory, node_plane: ControlPlane, containerd: Containerd,
+              node_nvml: FakeNvml) -> Iterator[RealNode]:
+    """The kubelet registered as node 127.0.0.1, Ready, with the fake device plugin's GPUs allocatable."""
+    workdir = tmp_path_factory.mktemp("realnode")
+    node = RealNode(workdir, node_plane, containerd, node_nvml.path)
+    _LOGS.append(node.logs)
+    try:
+        node.start()
+    except NodeError as exc:
+        node.stop()
+        pytest.fail(f"the real node did not start: {exc}", pytrace=False)
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def healthy_gpus(node_nvml: FakeNvml, real_node: RealNode) -> Iterator[FakeNvml]:
+    """The node's GPUs all healthy before and after the test (a test may mark one lost)."""
+    node_nvml.write(eight_gpus())
+    yield node_nvml
+    node_nvml.write(eight_gpus())
