@@ -22,6 +22,7 @@ def gpu_pod(node: RealNode, name: str, gpus: int = 1) -> dict[str, Any]:
     real scheduler; it prints the devices it was given and waits, and records the signal that stops it."""
     plane = node.plane
     plane.ensure_namespace("trainers")
+    (signals_dir(node) / name).unlink(missing_ok=True)  # a pod of this name in an earlier test
     reference = next(n for n in node.containerd.ctr("images", "list", "--quiet").stdout.split()
                      if n.startswith(IMAGE_NAME + ":"))
     pod = plane.core.create_namespaced_pod("trainers", {

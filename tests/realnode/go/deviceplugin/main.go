@@ -16,7 +16,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -83,7 +82,7 @@ func (p *plugin) watch() {
 			log.Printf("reading %s: %v", p.state, err)
 		} else {
 			p.mu.Lock()
-			if !reflect.DeepEqual(devices, p.devices) {
+			if describe(devices) != describe(p.devices) {
 				p.devices = devices
 				close(p.changed)
 				p.changed = make(chan struct{})
