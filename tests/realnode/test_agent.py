@@ -24,11 +24,12 @@ from tests.realnode.runtime import REPO, wait_until
 from tests.realnode.test_node import GPU_UUIDS, given_devices, gpu_pod, stopped_by
 
 
-@pytest.fixture(params=["remediate", "quarantine"], scope="module")
+@pytest.fixture
 def installed(request: pytest.FixtureRequest, real_node: RealNode, node_nvml: FakeNvml,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
-    """The overlay applied in one mode; the agent's pod Ready (by the kubelet's probes) on the real node."""
-    mode = str(request.param)
+    """The overlay applied (in the shipped mode, quarantine, unless parametrized), the agent's pod Ready by
+    the kubelet's probes; uninstalled after the test, so each test starts on a node without its marks."""
+    mode = str(getattr(request, "param", "quarantine"))
     node_nvml.write(eight_gpus())
     directory, _ = agent.overlay(tmp_path_factory.mktemp(f"overlay-{mode}"), real_node.plane, node_nvml.path, mode)
     agent.install(real_node.plane, directory)
@@ -98,6 +99,7 @@ def _xid(state: FakeNvml, gpu_index: int, code: int = 79) -> None:
     state.write(current)
 
 
+@pytest.mark.parametrize("installed", ["remediate", "quarantine"], indirect=True)
 def test_a_fault_evicts_exactly_the_holder_in_remediate_mode_and_nobody_in_quarantine(
         installed: tuple[str, Any], real_node: RealNode, healthy_gpus: FakeNvml, tmp_path: Path):
     """Xid 79 on the GPU one trainer holds: in remediate mode that trainer (only) is evicted and the kubelet
