@@ -16,6 +16,7 @@ from tests.realnode.runtime import REPO
 
 AGENT_NAMESPACE = "gpu-health"
 # Where Debian's dynamic loader finds libnvidia-ml.so.1 in the image, as the NVIDIA runtime would put it.
+EVICTION_DEADLINE_SECONDS = 5
 IMAGE_NVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 
 
@@ -26,7 +27,8 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str) -
     the API server's loopback address instead of the Service IP the kubelet injects (nothing serves it
     here); a free metrics port (on the host's network a fixed one could clash); imagePullPolicy Never (no
     registry: the image is imported); the fake libnvidia-ml and its state file mounted where the NVIDIA
-    container runtime would inject the real one; the mode under test."""
+    container runtime would inject the real one; the mode under test; a short eviction deadline, so an
+    eviction a PodDisruptionBudget refuses is reported stuck within a test."""
     port = free_port()
     api_port = plane.url.rsplit(":", 1)[1]
     directory.mkdir(parents=True, exist_ok=True)
@@ -41,6 +43,8 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str) -
                         {"name": "KUBERNETES_SERVICE_PORT", "value": api_port},
                         {"name": "GPU_HEALTH_HTTP__PORT", "value": str(port)},
                         {"name": "GPU_HEALTH_MODE", "value": mode},
+                        {"name": "GPU_HEALTH_REMEDIATION__EVICTION_DEADLINE_SECONDS",
+                         "value": str(EVICTION_DEADLINE_SECONDS)},
                         {"name": "FAKE_NVML_STATE", "value": f"/run/fake-nvml/{nvml_state.name}"}],
                 "volumeMounts": [{"name": "fake-nvml-lib", "mountPath": IMAGE_NVML, "readOnly": True},
                                  {"name": "fake-nvml-state", "mountPath": "/run/fake-nvml", "readOnly": True}]}],

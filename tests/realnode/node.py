@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.realcluster.controlplane import ControlPlane, free_port
@@ -156,6 +157,11 @@ class RealNode:
                 time.sleep(1)
 
     def _delete_pods(self) -> None:
+        """Every pod on the node deleted at once, DaemonSets first (they would make theirs again)."""
+        apps = client.AppsV1Api(self.plane.admin)
+        for daemonset in apps.list_daemon_set_for_all_namespaces().items:
+            with contextlib.suppress(ApiException):
+                apps.delete_namespaced_daemon_set(daemonset.metadata.name, daemonset.metadata.namespace)
         pods = self.plane.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NODE_NAME}").items
         for pod in pods:
             try:

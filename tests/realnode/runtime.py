@@ -3,6 +3,7 @@ runc root and image store, the CRI plugin set for what this kind of machine allo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -147,9 +148,19 @@ class Containerd:
         return [line.split()[0] for line in self.ctr("tasks", "list").stdout.splitlines()[1:] if line.strip()]
 
     def stop(self) -> None:
+        """Tasks a failed teardown left are killed first (their shims would outlive containerd), then it
+        stops, and what stays mounted under its root is unmounted."""
         if self.process is not None:
+            with contextlib.suppress(NodeError, OSError, subprocess.SubprocessError):
+                for task in self.tasks():
+                    self.ctr("tasks", "kill", "--all", "--signal=SIGKILL", task, check=False)
+                    wait_until(lambda task=task: task not in self.tasks(), f"task {task} killed", timeout=15)
+                    self.ctr("tasks", "delete", task, check=False)
             self.process.stop()
             self.process = None
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        for mount in sorted((m for m in mounts if m.startswith(str(self.dir))), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
 
 
 def oci_tag(archive: Path) -> str:

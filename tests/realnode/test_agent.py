@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,12 @@ from tests.realnode.test_node import GPU_UUIDS, given_devices, gpu_pod, stopped_
 
 @pytest.fixture
 def installed(request: pytest.FixtureRequest, real_node: RealNode, node_nvml: FakeNvml,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, int]]:
     """The overlay applied (in the shipped mode, quarantine, unless parametrized), the agent's pod Ready by
     the kubelet's probes; uninstalled after the test, so each test starts on a node without its marks."""
     mode = str(getattr(request, "param", "quarantine"))
     node_nvml.write(eight_gpus())
-    directory, _ = agent.overlay(tmp_path_factory.mktemp(f"overlay-{mode}"), real_node.plane, node_nvml.path, mode)
+    directory, port = agent.overlay(tmp_path_factory.mktemp(f"overlay-{mode}"), real_node.plane, node_nvml.path, mode)
     agent.install(real_node.plane, directory)
 
     def ready_pod() -> Any:
@@ -48,7 +49,7 @@ def installed(request: pytest.FixtureRequest, real_node: RealNode, node_nvml: Fa
     except Exception:
         _print_agent_log(real_node)
         raise
-    yield mode, pod
+    yield mode, pod, port  # the metrics port: where probes (and a test) reach it, on the host's network
     _print_agent_log(real_node)
     # Uninstalled as docs/operations.md says: the DaemonSet deleted, then `cleanup` with operator credentials
     # removes the marks the agent left; the state hostPath wiped, so the next mode starts on a fresh node.
@@ -69,19 +70,19 @@ def _print_agent_log(node: RealNode) -> None:
             print(f"no log of {pod.metadata.name}: {exc.reason}")
 
 
-def test_the_daemonset_pod_is_admitted_and_ready_by_its_probes(installed: tuple[str, Any], real_node: RealNode):
+def test_the_daemonset_pod_is_admitted_and_ready_by_its_probes(installed: tuple[str, Any, int], real_node: RealNode):
     """The real DaemonSet controller made the pod on node 127.0.0.1, under the agent's ServiceAccount."""
-    _, pod = installed
+    _, pod, _ = installed
     assert pod.spec.node_name == NODE_NAME
     assert pod.metadata.owner_references[0].kind == "DaemonSet"
     assert pod.spec.service_account_name == "gpu-health-agent"
     assert pod.status.container_statuses[0].ready
 
 
-def test_pod_resources_are_read_from_inside_the_agents_pod(installed: tuple[str, Any], real_node: RealNode,
+def test_pod_resources_are_read_from_inside_the_agents_pod(installed: tuple[str, Any, int], real_node: RealNode,
                                                             healthy_gpus: FakeNvml):
     """Through the DaemonSet's hostPath, the agent's decoder in its own pod names the GPUs a trainer holds."""
-    _, pod = installed
+    _, pod, _ = installed
     gpu_pod(real_node, "reader", gpus=2)
     given = given_devices(real_node, "reader")
     script = ("import json; from agent.k8s.podresources import list_pod_devices; "
@@ -101,10 +102,10 @@ def _xid(state: FakeNvml, gpu_index: int, code: int = 79) -> None:
 
 @pytest.mark.parametrize("installed", ["remediate", "quarantine"], indirect=True)
 def test_a_fault_evicts_exactly_the_holder_in_remediate_mode_and_nobody_in_quarantine(
-        installed: tuple[str, Any], real_node: RealNode, healthy_gpus: FakeNvml, tmp_path: Path):
+        installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml, tmp_path: Path):
     """Xid 79 on the GPU one trainer holds: in remediate mode that trainer (only) is evicted and the kubelet
     stops its container with SIGTERM; in quarantine mode the node is tainted and both keep running."""
-    mode, _ = installed
+    mode, _, _ = installed
     gpu_pod(real_node, "held", gpus=1)
     gpu_pod(real_node, "other", gpus=1)
     faulty = GPU_UUIDS.index(given_devices(real_node, "held")[0])
@@ -134,3 +135,28 @@ def test_a_fault_evicts_exactly_the_holder_in_remediate_mode_and_nobody_in_quara
         assert core.read_namespaced_pod("held", "trainers").metadata.deletion_timestamp is None
     pod = core.read_namespaced_pod("other", "trainers")
     assert pod.metadata.deletion_timestamp is None and pod.status.phase == "Running"
+
+
+def _stuck_evictions(port: int) -> float:
+    """gpu_health_evictions_stuck_total from the agent's /metrics (hostNetwork: on the host's loopback)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("gpu_health_evictions_stuck_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("installed", ["remediate"], indirect=True)
+def test_a_disruption_budget_that_forbids_the_eviction_keeps_the_holder_and_the_agent_reports_it_stuck(
+        installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml):
+    """Xid 79 under a PDB that allows no disruption: the real API refuses the eviction (429) until the
+    agent's deadline, the agent counts it stuck and never forces it, the holder keeps running."""
+    _, _, port = installed
+    gpu_pod(real_node, "held", gpus=1)
+    real_node.plane.add_pdb("trainers", "held", {"app": "held"}, min_available=1)
+    _xid(healthy_gpus, GPU_UUIDS.index(given_devices(real_node, "held")[0]))
+    # The agent retries a refused eviction on its next pass (a minute later), past the 5 s deadline.
+    wait_until(lambda: _stuck_evictions(port) >= 1, "the agent to count the eviction stuck", timeout=150)
+    held = real_node.plane.core.read_namespaced_pod("held", "trainers")
+    assert held.metadata.deletion_timestamp is None and held.status.phase == "Running"
+    assert stopped_by(real_node, "held") == ""
