@@ -77,6 +77,11 @@ def test_the_daemonset_pod_is_admitted_and_ready_by_its_probes(installed: tuple[
     assert pod.metadata.owner_references[0].kind == "DaemonSet"
     assert pod.spec.service_account_name == "gpu-health-agent"
     assert pod.status.container_statuses[0].ready
+    # A figure, not an assertion: the agent's RSS in its pod (for docs/testing.md beside bench_memory's).
+    container = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    pid = real_node.containerd.ctr("tasks", "list").stdout.split(container, 1)[1].split()[0]
+    rss = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
+    print(f"agent pod {pod.metadata.name}: {rss}")
 
 
 def test_pod_resources_are_read_from_inside_the_agents_pod(installed: tuple[str, Any, int], real_node: RealNode,
