@@ -151,6 +151,7 @@ def _stuck_evictions(port: int) -> float:
     return 0.0
 
 
+@pytest.mark.timeout(300)  # the agent's retry a minute after the fault, on top of the install
 @pytest.mark.parametrize("installed", ["remediate"], indirect=True)
 def test_a_disruption_budget_that_forbids_the_eviction_keeps_the_holder_and_the_agent_reports_it_stuck(
         installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml):
