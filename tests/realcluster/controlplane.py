@@ -103,9 +103,12 @@ class _Process:
 class ControlPlane:
     """Starts the components, hands out clients and fixtures, and tears everything down."""
 
-    def __init__(self, workdir: Path, *, bin_dir: Path = BIN) -> None:
+    def __init__(self, workdir: Path, *, bin_dir: Path = BIN, extra_controllers: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self.bin = bin_dir
+        # The real node's plane (tests/realnode) also runs the DaemonSet controller, which must not make
+        # pods on the kwok nodes of this one.
+        self.controllers = ",".join([CONTROLLERS, *(f"{name}-controller" for name in extra_controllers)])
         self.logs = workdir / "logs"
         self.pki = Pki(workdir / "pki")
         self.ca_file = self.pki.ca_file
@@ -158,7 +161,7 @@ class ControlPlane:
         delegated = (f"--authentication-kubeconfig={self.admin_kubeconfig}",
                      f"--authorization-kubeconfig={self.admin_kubeconfig}")
         self._spawn("kube-controller-manager", kubeconfig, *delegated, "--bind-address=127.0.0.1",
-                    f"--secure-port={free_port()}", "--leader-elect=false", f"--controllers={CONTROLLERS}",
+                    f"--secure-port={free_port()}", "--leader-elect=false", f"--controllers={self.controllers}",
                     f"--root-ca-file={self.ca_file}", f"--feature-gates={FEATURE_GATES}")
         self._spawn("kube-scheduler", kubeconfig, *delegated, "--bind-address=127.0.0.1",
                     f"--secure-port={free_port()}", "--leader-elect=false", f"--feature-gates={FEATURE_GATES}")

@@ -56,6 +56,10 @@ class Pki:
         self.sa_pub.write_bytes(sa_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
 
+    def client_pair(self, common_name: str, organization: str) -> tuple[Path, Path]:
+        """A client certificate and key from the suite's CA (a kubelet's: system:node:NAME, system:nodes)."""
+        return self._issue(common_name, organization, server=False)
+
     def _issue(self, common_name: str, organization: str, *, server: bool) -> tuple[Path, Path]:
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)

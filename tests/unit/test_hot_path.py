@@ -32,9 +32,11 @@ def test_the_version_says_whether_the_storm_path_is_compiled():
 
 
 def test_the_image_compiles_the_storm_path_and_its_runtime_stage_checks_it():
-    """The build stage compiles and installs everything into the prefix; the runtime stage, which has only
-    what was copied from it, runs the agent and fails the build unless its storm path is compiled."""
-    build, runtime = (REPO / "Dockerfile").read_text().split("\nFROM python:3.11-slim\n")
-    assert "scripts/compile-hot-path /src" in build
-    assert "--ignore-installed --prefix=/install ." in build
-    assert 'RUN gpu-health-agent --version | grep -q "compiled with mypyc"' in runtime
+    """The build stage compiles and installs everything into the agent's virtualenv; the runtime stage, which
+    has only what was copied from it, runs the agent and fails the build unless its storm path is compiled."""
+    build, runtime = (REPO / "Dockerfile").read_text().split("\nFROM ${BASE}\n")
+    assert "RUN scripts/install-agent /src /opt/gpu-health-agent" in build
+    install = (REPO / "scripts/install-agent").read_text()
+    assert '"$build/venv/bin/python" "$src/scripts/compile-hot-path" "$src"' in install
+    assert "COPY --from=build /opt/gpu-health-agent /opt/gpu-health-agent" in runtime
+    assert 'RUN /opt/gpu-health-agent/bin/gpu-health-agent --version | grep -q "compiled with mypyc"' in runtime

@@ -1,0 +1,137 @@
+"""Fixtures for the real-node tests: the image built from the Dockerfile (scripts/build-image), containerd,
+and (node.py) a kubelet registered to the suite's control plane. Skipped with one line where the machine
+cannot run them (not root, not Linux, the Debian tools absent); each part's log is shown when a test fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FakeNvml, eight_gpus
+from tests.realcluster.controlplane import ControlPlane, ControlPlaneError
+from tests.realnode.node import RealNode
+from tests.realnode.runtime import REPO, Containerd, NodeError
+
+IMAGE_NAME = "ghcr.io/gpu-health-agent/gpu-health-agent"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+_TOOLS = ("containerd", "ctr", "runc", "mmdebstrap", "umoci")
+_LOGS: list[Path] = []
+
+
+def _cannot_run() -> str:
+    if sys.platform != "linux":
+        return "the real node needs Linux"
+    if os.geteuid() != 0:
+        return "the real node needs root (containerd, runc, the kubelet)"
+    missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"the real node needs {', '.join(missing)} (Debian packages; scripts/test installs them)"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def image_archive() -> Path:
+    """The OCI archive scripts/build-image made from the Dockerfile (cached; a warm run takes a second)."""
+    reason = _cannot_run()
+    if reason:
+        pytest.skip(reason)
+    done = subprocess.run([str(REPO / "scripts" / "build-image")], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"scripts/build-image failed:\n{done.stderr[-4000:]}", pytrace=False)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def containerd(tmp_path_factory: pytest.TempPathFactory, image_archive: Path) -> Iterator[Containerd]:
+    """containerd in a temporary root with the agent's image imported under the DaemonSet's name."""
+    workdir = tmp_path_factory.mktemp("containerd")
+    runtime = Containerd(workdir, workdir / "logs", PAUSE_IMAGE)
+    _LOGS.append(runtime.logs)
+    try:
+        runtime.start()
+        runtime.import_image(image_archive, IMAGE_NAME)
+        pause = REPO / "tests" / "realnode" / "bin" / "pause-image.tar"
+        if not pause.is_file():
+            raise NodeError(f"{pause} missing: run scripts/build-node")
+        runtime.import_image(pause, PAUSE_IMAGE.rsplit(":", 1)[0])
+    except NodeError as exc:
+        runtime.stop()
+        pytest.fail(f"containerd: {exc}", pytrace=False)
+    yield runtime
+    runtime.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for logs in _LOGS:
+            for log in sorted(logs.glob("*.log")):
+                text = log.read_text(errors="replace").splitlines()[-25:]
+                report.sections.append((f"real node: {log.name}", "\n".join(text)))
+
+
+@pytest.fixture(scope="session")
+def node_nvml(tmp_path_factory: pytest.TempPathFactory) -> FakeNvml:
+    """The fake NVML state the node's device plugin (and, mounted, the agent's pod) reads: eight H100s."""
+    fake = FakeNvml(tmp_path_factory.mktemp("node-nvml") / "nvml-state.json")
+    fake.write(eight_gpus())
+    return fake
+
+
+@pytest.fixture(scope="session")
+def node_plane(tmp_path_factory: pytest.TempPathFactory, containerd: Containerd) -> Iterator[ControlPlane]:
+    """A control plane of the real node's own (with the DaemonSet and garbage collector controllers), so
+    nothing the node runs meets the kwok nodes of tests/realcluster's."""
+    plane = ControlPlane(tmp_path_factory.mktemp("node-controlplane"),
+                         extra_controllers=("daemonset", "garbage-collector"))
+    _LOGS.append(plane.logs)
+    try:
+        plane.start()
+    except ControlPlaneError as exc:
+        plane.stop()
+        pytest.fail(f"the real node's control plane did not start: {exc}", pytrace=False)
+    yield plane
+    plane.reset()
+    plane.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_node_plane(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What a test made on the node's control plane is deleted after it, while the kubelet still runs."""
+    yield
+    if "node_plane" in request.fixturenames:
+        plane = request.getfixturevalue("node_plane")
+        if plane.url:
+            plane.reset()
+
+
+@pytest.fixture(scope="session")
+def real_node(tmp_path_factory: pytest.TempPathFactory, node_plane: ControlPlane, containerd: Containerd,
+              node_nvml: FakeNvml) -> Iterator[RealNode]:
+    """The kubelet registered as node 127.0.0.1, Ready, with the fake device plugin's GPUs allocatable."""
+    workdir = tmp_path_factory.mktemp("realnode")
+    node = RealNode(workdir, node_plane, containerd, node_nvml.path)
+    _LOGS.append(node.logs)
+    try:
+        node.start()
+    except NodeError as exc:
+        node.stop()
+        pytest.fail(f"the real node did not start: {exc}", pytrace=False)
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def healthy_gpus(node_nvml: FakeNvml, real_node: RealNode) -> Iterator[FakeNvml]:
+    """The node's GPUs all healthy before and after the test (a test may mark one lost)."""
+    node_nvml.write(eight_gpus())
+    yield node_nvml
+    node_nvml.write(eight_gpus())
