@@ -63,6 +63,8 @@ class _BoundedServer(ThreadingHTTPServer):
         self._slots.release()
 
     def _refuse(self, request: socket.socket) -> None:
+        with contextlib.suppress(Exception):  # counted before the answer, so whoever reads the 503 sees the count;
+            self._on_refused()                # counting a refusal never stops the server
         try:
             request.setblocking(False)
             request.send(REFUSED)
@@ -70,8 +72,6 @@ class _BoundedServer(ThreadingHTTPServer):
             pass  # the client is gone or its buffer is full: closing is the answer
         finally:
             self.shutdown_request(request)
-        with contextlib.suppress(Exception):  # counting a refusal never stops the server
-            self._on_refused()
 
 
 class AgentHttpServer:
