@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.errors import ConfigError
 from agent.remediation.guard import Mode
@@ -61,6 +61,14 @@ class SourcesConfig(_Section):
     dcgm: DcgmConfig = Field(default_factory=DcgmConfig)
 
 
+#: The only reset commands there are (nvidia-smi from the NVIDIA container runtime, `{uuid}` the GPU's UUID,
+#: checked against the driver's table): a reset runs with CAP_SYS_ADMIN, so its argv is not the config's to choose.
+RESET_COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("nvidia-smi", "--gpu-reset", "-i", "{uuid}"),
+    ("nvidia-smi", "-r", "-i", "{uuid}"),
+)
+
+
 class RemediationConfig(_Section):
     taint_key: str = Field(default="gpu-health-agent.io/unhealthy", pattern=r"^([a-z0-9.\-]+/)?[A-Za-z0-9._\-]+$")
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
@@ -71,7 +79,8 @@ class RemediationConfig(_Section):
     budget_max_nodes: int = Field(default=1, ge=0)
     budget_max_percent: float = Field(default=10.0, ge=0, le=100)
     eviction_deadline_seconds: float = Field(default=600.0, gt=0)
-    reset_command: list[str] = Field(default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{uuid}"])
+    #: One of RESET_COMMANDS only: the reset container runs it as root with CAP_SYS_ADMIN, so no other argv.
+    reset_command: list[str] = Field(default_factory=lambda: list(RESET_COMMANDS[0]))
     reset_timeout_seconds: float = Field(default=120.0, gt=0)
     reset_settle_seconds: float = Field(default=10.0, ge=0)
     #: The reset container's socket (daemonset/): the privileged part of a reset runs there. Empty: in the
@@ -84,7 +93,8 @@ class RemediationConfig(_Section):
     reset_operand_wait_seconds: float = Field(default=120.0, gt=0)
     #: How long the GPU's device file may stay held (pods terminating) before the reset gives up, naming who.
     reset_holder_wait_seconds: float = Field(default=30.0, ge=0)
-    #: Where the holders are looked for: the host's /proc (mounted at /host/proc in the reset container).
+    #: Where the holders are looked for (failing closed) and the driver's GPU table read. The shipped reset
+    #: container keeps its own /proc (no host /proc, no CAP_SYS_PTRACE): the driver's refusal is the check there.
     reset_proc_root: str = "/proc"
     #: Process names not waited for: the driver coordinates a reset with its persistence daemon.
     reset_ignored_holders: list[str] = Field(default_factory=lambda: ["nvidia-persistenced"])
@@ -110,6 +120,14 @@ class RemediationConfig(_Section):
     device_taint_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
     # A degraded-but-usable GPU gets a `None`-effect DeviceTaintRule (visibility only, nothing moves).
     device_taint_degraded: bool = False
+
+    @field_validator("reset_command")
+    @classmethod
+    def _reset_command_is_nvidia_smi(cls, value: list[str]) -> list[str]:
+        if tuple(value) not in RESET_COMMANDS:
+            allowed = " or ".join(repr(" ".join(c)) for c in RESET_COMMANDS)
+            raise ValueError(f"must be {allowed}: the reset runs with CAP_SYS_ADMIN, so no other command")
+        return value
 
 
 class HttpConfig(_Section):

@@ -2,7 +2,9 @@
 
 The driver's own table (/proc/driver/nvidia/gpus/<bus>/information) names each GPU's UUID and device minor;
 no NVML call is needed, so this works while NVML is shut down for a reset. The scan reads the host's /proc
-(mounted at /host/proc in the DaemonSet); reading another user's fd links needs CAP_SYS_PTRACE.
+where one is given; reading another user's fd links needs CAP_SYS_PTRACE. The scan fails closed: a process
+whose open files it cannot read may hold the GPU. The shipped reset container has no host /proc (its own
+/proc shows only itself): there the driver's own refusal is the check (agent/gpu/reset.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,38 @@ class Holder:
 
     def __str__(self) -> str:
         return f"pid {self.pid} ({self.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class HolderScan:
+    """What a scan of /proc found: who holds the device, who may (open files unreadable), or why it failed."""
+
+    holders: tuple[Holder, ...]
+    unreadable: tuple[Holder, ...] = ()
+    failure: str = ""
+
+    def without(self, names: frozenset[str]) -> HolderScan:
+        """The scan less processes by these names (those the driver does not count against a reset)."""
+        return HolderScan(tuple(h for h in self.holders if h.name not in names),
+                          tuple(h for h in self.unreadable if h.name not in names), self.failure)
+
+    @property
+    def clear(self) -> bool:
+        """Nobody holds the device, and nobody could: every process was read."""
+        return not (self.holders or self.unreadable or self.failure)
+
+    def describe(self, limit: int = 5) -> str:
+        """One line: the holders by name, then those that may hold it, then a scan that failed."""
+        parts = []
+        if self.holders:
+            parts.append(", ".join(str(h) for h in self.holders))
+        if self.unreadable:
+            shown = ", ".join(str(h) for h in self.unreadable[:limit])
+            more = f" and {len(self.unreadable) - limit} more" if len(self.unreadable) > limit else ""
+            parts.append(f"maybe {shown}{more} (open files unreadable: may hold it)")
+        if self.failure:
+            parts.append(f"unknown ({self.failure})")
+        return "; ".join(parts)
 
 
 def device_minor(uuid: str, *, driver_root: Path = Path("/proc/driver/nvidia/gpus")) -> int | None:
@@ -50,29 +84,43 @@ def _fields(path: Path) -> dict[str, str]:
     return fields
 
 
-def holders_of(device: Path, *, proc_root: Path = Path("/proc")) -> list[Holder]:
-    """The processes with `device` open, by PID. A process that exits or cannot be read is skipped."""
+def holders_of(device: Path, *, proc_root: Path = Path("/proc")) -> HolderScan:
+    """Who has `device` open, by PID. Fails closed: a process whose open files cannot be read (no
+    CAP_SYS_PTRACE for another user's process, or any read error but its exit) may hold it, and is listed so."""
     wanted = str(device)
     found: list[Holder] = []
+    unreadable: list[Holder] = []
     try:
         pids = [name for name in os.listdir(proc_root) if name.isdigit()]
-    except OSError:
-        return found
+    except OSError as exc:
+        return HolderScan((), (), f"{proc_root} unreadable: {exc.strerror or exc}")
     for pid in pids:
-        fd_dir = proc_root / pid / "fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(fd_dir / fd)
-            except OSError:
-                continue
-            if target == wanted:
+        match _holds(proc_root / pid / "fd", wanted):
+            case True:
                 found.append(Holder(int(pid), _comm(proc_root / pid)))
-                break
-    return sorted(found)
+            case None:
+                unreadable.append(Holder(int(pid), _comm(proc_root / pid)))
+    return HolderScan(tuple(sorted(found)), tuple(sorted(unreadable)))
+
+
+def _holds(fd_dir: Path, wanted: str) -> bool | None:
+    """Whether one process has `wanted` open: None where its open files cannot be read (it may)."""
+    try:
+        fds = os.listdir(fd_dir)
+    except FileNotFoundError:
+        return False  # it exited
+    except OSError:
+        return None
+    unread = False
+    for fd in fds:
+        try:
+            if os.readlink(fd_dir / fd) == wanted:
+                return True
+        except FileNotFoundError:
+            continue  # that file was closed meanwhile
+        except OSError:
+            unread = True
+    return None if unread else False
 
 
 def _comm(process: Path) -> str:

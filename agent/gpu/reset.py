@@ -7,8 +7,8 @@ and GPU feature discovery all hold every GPU open. So a reset is a procedure, no
 1. pause the operands that hold the GPUs (OperandControl: the GPU Operator's per-node
    `nvidia.com/gpu.deploy.<operand>` labels, recorded on the Node in the same write) and await their pods gone;
 2. let go of the agent's own NVML handles (NvmlHandles: nvmlShutdown, nvmlInit again afterwards);
-3. the privileged part (DeviceReset, in its own narrowly privileged container): wait, bounded, for the GPU's
-   device file to be held by nobody, naming who still holds it, and only then run the reset command;
+3. the privileged part (DeviceReset, in its own narrowly privileged container): `nvidia-smi --gpu-reset -i
+   <uuid>`, a fixed command for a checked UUID, retried (bounded) while the driver refuses it as in use;
 4. whatever happened: NVML back, operands restored (only labels still at the agent's value).
 
 The clean poll that verifies the reset is the pipeline's, as for any reset.
@@ -20,16 +20,19 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from agent.config import RESET_COMMANDS
 from agent.gpu.holders import Holder, device_minor, holders_of
 
 #: What the actuator calls: the GPU UUID in, (reset done, one line saying what happened) out.
 ResetRunner = Callable[[str], tuple[bool, str]]
 #: GPU and MIG UUIDs as NVML prints them: all a reset request may name (it becomes a command argument).
 UUID_PATTERN = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]{8,64}$")
+#: nvidia-smi's refusal while a process holds the GPU (its own text, and NVML_ERROR_IN_USE's).
+IN_USE = re.compile(r"being used by some other process|in use by another client", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,10 @@ class OperandControl(Protocol):
 class NvmlHandles(Protocol):
     """The agent's own NVML session, which holds every GPU's device file open while it is initialised."""
 
+    def processes_on(self, uuid: str) -> list[int]:
+        """The processes NVML lists on the GPU (compute and graphics contexts), by host PID."""
+        ...
+
     def release_for_reset(self) -> None: ...
 
     def reacquire_after_reset(self) -> None: ...
@@ -69,9 +76,14 @@ class NvmlHandles(Protocol):
 
 @dataclass(slots=True)
 class DeviceReset:
-    """Waits until nobody holds the GPU's /dev/nvidiaN, then runs the reset command (`{uuid}` substituted)."""
+    """Runs `nvidia-smi --gpu-reset -i <uuid>` once nobody holds the GPU, the driver's refusal the final word.
 
-    command: Sequence[str]
+    The command is one of config.RESET_COMMANDS, nothing else (it runs as root with CAP_SYS_ADMIN), and the UUID
+    must match UUID_PATTERN and be in the driver's GPU table. Where `proc_root` shows other processes, they are
+    scanned first (agent/gpu/holders.py, failing closed). nvidia-smi refusing because the GPU is in use is
+    retried until `holder_wait_seconds` have passed (operand pods still terminating), then reported as is."""
+
+    command: Sequence[str] = RESET_COMMANDS[0]
     timeout_seconds: float = 120.0
     #: How long processes that are going away (operand pods terminating) get to let go of the device.
     holder_wait_seconds: float = 30.0
@@ -83,7 +95,10 @@ class DeviceReset:
     poll_seconds: float = 1.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    _last: tuple[Holder, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        if tuple(self.command) not in RESET_COMMANDS:
+            raise ValueError(f"not a reset command: {list(self.command)!r} (only nvidia-smi --gpu-reset -i {{uuid}})")
 
     def __call__(self, uuid: str) -> ResetOutcome:
         if not UUID_PATTERN.match(uuid):
@@ -92,28 +107,32 @@ class DeviceReset:
         if minor is None:
             return ResetOutcome(False, f"{uuid} is not in the driver's GPU table ({self.driver_root})")
         device = self.dev_root / f"nvidia{minor}"
-        held = self._wait_free(device)
-        if held:
-            names = ", ".join(str(h) for h in held)
-            return ResetOutcome(False, f"not reset: {device} still held after {self.holder_wait_seconds:g}s by "
-                                       f"{names}", held)
         argv = [part.replace("{uuid}", uuid) for part in self.command]
+        deadline = self.clock() + self.holder_wait_seconds
+        while True:
+            scan = holders_of(device, proc_root=self.proc_root).without(self.ignored_holders)
+            if scan.clear:
+                outcome = self._run(argv)
+                if outcome.ok or not IN_USE.search(outcome.message):
+                    return outcome
+            if self.clock() >= deadline:
+                break
+            self.sleep(self.poll_seconds)
+        if not scan.clear:
+            return ResetOutcome(False, f"not reset: {device} still held after {self.holder_wait_seconds:g}s by "
+                                       f"{scan.describe()}", scan.holders + scan.unreadable)
+        return ResetOutcome(False, f"not reset: the driver still refuses after {self.holder_wait_seconds:g}s, the "
+                                   f"GPU in use by a process ({outcome.message})")
+
+    def _run(self, argv: list[str]) -> ResetOutcome:
         try:
-            done = subprocess.run(  # noqa: S603 - the operator's configured command, no shell
+            done = subprocess.run(  # noqa: S603 - one of RESET_COMMANDS, a checked UUID, no shell
                 argv, capture_output=True, text=True, timeout=self.timeout_seconds, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return ResetOutcome(False, f"{argv[0]}: {exc}")
         lines = (done.stdout + done.stderr).strip().splitlines()
-        last = lines[-1].strip() if lines else ""
+        last = next((line.strip() for line in lines if IN_USE.search(line)), lines[-1].strip() if lines else "")
         return ResetOutcome(done.returncode == 0, f"{argv[0]} exit {done.returncode}: {last}")
-
-    def _wait_free(self, device: Path) -> tuple[Holder, ...]:
-        deadline = self.clock() + self.holder_wait_seconds
-        while True:
-            held = tuple(h for h in holders_of(device, proc_root=self.proc_root) if h.name not in self.ignored_holders)
-            if not held or self.clock() >= deadline:
-                return held
-            self.sleep(self.poll_seconds)
 
 
 @dataclass(slots=True)
@@ -124,18 +143,25 @@ class ResetProcedure:
     execute: ResetExecutor
     operands: OperandControl | None = None
     nvml: NvmlHandles | None = None
-
     def __call__(self, uuid: str) -> tuple[bool, str]:
+        return self._reset(uuid)
+
+    def _reset(self, uuid: str) -> tuple[bool, str]:
         notes: list[str] = []
+        listed: list[int] = []
         released = False
         outcome = ResetOutcome(False, "not attempted")
         try:
             if self.operands is not None:
                 notes.append(self.operands.pause())
             if self.nvml is not None:
+                listed = self.nvml.processes_on(uuid)  # before letting go: the last view of who runs on it
                 self.nvml.release_for_reset()
                 released = True
             outcome = self.execute(uuid)
+            if not outcome.ok and listed:
+                notes.append(f"NVML listed on the GPU before the reset: {', '.join(f'pid {p}' for p in listed)} "
+                             f"(host PIDs)")
         except Exception as exc:  # noqa: BLE001 - a failed step fails the reset; the finally puts things back
             outcome = ResetOutcome(False, f"{type(exc).__name__}: {exc}")
         finally:

@@ -28,6 +28,9 @@ class SimulatedNvml:
 
     held: bool = True
 
+    def processes_on(self, uuid: str) -> list[int]:
+        return []  # the simulated nvidia-smi names the pods that hold the GPU itself
+
     def release_for_reset(self) -> None:
         self.held = False
 

@@ -330,6 +330,25 @@ class NvmlSource:
         return mapping
 
     # ---- the GPU reset's seam (agent/gpu/reset.py NvmlHandles) ----
+    def processes_on(self, uuid: str) -> list[int]:
+        """The compute and graphics processes NVML lists on this GPU now, by host PID (the driver knows no PID
+        namespace); [] for a GPU not known, NVML released, or lists it cannot read."""
+        with self._session:
+            gpu = next((g for g in self.gpus if g.ref.uuid == uuid), None)
+            if self._released or gpu is None:
+                return []
+            pids: set[int] = set()
+            for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                func = getattr(self.nvml, name, None)
+                listed = None
+                if func is not None:
+                    try:
+                        listed = self.calls.optional(gpu, name, func, gpu.handle, aux=True)
+                    except Exception:  # noqa: BLE001 - only a note for a reset's message: a list not read is none
+                        listed = None
+                pids.update(int(p.pid) for p in listed or [])
+            return sorted(pids)
+
     def release_for_reset(self) -> None:
         """nvmlShutdown, after the poll or event wait under way: NVML holds every /dev/nvidiaN open while it is
         initialised, and the driver resets no GPU that any process holds. Nothing is read until reacquired."""

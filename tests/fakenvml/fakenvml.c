@@ -524,11 +524,25 @@ nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, int cause, unsign
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; }
     nvmlProcessInfo_t;
 
-/* "processes": [pid, ...] running on the GPU */
+static nvmlReturn_t running_processes(nvmlDevice_t device, const char *call, const char *key, unsigned int *count,
+                                      nvmlProcessInfo_t *infos);
+
+/* "processes": [pid, ...] with a compute context on the GPU */
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
                                                      nvmlProcessInfo_t *infos) {
-    ENTER("nvmlDeviceGetComputeRunningProcesses_v3");
-    jnode *procs = jget(gpu, "processes");
+    return running_processes(device, "nvmlDeviceGetComputeRunningProcesses_v3", "processes", count, infos);
+}
+
+/* "graphics_processes": [pid, ...] with a graphics context on the GPU */
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                      nvmlProcessInfo_t *infos) {
+    return running_processes(device, "nvmlDeviceGetGraphicsRunningProcesses_v3", "graphics_processes", count, infos);
+}
+
+static nvmlReturn_t running_processes(nvmlDevice_t device, const char *call, const char *key, unsigned int *count,
+                                      nvmlProcessInfo_t *infos) {
+    ENTER(call);
+    jnode *procs = jget(gpu, key);
     unsigned int have = procs && procs->type == J_ARR ? (unsigned int)procs->count : 0;
     if (!infos || *count < have) { *count = have; LEAVE(have ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS); }
     for (unsigned int i = 0; i < have; i++) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -15,18 +16,23 @@ import pytest
 from agent.gpu.helper import HelperClient, serve
 from agent.gpu.holders import device_minor, holders_of
 from agent.gpu.reset import DeviceReset, ResetOutcome, ResetProcedure
-from tests.conftest import gpu, wait_for
+from tests.conftest import REPO, gpu, wait_for
 
 FAKE_SMI = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "nvidia-smi"
 GPUS = [gpu(i) for i in range(8)]
 
 
 class Node:
-    """A fake GPU node: the driver's GPU table, /dev/nvidiaN as plain files, processes that hold them."""
+    """A fake GPU node: the driver's GPU table, /dev/nvidiaN as plain files, processes that hold them, and the
+    node's /proc as the scan sees it: the test's own process and those it starts (links into the real /proc;
+    this machine's other processes are not the node's)."""
 
     def __init__(self, root: Path, env: pytest.MonkeyPatch) -> None:
         self.driver, self.dev, self.log = root / "driver", root / "dev", root / "resets.log"
         self.dev.mkdir()
+        self.proc = root / "proc"
+        self.proc.mkdir()
+        self.show(os.getpid())
         for g in GPUS:
             entry = self.driver / g.pci_bus_id
             entry.mkdir(parents=True)
@@ -38,6 +44,10 @@ class Node:
         for name, value in (("FAKE_NVIDIA_DRIVER", self.driver), ("FAKE_NVIDIA_DEV", self.dev),
                             ("FAKE_NVIDIA_LOG", self.log)):
             env.setenv(name, str(value))
+        env.setenv("PATH", f"{FAKE_SMI.parent}{os.pathsep}{os.environ['PATH']}")  # `nvidia-smi` is the fake
+
+    def show(self, pid: int) -> None:
+        (self.proc / str(pid)).symlink_to(f"/proc/{pid}")
 
     def device(self, index: int) -> Path:
         return self.dev / f"nvidia{index}"
@@ -47,15 +57,18 @@ class Node:
         opens = " ".join(f"exec {3 + n}<{self.device(i)};" for n, i in enumerate(indices))
         process = subprocess.Popen(["bash", "-c", f"{opens} exec sleep 600"])
         self.processes.append(process)
-        assert wait_for(lambda: all(any(h.pid == process.pid for h in holders_of(self.device(i))) for i in indices))
+        self.show(process.pid)
+        assert wait_for(lambda: all(any(h.pid == process.pid for h in
+                                        holders_of(self.device(i), proc_root=self.proc).holders) for i in indices))
         return process
 
     def resets(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.exists() else []
 
-    def reset_command(self, *, holder_wait: float = 0.0, ignored: frozenset[str] = frozenset()) -> DeviceReset:
-        return DeviceReset(command=[str(FAKE_SMI), "--gpu-reset", "-i", "{uuid}"], holder_wait_seconds=holder_wait,
-                           driver_root=self.driver, dev_root=self.dev, ignored_holders=ignored, poll_seconds=0.05)
+    def reset_command(self, *, holder_wait: float = 0.0, ignored: frozenset[str] = frozenset(),
+                      proc_root: Path | None = None) -> DeviceReset:
+        return DeviceReset(holder_wait_seconds=holder_wait, proc_root=proc_root or self.proc, driver_root=self.driver,
+                           dev_root=self.dev, ignored_holders=ignored, poll_seconds=0.05)
 
     def close(self) -> None:
         for process in self.processes:
@@ -91,6 +104,10 @@ class OwnNvml:
         self.node = node
         self.files = [node.device(i).open("rb") for i in range(8)]
         self.calls: list[str] = []
+        self.listed: dict[str, list[int]] = {}  # the processes NVML lists per GPU (CUDA contexts)
+
+    def processes_on(self, uuid: str) -> list[int]:
+        return self.listed.get(uuid, [])
 
     def release_for_reset(self) -> None:
         self.calls.append("release")
@@ -145,6 +162,17 @@ def test_a_gpu_still_held_is_not_reset_and_the_holder_is_named(node, session):
     assert operands.calls == ["pause", "restore"] and session.calls == ["release", "reacquire"]
 
 
+def test_a_refused_reset_names_the_processes_nvml_listed_on_the_gpu(node, session, tmp_path):
+    """No view of the host's processes: the refusal is said, with the host PIDs NVML listed before letting go."""
+    rogue = node.hold(6)
+    session.listed[GPUS[6].uuid] = [rogue.pid]
+    own_proc = tmp_path / "container-proc"
+    own_proc.mkdir()
+    ok, message = ResetProcedure(node.reset_command(proc_root=own_proc), nvml=session)(GPUS[6].uuid)
+    assert not ok and "being used by some other process" in message
+    assert f"NVML listed on the GPU before the reset: pid {rogue.pid} (host PIDs)" in message
+
+
 def test_the_fake_nvidia_smi_refuses_to_reset_a_gpu_a_process_holds(node):
     """The fake is as strict as the real one: a holder the procedure does not wait for makes the reset fail."""
     node.hold(6)
@@ -195,4 +223,42 @@ def test_the_reset_container_answers_the_agent_over_its_socket(node):
         stop.set()
         server.join(5)
         shutil.rmtree(directory, ignore_errors=True)
+    assert node.resets() == [f"reset {GPUS[6].uuid}"]
+
+
+def test_a_process_whose_open_files_cannot_be_read_may_hold_the_gpu_so_no_reset_is_tried(node):
+    """Fail closed: scanning without CAP_SYS_PTRACE (root, no capabilities, as in a container) reads no other
+    process's fds, so each may hold the GPU: the reset is refused and the unreadable holder is named."""
+    rogue = node.hold(6)
+    script = ("import sys; from pathlib import Path; from agent.gpu.reset import DeviceReset; "
+              "print(DeviceReset(holder_wait_seconds=0, proc_root=Path(sys.argv[1]), driver_root=Path(sys.argv[2]), "
+              "dev_root=Path(sys.argv[3]))(sys.argv[4]).message)")
+    done = subprocess.run(["setpriv", "--bounding-set", "-all", "--", sys.executable, "-c", script, str(node.proc),
+                           str(node.driver), str(node.dev), GPUS[6].uuid], capture_output=True, text=True, timeout=60,
+                          check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    message = done.stdout.strip()
+    assert message.startswith("not reset:") and "may hold it" in message, message
+    assert f"pid {rogue.pid} (sleep)" in message
+    assert node.resets() == []
+
+
+def test_where_no_other_process_can_be_seen_the_drivers_refusal_is_reported(node, tmp_path):
+    """The reset container's own /proc shows nobody else: nvidia-smi refuses a held GPU, and its words are said."""
+    node.hold(6)
+    own_proc = tmp_path / "container-proc"
+    own_proc.mkdir()
+    outcome = node.reset_command(proc_root=own_proc)(GPUS[6].uuid)
+    assert not outcome.ok
+    assert "the driver still refuses" in outcome.message and "being used by some other process" in outcome.message
+    assert node.resets() == []
+
+
+def test_a_refused_reset_is_tried_again_until_the_holder_lets_go(node, tmp_path):
+    """Operand pods still terminating: nvidia-smi's refusal is retried within the holder wait, then it resets."""
+    pod = node.hold(6)
+    own_proc = tmp_path / "container-proc"
+    own_proc.mkdir()
+    threading.Timer(0.5, pod.kill).start()
+    outcome = node.reset_command(holder_wait=20.0, proc_root=own_proc)(GPUS[6].uuid)
+    assert outcome.ok, outcome.message
     assert node.resets() == [f"reset {GPUS[6].uuid}"]

@@ -289,6 +289,20 @@ def test_running_processes_are_charged_to_their_pods(fake_nvml, tmp_path: Path):
         nvml.stop()
 
 
+def test_the_processes_on_a_gpu_are_read_live_for_a_reset_compute_and_graphics(fake_nvml):
+    """The reset's view of who runs on the GPU: NVML's compute and graphics lists now, not the last poll's."""
+    fake_nvml.write(eight_gpus())
+    nvml = source()
+    try:
+        uuid = "GPU-fa4e0000-0000-0000-0000-000000000006"
+        assert nvml.processes_on(uuid) == []
+        fake_nvml.write(eight_gpus(**{"6": {"processes": [4343, 4242], "graphics_processes": [4242, 77]}}))
+        assert nvml.processes_on(uuid) == [77, 4242, 4343]
+        assert nvml.processes_on("GPU-00000000-0000-0000-0000-00000000dead") == []
+    finally:
+        nvml.stop()
+
+
 def test_a_mig_gpu_names_its_mig_devices(fake_nvml):
     fake_nvml.write(eight_gpus(**{"1": {"mig_mode": 1, "mig_devices": ["MIG-aaaa", "MIG-bbbb"]}}))
     nvml = source()

@@ -244,4 +244,5 @@ def test_the_agents_pod_with_its_reset_container_passes_admission(control_plane,
     created = control_plane.core.create_namespaced_pod("gpu-health", pod, dry_run="All")
     assert {c.name for c in created.spec.containers} == {"agent", "gpu-reset"}
     reset = next(c for c in created.spec.containers if c.name == "gpu-reset")
-    assert reset.security_context.capabilities.add == ["SYS_ADMIN", "SYS_PTRACE"]
+    assert reset.security_context.capabilities.add == ["SYS_ADMIN"]
+    assert "host-proc" not in {m.name for m in reset.volume_mounts}

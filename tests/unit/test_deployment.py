@@ -141,17 +141,19 @@ def test_the_daemonset_runs_least_privileged():
 
 
 def test_the_reset_container_holds_exactly_the_privileges_a_reset_needs():
-    """CAP_SYS_ADMIN (nvidia-smi --gpu-reset) and CAP_SYS_PTRACE (the holders' /proc/<pid>/fd), nothing more."""
+    """CAP_SYS_ADMIN for nvidia-smi --gpu-reset, nothing more: no SYS_PTRACE, no host path (so no host /proc)."""
     assert set(containers()) == {"agent", "gpu-reset"}
     reset = containers()["gpu-reset"]
     security = reset["securityContext"]
     assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
-    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_PTRACE"]}
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
     assert reset["args"][0] == "reset-helper"
     assert {m["mountPath"]: m.get("readOnly", False) for m in reset["volumeMounts"]} == {
-        "/run/gpu-health-agent": False, "/host/proc": True, "/etc/gpu-health-agent/config": True}
+        "/run/gpu-health-agent": False, "/etc/gpu-health-agent/config": True}
     spec = daemonset()
+    host_paths = {v["name"] for v in spec["volumes"] if "hostPath" in v}
+    assert not host_paths & {m["name"] for m in reset["volumeMounts"]}
     assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
 
 
@@ -161,7 +163,7 @@ def test_the_agent_and_the_reset_container_share_the_configured_socket():
     socket_dir = str(Path(config.remediation.reset_helper_socket).parent)
     for name in ("agent", "gpu-reset"):
         assert socket_dir in {m["mountPath"] for m in containers()[name]["volumeMounts"]}
-    assert config.remediation.reset_proc_root == "/host/proc"
+    assert config.remediation.reset_proc_root == "/proc"  # the reset container's own: it has no host /proc
 
 
 def test_the_daemonset_knows_its_node_and_is_probed():

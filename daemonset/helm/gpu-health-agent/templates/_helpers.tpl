@@ -33,7 +33,6 @@ app.kubernetes.io/name: {{ include "gpu-health-agent.name" . }}
     "recovery_window_days" .Values.remediation.recoveryWindowDays
     "reset_verify_seconds" .Values.remediation.resetVerifySeconds
     "reset_helper_socket" "/run/gpu-health-agent/reset.sock"
-    "reset_proc_root" "/host/proc"
     "diagnostic_command" .Values.remediation.diagnosticCommand
     "diagnostic_timeout_seconds" .Values.remediation.diagnosticTimeoutSeconds
     "budget_max_nodes" .Values.budget.maxNodes
