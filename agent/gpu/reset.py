@@ -9,7 +9,8 @@ and GPU feature discovery all hold every GPU open. So a reset is a procedure, no
 2. let go of the agent's own NVML handles (NvmlHandles: nvmlShutdown, nvmlInit again afterwards);
 3. the privileged part (DeviceReset, in its own narrowly privileged container): `nvidia-smi --gpu-reset -i
    <uuid>`, a fixed command for a checked UUID, retried (bounded) while the driver refuses it as in use;
-4. whatever happened: NVML back, operands restored (only labels still at the agent's value).
+4. whatever happened: NVML back, operands restored (only labels still at the agent's value); a restore that
+   failed, or a pause a crashed agent left, is put back by restore_if_needed at the next reconcile pass.
 
 The clean poll that verifies the reset is the pipeline's, as for any reset.
 """
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -58,7 +60,8 @@ class OperandControl(Protocol):
         ...
 
     def restore(self) -> str:
-        """Put back what a pause changed, this one's or one a crash left; says what it did."""
+        """Put back what a pause changed, this one's or one a crash left; says what it did ("" for nothing).
+        Cheap when nothing is paused, so that it can be asked every reconcile pass."""
         ...
 
 
@@ -138,13 +141,33 @@ class DeviceReset:
 @dataclass(slots=True)
 class ResetProcedure:
     """The whole reset, callable as the actuator's ResetRunner. Each step's failure is reported, and what
-    was paused or released is put back whatever happened."""
+    was paused or released is put back whatever happened. One lock covers a reset and every restore, so a
+    restore never runs while a reset has the operands paused, and a pause left behind (a crash, a restore
+    that failed) is put back by restore_if_needed, called every reconcile pass."""
 
     execute: ResetExecutor
     operands: OperandControl | None = None
     nvml: NvmlHandles | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
     def __call__(self, uuid: str) -> tuple[bool, str]:
-        return self._reset(uuid)
+        with self._lock:
+            return self._reset(uuid)
+
+    def restore_if_needed(self) -> str:
+        """Put back a pause no reset is using (the Node's record says what); "" when there is nothing to do.
+        Never waits for a running reset (it restores when it ends) and never raises: a failed restore says
+        so and is tried again at the next call."""
+        if self.operands is None:
+            return ""
+        if not self._lock.acquire(blocking=False):
+            return ""
+        try:
+            return self.operands.restore()
+        except Exception as exc:  # noqa: BLE001 - the record stays on the Node; the next call tries again
+            return f"operands not restored (tried again next pass): {type(exc).__name__}: {exc}"
+        finally:
+            self._lock.release()
 
     def _reset(self, uuid: str) -> tuple[bool, str]:
         notes: list[str] = []
@@ -173,7 +196,7 @@ class ResetProcedure:
             if self.operands is not None:
                 try:
                     notes.append(self.operands.restore())
-                except Exception as exc:  # noqa: BLE001 - the record on the Node lets the next start restore
-                    notes.append(f"operands not restored yet (the next reset or agent start restores them): "
+                except Exception as exc:  # noqa: BLE001 - the record on the Node: restore_if_needed retries
+                    notes.append(f"operands not restored yet (the next reconcile pass restores them): "
                                  f"{type(exc).__name__}: {exc}")
         return outcome.ok, "; ".join(part for part in (outcome.message, *notes) if part)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.k8s.node import PREFIX, NodeWriter
 from agent.k8s.raw import RawApi, api_path
@@ -44,6 +44,9 @@ class OperandPauser:
     poll_seconds: float = 2.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    #: Known that nothing of ours is paused (read so, or restored): a restore then reads nothing, so it can be
+    #: asked every reconcile pass. Only this agent writes the record, so nobody else makes it stale.
+    _clear: bool = field(default=False, init=False)
 
     def pause(self) -> str:
         self.restore()  # what a crashed run left first: its labels are at our value, and their record is in it
@@ -52,6 +55,7 @@ class OperandPauser:
         if not running:
             return "no GPU Operator operand to pause on this node"
         record = json.dumps({key: "true" for key in running}, sort_keys=True)
+        self._clear = False  # before the write: one that lands but whose answer is lost still gets restored
         # One patch: the original values are on the Node in the same write that changes them.
         self.writer.set_metadata(labels=dict.fromkeys(running, PAUSED_VALUE),
                                  annotations={PAUSED_ANNOTATION: record})
@@ -62,9 +66,12 @@ class OperandPauser:
         return f"paused {names} (their pods are gone)"
 
     def restore(self) -> str:
+        if self._clear:
+            return ""
         view = self.writer.read()
         text = view.annotations.get(PAUSED_ANNOTATION)
         if text is None:
+            self._clear = True
             return ""
         try:
             recorded = json.loads(text)
@@ -75,6 +82,7 @@ class OperandPauser:
         labels: dict[str, str | None] = {str(key): str(value) for key, value in recorded.items()
                                          if view.labels.get(str(key)) == PAUSED_VALUE}
         self.writer.set_metadata(labels=labels, annotations={PAUSED_ANNOTATION: None})
+        self._clear = True
         return f"restored {len(labels)} operand label(s)" if labels else "operand record cleared"
 
     def _await_gone(self, keys: Sequence[str]) -> list[str]:

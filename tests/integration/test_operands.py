@@ -160,3 +160,53 @@ def test_a_failed_reset_names_the_holders_in_the_nodes_event(node):
     assert any("pid 4242 (python)" in n and "no reboot is requested" in n for n in notes), notes
     assert not agent.pipeline.node.reboot_requested and agent.pipeline.node.tainted
     assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
+
+
+class Outage(NodeWriter):
+    """The agent's Node writer while the API server refuses its writes (`failing` of them), counting reads."""
+
+    def __init__(self, raw, *, failing: int = 0) -> None:
+        super().__init__(raw, "n1", taint_key=TAINT)
+        self.failing, self.reads = failing, 0
+
+    def read(self):
+        self.reads += 1
+        return super().read()
+
+    def set_metadata(self, **changes):
+        if self.failing and changes.get("annotations", {}).get(PAUSED_ANNOTATION, "") is None:
+            self.failing -= 1
+            raise ConnectionError("API server unreachable")
+        return super().set_metadata(**changes)
+
+
+def test_restore_if_needed_puts_back_a_pause_a_crashed_agent_left(node):
+    """Called every reconcile pass: the Node's record is restored once, and later passes read nothing."""
+    from agent.gpu.reset import ResetOutcome, ResetProcedure
+
+    cluster, raw = node
+    pauser(raw, wait_seconds=0).pause()  # the earlier agent died here, mid-reset
+    writer = Outage(raw)
+    procedure = ResetProcedure(lambda uuid: ResetOutcome(True, "reset"),
+                               operands=OperandPauser(writer, raw, labels=OPERAND_LABELS))
+    assert procedure.restore_if_needed() == "restored 3 operand label(s)"
+    assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
+    reads = writer.reads
+    assert [procedure.restore_if_needed() for _ in range(3)] == ["", "", ""]
+    assert writer.reads == reads
+
+
+def test_a_restore_that_failed_after_a_reset_is_done_by_the_next_pass(node):
+    """The reset's own restore meets an API outage: the operands stay paused, and the next pass restores them."""
+    from agent.gpu.reset import ResetOutcome, ResetProcedure
+
+    cluster, raw = node
+    writer = Outage(raw, failing=1)
+    procedure = ResetProcedure(lambda uuid: ResetOutcome(True, "reset"),
+                               operands=OperandPauser(writer, raw, labels=OPERAND_LABELS, wait_seconds=0))
+    ok, message = procedure("GPU-6a6a6a6a-0000-1111-2222-333333333333")
+    assert ok and "operands not restored yet" in message
+    assert labels(cluster)[PLUGIN] == PAUSED_VALUE
+    assert procedure.restore_if_needed() == "restored 3 operand label(s)"
+    assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
+    assert PAUSED_ANNOTATION not in cluster.node("n1")["metadata"]["annotations"]
