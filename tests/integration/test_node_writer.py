@@ -7,7 +7,7 @@ from typing import Any
 
 from agent.k8s.node import NodeWriter
 from agent.k8s.raw import RawApi
-from agent.simulation.fake_apiserver.server import RESOURCES
+from agent.simulation.fake_apiserver.resources import RESOURCES
 from tests.k8s_helpers import TAINT, agent_client, gpu_node, make_agent, populate_any
 
 NODES = next(r for r in RESOURCES if r.plural == "nodes")
