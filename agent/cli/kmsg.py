@@ -15,7 +15,7 @@ import click
 
 from agent.cli.common import fail, reporting_bad_input
 from agent.sources.kernel_log import KernelLogParser, KernelRecord
-from agent.sources.kmsg import RecordReader
+from agent.sources.kmsg_records import RecordReader
 
 
 @click.group()
