@@ -10,19 +10,11 @@ from typing import Any
 
 from agent.engine import EngineState, RuleSet, evaluate
 from agent.engine.schema import Rule
-from agent.model import (
-    NODE_KEY,
-    Action,
-    GpuRef,
-    Observation,
-    Severity,
-    Verdict,
-    gpu_to_dict,
-    normalise_pci,
-    verdict_to_dict,
-)
+from agent.model import NODE_KEY, Action, GpuRef, Observation, Severity, Verdict, normalise_pci
+from agent.model_json import gpu_to_dict, verdict_to_dict
 from agent.sources.dcgm_exporter import ExporterReader
-from agent.sources.kmsg import KernelLogProcessor, RecordReader
+from agent.sources.kmsg import KernelLogProcessor
+from agent.sources.kmsg_records import RecordReader
 from agent.sources.nvml import NvmlSource
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 
-#: The storm path, kernel-log line to verdict: parser, source, deduplication, attribution, engine.
+#: The storm path, kernel-log line to verdict: parser (and its Xid fields), source, deduplication, attribution, engine.
 COMPILED_MODULES = (
     "agent.sources.kernel_log",
+    "agent.sources.xid_fields",
     "agent.sources.kmsg",
+    "agent.sources.kmsg_records",
     "agent.sources.dedup",
     "agent.sources.attribution",
     "agent.workloads",

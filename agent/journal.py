@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent.model import ActionRecord, Verdict, VerdictKind, action_to_dict, verdict_from_dict, verdict_to_dict
+from agent.model import ActionRecord, Verdict, VerdictKind
+from agent.model_json import action_to_dict, verdict_from_dict, verdict_to_dict
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verdicts (

@@ -18,7 +18,8 @@ from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import NodeWriter
 from agent.k8s.operands import OperandPauser
 from agent.k8s.raw import RawApi
-from agent.model import Observation, Signal, action_to_dict, gpu_to_dict, verdict_to_dict
+from agent.model import Observation, Signal
+from agent.model_json import action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate

@@ -25,7 +25,7 @@ from agent.k8s.events import EventRecorder
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.model import Action, FaultClass, Severity
-from agent.simulation.fake_apiserver.server import FakeApiServer, FakeCluster
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster
 
 
 def summary(i: int, faulty: bool) -> str:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = {
     "pynvml": {"agent.sources.nvml"},
     "urllib3": {"agent.k8s.client", "agent.k8s.errors", "agent.k8s.watch"},
-    "subprocess": {"agent.diagnostics", "agent.gpu.reset", "agent.k8s.exec_credential", "agent.cli"},
+    "subprocess": {"agent.diagnostics", "agent.gpu.reset", "agent.k8s.exec_credential"},
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from agent.k8s.budget import SLOT_LABEL, slot_name
 from agent.k8s.errors import status_error
-from agent.simulation.fake_apiserver.server import RESOURCES
+from agent.simulation.fake_apiserver.resources import RESOURCES
 from tests.k8s_helpers import gpu_node
 from tests.restart_harness import Backend, Killed, World, check, start_backend
 

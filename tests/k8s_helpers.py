@@ -23,7 +23,7 @@ from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal, froz
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
-from agent.simulation.fake_apiserver.server import DEFAULT_GRACE_SECONDS
+from agent.simulation.fake_apiserver.evictions import DEFAULT_GRACE_SECONDS
 
 RULES = load_rules(builtin_rules_dir())
 TAINT = "gpu-health-agent.io/unhealthy"

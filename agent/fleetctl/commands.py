@@ -5,10 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import socket
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +21,7 @@ from agent.fleet.published import HOLDS_CONFIGMAP, HOLDS_KEY, LEASE_NAME, encode
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.view import RACK_LABEL, ZONE_LABEL, Labels
 from agent.logs import configure_logging
+from agent.shutdown import stop_event
 
 if TYPE_CHECKING:
     from agent.fleetctl.store import HoldsStore
@@ -154,13 +153,7 @@ def run_command(namespace: str | None, kubeconfig: str | None, identity: str | N
         raise AgentError(f"cannot serve /metrics on port {port}: {exc.strerror or exc}") from None
     server.start()
     click.echo(f"gpu-health-agent fleet: controller {me} in namespace {ns}, http :{server.port}", err=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    if duration is not None:
-        timer = threading.Timer(duration, stop.set)
-        timer.daemon = True
-        timer.start()
+    stop = stop_event(duration)
     try:
         controller.run(stop, nodes=nodes, elector=elector)
     finally:

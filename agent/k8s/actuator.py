@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.diagnostics import DiagnosticOutcome, DiagnosticRunner
+from agent.k8s.bodies import ObjectReference
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import EvictionOutcome, Evictor
@@ -126,7 +127,7 @@ class K8sActuator:
             return self._replacement(step.target, kind is StepKind.MARK_REPLACEMENT)
         return StepResult.SKIPPED, f"no actuator for {kind}"
 
-    def _regarding(self, target: str) -> dict[str, str]:
+    def _regarding(self, target: str) -> ObjectReference:
         if target.startswith("pod/"):
             namespace, _, name = target[4:].partition("/")
             return {"kind": "Pod", "apiVersion": "v1", "namespace": namespace, "name": name}

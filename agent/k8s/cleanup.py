@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from agent.k8s.bodies import ConditionDirective, Node, NodePatch, as_node, as_node_list, as_pod_list
 from agent.k8s.budget import BUDGET_LEASE, PAUSE_LEASE, SLOT_LABEL
 from agent.k8s.errors import NotFound
 from agent.k8s.node import (
@@ -24,7 +25,7 @@ from agent.k8s.node import (
     REPLACEMENT_LABEL,
     STATE_ANNOTATION,
 )
-from agent.k8s.raw import JsonDocument, RawApi, api_path
+from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import on_conflict
 
 AGENT_LABELS = (REPLACEMENT_LABEL, DISRUPTION_LABEL)
@@ -73,8 +74,8 @@ class Cleaner:
     # ---- finding ----
     def agent_pods(self) -> list[str]:
         """Agent pods still running in its namespace: they would put their marks straight back."""
-        pods = self.raw.get(api_path("", "v1", "pods", namespace=self.scope.namespace),
-                            query={"labelSelector": "app.kubernetes.io/name=gpu-health-agent"})
+        pods = as_pod_list(self.raw.get(api_path("", "v1", "pods", namespace=self.scope.namespace),
+                                        query={"labelSelector": "app.kubernetes.io/name=gpu-health-agent"}))
         return [str(p["metadata"]["name"]) for p in pods.get("items") or []]
 
     def find(self, *, progress: Callable[[str], None] = lambda line: None) -> list[Mark]:
@@ -94,13 +95,13 @@ class Cleaner:
             return False
         return True
 
-    def _nodes(self) -> list[JsonDocument]:
+    def _nodes(self) -> list[Node]:
         if self.scope.nodes:
             return [self._raw_node(name) for name in self.scope.nodes]
-        return list(self.raw.get(api_path("", "v1", "nodes")).get("items") or [])
+        return list(as_node_list(self.raw.get(api_path("", "v1", "nodes"))).get("items") or [])
 
-    def _raw_node(self, name: str) -> JsonDocument:
-        return self.raw.get(api_path("", "v1", "nodes", name=name))
+    def _raw_node(self, name: str) -> Node:
+        return as_node(self.raw.get(api_path("", "v1", "nodes", name=name)))
 
     def _device_taint_rules(self) -> Iterator[Mark]:
         version = self.device_taint_version()
@@ -149,20 +150,23 @@ class Cleaner:
         node = self._raw_node(node_name)
         if (mark.kind, mark.name) not in {(m.kind, m.name) for m in node_marks(node, self.scope.taint_key)}:
             return False
-        precondition = {"resourceVersion": node["metadata"]["resourceVersion"]}
+        version = node["metadata"]["resourceVersion"]
         if mark.kind == "condition":
-            patch = {"metadata": precondition, "status": {"conditions": [{"type": mark.name, "$patch": "delete"}]}}
+            delete: ConditionDirective = {"type": mark.name, "$patch": "delete"}
+            patch: NodePatch = {"metadata": {"resourceVersion": version}, "status": {"conditions": [delete]}}
             self.raw.strategic_patch(api_path("", "v1", "nodes", name=node_name, subresource="status"), patch)
             return True
-        body: dict[str, Any] = {"metadata": dict(precondition)}
+        body: NodePatch = {"metadata": {"resourceVersion": version}}
         if mark.kind == "taint":
             taints = [t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != mark.name]
             body["spec"] = {"taints": taints or None}
         elif mark.kind == "cordon":
             body["spec"] = {"unschedulable": None}
             body["metadata"]["annotations"] = {CORDONED_ANNOTATION: None}
+        elif mark.kind == "label":
+            body["metadata"]["labels"] = {mark.name: None}
         else:
-            body["metadata"][f"{mark.kind}s"] = {mark.name: None}
+            body["metadata"]["annotations"] = {mark.name: None}
         self.raw.strategic_patch(api_path("", "v1", "nodes", name=node_name), body)
         return True
 
@@ -175,7 +179,7 @@ class Cleaner:
         return True
 
 
-def node_marks(node: dict[str, Any], taint_key: str) -> list[Mark]:
+def node_marks(node: Node, taint_key: str) -> list[Mark]:
     """The agent's marks on one Node, in the order they are best removed (taint first: work may return)."""
     meta, spec = node.get("metadata", {}), node.get("spec", {})
     target = f"node/{meta.get('name', '')}"

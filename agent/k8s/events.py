@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
+from agent.k8s.bodies import Event, EventPatch, ObjectMeta, ObjectReference
 from agent.k8s.errors import Conflict
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
@@ -42,7 +44,7 @@ class EventRecorder:
         self.clock = clock
         self._series: dict[tuple[str, str, str, str, str], _Series] = {}
 
-    def record(self, *, regarding: dict[str, str], reason: str, action: str, note: str,
+    def record(self, *, regarding: ObjectReference | Mapping[str, str], reason: str, action: str, note: str,
                type_: str = "Warning", event_id: str = "") -> str:
         """Post (or fold) one Event; returns its name."""
         note = note if len(note) <= NOTE_LIMIT else note[: NOTE_LIMIT - 4] + " ..."
@@ -52,17 +54,18 @@ class EventRecorder:
         now = self.clock()
         if series is not None and now - series.first < self.fold_seconds:
             series.count += 1
-            body = {"series": {"count": series.count, "lastObservedTime": micro_time()}}
+            body: EventPatch = {"series": {"count": series.count, "lastObservedTime": micro_time()}}
             path = api_path("events.k8s.io", "v1", "events", namespace=series.namespace, name=series.name)
             with_retries(lambda: self.raw.merge_patch(path, body))
             return series.name
-        metadata = {"name": f"{regarding.get('name', 'gpu')}.{event_id}"[:253]} if event_id else \
+        metadata: ObjectMeta = {"name": f"{regarding.get('name', 'gpu')}.{event_id}"[:253]} if event_id else \
             {"generateName": f"{regarding.get('name', 'gpu')}-"}  # a '.' at the end is refused (422)
-        event = {
+        event: Event = {
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {**metadata, "namespace": namespace},
             "eventTime": micro_time(), "reportingController": CONTROLLER, "reportingInstance": self.instance,
-            "action": action, "reason": reason, "type": type_, "note": note, "regarding": regarding,
+            "action": action, "reason": reason, "type": type_, "note": note,
+            "regarding": cast(ObjectReference, dict(regarding)),  # the fleet controller's is a plain dict
         }
         try:
             created = with_retries(lambda: self.raw.create(api_path("events.k8s.io", "v1", "events",

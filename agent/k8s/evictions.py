@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from agent.k8s.bodies import Eviction
 from agent.k8s.errors import EvictionRefused, NotFound, TooManyRequests
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
@@ -39,7 +40,8 @@ class Evictor:
 
     def evict(self, namespace: str, name: str) -> EvictionResult:
         key = f"{namespace}/{name}"
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        body: Eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                          "metadata": {"name": name, "namespace": namespace}}
         try:
             path = api_path("", "v1", "pods", namespace=namespace, name=name, subresource="eviction")
             with_retries(lambda: self.raw.create(path, body))

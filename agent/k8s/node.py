@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from agent.k8s.bodies import MetadataPatch, Node, NodeCondition, NodePatch, as_node
 from agent.k8s.errors import Conflict
-from agent.k8s.raw import JsonDocument, RawApi, api_path
+from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 from agent.remediation.planner import ConditionState
 from agent.remediation.record import NodeObservation
@@ -42,7 +42,7 @@ class NodeView:
     labels: dict[str, str]
     annotations: dict[str, str]
     taint_keys: set[str]
-    conditions: dict[str, dict[str, Any]]
+    conditions: dict[str, NodeCondition]
 
     taint_key: str = ""
 
@@ -60,7 +60,7 @@ class NodeView:
 
 
 #: A patch built from the Node as observed, or None when the Node already is as wanted.
-PatchBuilder = Callable[[JsonDocument], JsonDocument | None]
+PatchBuilder = Callable[[Node], NodePatch | None]
 
 
 class NodeWriter:
@@ -76,7 +76,7 @@ class NodeWriter:
         self.deadline = deadline_seconds
         self.path = api_path("", "v1", "nodes", name=node_name)
         #: The Node as the last GET or PATCH answered it (None: not seen yet, or a write found it stale).
-        self._last: JsonDocument | None = None
+        self._last: Node | None = None
 
     def read(self) -> NodeView:
         body = self._raw()
@@ -90,8 +90,8 @@ class NodeWriter:
             taint_key=self.taint_key,
         )
 
-    def _raw(self) -> JsonDocument:
-        node = with_retries(lambda: self.raw.get(self.path), deadline_seconds=self.deadline)
+    def _raw(self) -> Node:
+        node = as_node(with_retries(lambda: self.raw.get(self.path), deadline_seconds=self.deadline))
         self._last = node
         return node
 
@@ -99,7 +99,7 @@ class NodeWriter:
     def set_condition(self, kind: str, *, status: bool, reason: str, message: str) -> bool:
         """Set one problem condition; keep lastTransitionTime while the status holds. False: nothing to do."""
 
-        def build(node: JsonDocument) -> JsonDocument | None:
+        def build(node: Node) -> NodePatch | None:
             current = next((c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == kind),
                            None)
             wanted = "True" if status else "False"
@@ -110,7 +110,7 @@ class NodeWriter:
                 return None
             now = rfc3339()
             transition = current.get("lastTransitionTime") if current and current.get("status") == wanted else now
-            condition = {"type": kind, "status": wanted, "reason": reason, "message": message[:1024],
+            condition: NodeCondition = {"type": kind, "status": wanted, "reason": reason, "message": message[:1024],
                          "lastHeartbeatTime": now, "lastTransitionTime": transition or now}
             return {"status": {"conditions": [condition]}}
 
@@ -120,12 +120,12 @@ class NodeWriter:
     def set_taint(self, present: bool, *, value: str = "gpu-fault") -> bool:
         """Add or remove the agent's own taint (and cordon, when configured); other taints stay."""
 
-        def build(node: JsonDocument) -> JsonDocument | None:
+        def build(node: Node) -> NodePatch | None:
             spec = node.get("spec", {})
             taints = list(spec.get("taints") or [])
             ours = [t for t in taints if t.get("key") == self.taint_key]
             annotations = node["metadata"].get("annotations") or {}
-            patch: dict[str, Any] = {"metadata": {}, "spec": {}}
+            patch: NodePatch = {"metadata": {}, "spec": {}}
             if present and not ours:
                 patch["spec"]["taints"] = [*taints, {"key": self.taint_key, "value": value,
                                                      "effect": self.taint_effect, "timeAdded": rfc3339()}]
@@ -149,15 +149,13 @@ class NodeWriter:
                      annotations: dict[str, str | None] | None = None) -> bool:
         """Set (or, with None, remove) labels and annotations; nothing is written when they already match."""
 
-        def build(node: JsonDocument) -> JsonDocument | None:
+        def build(node: Node) -> NodePatch | None:
             meta = node["metadata"]
-            changes: dict[str, Any] = {}
-            for field, wanted in (("labels", labels or {}), ("annotations", annotations or {})):
-                current = meta.get(field) or {}
-                delta = {k: v for k, v in wanted.items()
-                         if current.get(k) != v and not (v is None and k not in current)}
-                if delta:
-                    changes[field] = delta
+            changes: MetadataPatch = {}
+            if delta := _delta(meta.get("labels") or {}, labels or {}):
+                changes["labels"] = delta
+            if delta := _delta(meta.get("annotations") or {}, annotations or {}):
+                changes["annotations"] = delta
             return {"metadata": changes} if changes else None
 
         return self._write(build)
@@ -183,13 +181,18 @@ class NodeWriter:
                     return False
             patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
             try:
-                self._last = self.raw.strategic_patch(path, patch)
+                self._last = as_node(self.raw.strategic_patch(path, patch))
             except Conflict:
                 self._last = None  # changed since observed: the next attempt reads it again
                 raise
             return True
 
         return bool(with_retries(lambda: on_conflict(attempt), deadline_seconds=self.deadline))
+
+
+def _delta(current: Mapping[str, str], wanted: Mapping[str, str | None]) -> dict[str, str | None]:
+    """The entries of `wanted` that change `current` (None removes one that is there)."""
+    return {k: v for k, v in wanted.items() if current.get(k) != v and not (v is None and k not in current)}
 
 
 def saved_record(view: NodeView) -> dict[str, object] | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
+from agent.k8s.bodies import OwnerReference, PodSpec, as_pod_list
 from agent.k8s.podresources import PodDevices, list_pod_devices
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
@@ -40,8 +40,8 @@ class PodFinder:
         self.owners: dict[str, str] = {}
 
     def pods(self) -> tuple[PodRef, ...]:
-        listed = with_retries(lambda: self.raw.get(api_path("", "v1", "pods"),
-                                                   query={"fieldSelector": f"spec.nodeName={self.node}"}))
+        listed = as_pod_list(with_retries(lambda: self.raw.get(
+            api_path("", "v1", "pods"), query={"fieldSelector": f"spec.nodeName={self.node}"})))
         items = listed.get("items") or []
         devices = self._devices()
         by_process = self.gpus_by_pod_uid() if devices is None and self.gpus_by_pod_uid else {}
@@ -90,19 +90,19 @@ class PodFinder:
         return {(p.namespace, p.name): p.gpu_ids() for p in listed if p.gpu_ids()}
 
 
-def _owner_of(namespace: str, references: list[dict[str, Any]], spec: dict[str, Any]) -> str:
+def _owner_of(namespace: str, references: list[OwnerReference], spec: PodSpec) -> str:
     """The pod's workload: its controller (a ReplicaSet is its Deployment), else its first image."""
-    controller = next((o for o in references if o.get("controller")), {})
+    controller = next((o for o in references if o.get("controller")), OwnerReference())
     containers = spec.get("containers") or []
     image = str(containers[0].get("image") or "") if containers else ""
     return owner_key(namespace, owner_kind=str(controller.get("kind") or ""),
                      owner_name=str(controller.get("name") or ""), image=image)
 
 
-def _requests_gpu(spec: dict[str, Any]) -> bool:
+def _requests_gpu(spec: PodSpec) -> bool:
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         resources = container.get("resources") or {}
-        for section in ("limits", "requests"):
-            if any(name.startswith("nvidia.com/") for name in (resources.get(section) or {})):
+        for names in (resources.get("limits") or {}, resources.get("requests") or {}):
+            if any(name.startswith("nvidia.com/") for name in names):
                 return True
     return False

@@ -4,12 +4,15 @@ as plain documents (no generated classes), each bounded in time, errors as the a
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from agent.k8s.errors import K8sError
 
 JsonDocument = dict[str, Any]
+#: A body sent: a plain dict, or one of agent.k8s.bodies' TypedDicts.
+Body = Mapping[str, object]
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
@@ -38,13 +41,13 @@ class RawApi:
     def get(self, path: str, *, query: dict[str, str] | None = None) -> JsonDocument:
         return self.request("GET", path, query=query)
 
-    def create(self, path: str, body: JsonDocument) -> JsonDocument:
+    def create(self, path: str, body: Body) -> JsonDocument:
         return self.request("POST", path, body=body)
 
-    def merge_patch(self, path: str, body: JsonDocument) -> JsonDocument:
+    def merge_patch(self, path: str, body: Body) -> JsonDocument:
         return self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
 
-    def strategic_patch(self, path: str, body: JsonDocument) -> JsonDocument:
+    def strategic_patch(self, path: str, body: Body) -> JsonDocument:
         """Strategic merge: lists with a merge key (node conditions by type) merge item by item."""
         return self.request("PATCH", path, body=body, content_type=STRATEGIC_MERGE_PATCH)
 
@@ -53,7 +56,7 @@ class RawApi:
         return self.request("DELETE", path, body=body)
 
     def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                body: JsonDocument | None = None,
+                body: Body | None = None,
                 content_type: str = "application/json") -> JsonDocument:
         """One request; raises K8sError (NotFound, Conflict, Forbidden, Unavailable, ...) on failure."""
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()

@@ -25,9 +25,8 @@ from agent.model import (
     Verdict,
     VerdictKind,
     frozen_attrs,
-    gpu_from_dict,
-    gpu_to_dict,
 )
+from agent.model_json import gpu_from_dict, gpu_to_dict
 from agent.remediation.recoveries import Recoveries
 
 CONDITION_FATAL = "GpuFatalFault"

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.model import NodeInventory
-from agent.simulation.fake_apiserver.server import RESOURCES, FakeCluster
+from agent.simulation.fake_apiserver.resources import RESOURCES
+from agent.simulation.fake_apiserver.store import FakeCluster
 
 NAMESPACE = "gpu-operator"
 #: Operand label -> its DaemonSet (GPU Operator names); all four hold every GPU of the node open.

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from agent.sources.nvlink5 import decode
+from agent.sources.xid_fields import STRUCTURED_CODES, xid_extras
 
 _PCI = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?"
 #: A kernel record is at most 1-2 KB (printk's limit): a longer message is kept only this far.
@@ -59,21 +59,6 @@ _LOST = re.compile(r"NVRM:\s*GPU(?: at)?\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*(?:
                    re.IGNORECASE)
 _LOST_START = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(?:PCI:)?(?P<pci>" + _PCI + r")\s*$")
 _LOST_END = re.compile(r"NVRM:.{0,200}fallen off the bus", re.IGNORECASE | re.DOTALL)
-_CAUSED_BY = re.compile(r"(?:caused by|due to)\s+(?:an?\s+)?(?:previous\s+)?Xid\s*(\d{1,6})(?!\d)", re.IGNORECASE)
-_ACTION_VALUE = r"(0x[0-9a-fA-F]{1,8}|\d{1,6})(?![0-9a-fA-Fx])"
-_RECOVERY = re.compile(r"recovery action changed from\s+" + _ACTION_VALUE + r"(?:\s*\(([^()]{0,64})\))?\s+to\s+"
-                       + _ACTION_VALUE + r"(?:\s*\(([^()]{0,64})\))?\s*\.?\s*$", re.IGNORECASE)
-# Registers close the line: "... Link 12 (0x4 0x2 0x0 ...)" (NVLink5) or "... on link 14(0x0, 0x0, ...)" (Xid 74).
-# NVLink5 prints "Link -1" for an error of the whole unit rather than of one link (GB200).
-_LINK_TAIL = re.compile(r"\blink\s+(?P<link>-?\d{1,4})\s*\(\s*(?P<regs>[^()]{0,400})\)\s*\.?\s*$", re.IGNORECASE)
-_NVLINK5_HEAD = re.compile(r"(?<![A-Za-z0-9_])(?P<sub>[A-Za-z][A-Za-z0-9_]{0,39})\s+"
-                           r"(?P<fatal>Fatal|Nonfatal|Non-fatal)\b", re.IGNORECASE)
-#: The last SM location in a text, "(GPC 4, TPC 1, SM 0)": the greedy lead moves the match to the driver's end of
-#: the line, past any location a process name may spell.
-_LAST_SM = re.compile(r"(?s:.*)\(\s*GPC\s+(?P<gpc>\d{1,4}),\s*TPC\s+(?P<tpc>\d{1,4})(?:,\s*SM\s+(?P<sm>\d{1,4}))?\s*\)",
-                      re.IGNORECASE)
-_HEX = re.compile(r"0x[0-9a-fA-F]{1,16}(?![0-9a-fA-F])")
-_TAIL_WINDOW = 512
 
 KERNEL_FACILITY = 0
 USER_FACILITY = 1
@@ -327,7 +312,7 @@ def _kmsg_xid_record(match: re.Match[str], line: str, line_no: int) -> KernelRec
     value, number = int(priority), int(code)
     prefix = _new_prefix(Prefix, (int(seq), int(timestamp), value >> 3, value & 7))
     process, rest = _process_name(line[match.end():].strip())
-    whole = line[match.start("whole"):] if number in _STRUCTURED_CODES else ""
+    whole = line[match.start("whole"):] if number in STRUCTURED_CODES else ""
     return _finished(number, whole, pci.lower(), int(pid), process, rest, {}, prefix, line_no)
 
 
@@ -345,8 +330,8 @@ def _process_name(rest: str) -> tuple[str | None, str]:
 def _finished(code: int, whole: str, pci: str, pid: int | None, process: str | None, rest: str,
               extras: dict[str, Any], prefix: Prefix, line_no: int) -> KernelRecord:
     # Structured fields are read from the driver's end of the whole line: a process name cannot move them.
-    if code in _STRUCTURED_CODES:
-        extras.update(_xid_extras(code, whole.rstrip()))
+    if code in STRUCTURED_CODES:
+        extras.update(xid_extras(code, whole.rstrip()))
     return KernelRecord("xid", line_no, code, pci, pid, process, rest.strip()[:MAX_MESSAGE], extras, prefix)
 
 
@@ -363,101 +348,3 @@ def _address_extras(address: str) -> dict[str, Any]:
     return extras
 
 
-def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
-    found = None
-    for found in pattern.finditer(text):  # noqa: B007 - the last match is the driver's, not the process name's
-        pass
-    return found
-
-
-#: The Xids whose lines carry structured fields that _xid_extras reads.
-_STRUCTURED_CODES = frozenset({13, 45, 74, 154, *range(144, 151)})
-
-
-def _xid_extras(code: int, text: str) -> dict[str, Any]:
-    extras: dict[str, Any] = {}
-    tail = text[-_TAIL_WINDOW:]
-    if code == 13:  # the commonest by far: an application's fault
-        location = _LAST_SM.match(tail)
-        if location:
-            gpc, tpc, sm = location.group("gpc", "tpc", "sm")
-            extras["gpc"], extras["tpc"] = int(gpc), int(tpc)
-            extras["sm_location"] = f"GPC {int(gpc)}, TPC {int(tpc)}"
-            if sm is not None:
-                extras["sm"] = int(sm)
-    elif code == 45:
-        caused = _last(_CAUSED_BY, tail)
-        if caused:
-            extras["caused_by"] = int(caused.group(1))
-    elif code == 154:
-        recovery = _RECOVERY.search(tail)
-        if recovery:
-            extras["recovery_action_from"] = _action_value(recovery.group(1))
-            extras["recovery_action"] = _action_value(recovery.group(3))
-            if recovery.group(4):
-                extras["recovery_action_name"] = recovery.group(4)
-    elif 144 <= code <= 150:
-        extras.update(_nvlink5_extras(code, tail))
-    elif code == 74:
-        regs = _LINK_TAIL.search(tail)
-        if regs:
-            extras["link"] = int(regs.group("link"))
-            values = _HEX.findall(regs.group("regs"))
-            for n, value in enumerate(values):
-                extras[f"reg{n}"] = value.lower()
-            if len(values) >= 5:
-                extras["nvlink_error_class"] = nvlink_error_class([int(v, 16) for v in values])
-    return extras
-
-
-def _action_value(text: str) -> int:
-    """A recovery action as printed: `0x2` is hexadecimal; `2` or `02` is the same value written plainly."""
-    return int(text, 16) if text.lower().startswith("0x") else int(text, 10)
-
-
-# NVIDIA's WORKFLOW_NVLINK_ERR (Xid 74): which bits of the first, third, fourth and fifth registers mean what.
-_R1_IGNORABLE = frozenset({0, 23, 30})
-_R1_SYMPATHETIC = frozenset({1, 20})
-_R4_SYMPATHETIC = frozenset({16, 17, 18})
-_R5_THRESHOLD_ONLY = frozenset({20, 23, 26, 29})
-
-
-def _bits(value: int) -> set[int]:
-    return {bit for bit in range(32) if value >> bit & 1}
-
-
-def nvlink_error_class(registers: list[int]) -> str:
-    """IGNORE (only bits NVIDIA says can be ignored, or ECC thresholds without an uncorrectable error),
-    SYMPATHETIC (only secondary bits: the other Xid or SXid decides), else INVESTIGATE."""
-    r1, r3, r4, r5 = _bits(registers[0]), _bits(registers[2]), _bits(registers[3]), _bits(registers[4])
-    serious = (r1 - _R1_IGNORABLE - _R1_SYMPATHETIC) | r3 | (r4 - _R4_SYMPATHETIC) | (r5 - _R5_THRESHOLD_ONLY)
-    if serious:
-        return "INVESTIGATE"
-    if r1 & _R1_SYMPATHETIC or r4:
-        return "SYMPATHETIC"
-    return "IGNORE"
-
-
-def _nvlink5_extras(code: int, text: str) -> dict[str, Any]:
-    tail = _LINK_TAIL.search(text)
-    if not tail:
-        return {}
-    head = _last(_NVLINK5_HEAD, text[max(0, tail.start() - 200):tail.start()])
-    if not head:
-        return {}
-    registers = _HEX.findall(tail.group("regs"))
-    extras: dict[str, Any] = {
-        "subcomponent": head.group("sub"),
-        "fatal": head.group("fatal").lower() == "fatal",
-        "link": int(tail.group("link")),
-    }
-    if extras["link"] < 0:
-        extras["link_scope"] = "unit"  # the whole NVLink unit; the decode table resolves it like any link's
-    if len(registers) >= 2:
-        intr_info, error_status = int(registers[0], 16), int(registers[1], 16)
-        extras.update(intr_info=registers[0].lower(), error_status=registers[1].lower())
-        decoded = decode(code, intr_info, error_status)
-        if decoded is not None:
-            extras.update(decoded_action=decoded.bucket, decoded_subcode=decoded.subcode,
-                          decoded_severity=decoded.severity, decode_ambiguous=decoded.ambiguous)
-    return extras

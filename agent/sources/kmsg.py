@@ -8,14 +8,13 @@ durable record), so nothing is handled twice and nothing read but not yet classi
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import select
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -27,6 +26,7 @@ from agent.sources.attribution import PodAttribution, parse_cgroup, workload_key
 from agent.sources.base import Emit
 from agent.sources.dedup import Deduplicator
 from agent.sources.kernel_log import KERNEL_FACILITY, KMSG_XID, KernelLogParser, KernelRecord
+from agent.sources.kmsg_records import RecordReader
 
 CURSOR_NAME = "kmsg"
 _POD_CACHE_SECONDS = 5.0
@@ -413,35 +413,6 @@ class KmsgSource:
                     emit(observation)
         for observation in self.processor.flush(self.clock(), force=True):
             emit(observation)
-
-
-class RecordReader:
-    """Reads whatever records the device holds now, one line each, without waiting; an overwritten record
-    (EPIPE) is reported and skipped. /dev/kmsg gives one record per read; a pipe standing in for it may give
-    several, or part of one, which waits for the rest."""
-
-    def __init__(self, fd: int, on_lost: Callable[[], None]) -> None:
-        self.fd = fd
-        self.on_lost = on_lost
-        self._partial = ""
-
-    def available(self) -> Iterator[str]:
-        while True:
-            try:
-                data = os.read(self.fd, 16384)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                if exc.errno != errno.EPIPE:
-                    raise
-                self.on_lost()
-                continue
-            if not data:
-                return
-            lines = (self._partial + data.decode("utf-8", errors="replace")).split("\n")
-            self._partial = lines.pop()
-            # Lines starting with a space are the record's dictionary (SUBSYSTEM=..., DEVICE=...).
-            yield from (line for line in lines if line and not line.startswith(" "))
 
 
 def _seq_of(line: str) -> int | None:

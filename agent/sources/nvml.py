@@ -6,7 +6,8 @@ observation), never a hardware fault, and that GPU is not called again until the
 the others keep being read; a GPU none of whose readings succeed is Unknown too. GPU lost and "reset
 required" are their own observations. The node's GPUs and the NVLinks seen up are remembered in a
 NodeMemory, so a GPU missing after a reboot, or a link down since it, is seen. The readings themselves are
-in nvml_reads (core and memory) and nvml_links (NVLink, PCIe, fabric); events in nvml_events.
+in nvml_reads (core and memory) and nvml_links (NVLink, PCIe, fabric); events in nvml_events; discovery
+in nvml_discovery.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from agent.sources.attribution import pod_of_pid
 from agent.sources.base import Emit
 from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
 from agent.sources.node_memory import InMemory, NodeMemory
-from agent.sources.nvml_calls import ERROR_GPU_IS_LOST, GpuLost, GpuState, NvmlCalls, Reading, handle_key, text
+from agent.sources.nvml_calls import GpuLost, GpuState, NvmlCalls, Reading, handle_key, text
 from agent.sources.nvml_calls import observation as _observation
+from agent.sources.nvml_discovery import discover, mig_devices
 from agent.sources.nvml_events import event_observation, watch_events
 from agent.sources.nvml_links import NVLINK_KEY
-from agent.sources.thresholds import plausible_threshold
 
 __all__ = ["GpuState", "NvmlSource", "load_pynvml", "probe_calls"]
 
 log = get_logger("agent.sources.nvml")
 
-THRESHOLDS = {"shutdown": 0, "slowdown": 1, "mem_max": 2}
 REPROBE_SECONDS = 600.0
 INVENTORY_KEY = "nvml.inventory"
 
@@ -72,7 +72,7 @@ class NvmlSource:
         self.calls.call("nvmlInit", self.nvml.nvmlInit)
         self.driver_version = text(self.calls.call("nvmlSystemGetDriverVersion", self.nvml.nvmlSystemGetDriverVersion))
         count = int(self.calls.call("nvmlDeviceGetCount", self.nvml.nvmlDeviceGetCount))
-        self.gpus = [self._discover(index) for index in range(count)]
+        self.gpus = [discover(self.calls, self.nvml, index) for index in range(count)]
         self._remember_inventory()
         self._restore_nvlink_baselines()
 
@@ -130,63 +130,6 @@ class NvmlSource:
             links = saved.get(gpu.ref.uuid) if isinstance(saved, dict) else None
             if isinstance(links, list):
                 gpu.links_seen_up.update(int(n) for n in links if isinstance(n, int))
-
-    # ---- discovery ----
-    def _discover(self, index: int) -> GpuState:
-        calls, nvml = self.calls, self.nvml
-        key = f"gpu{index}"
-        handle = calls.call("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index, key=key)
-        try:
-            uuid = text(calls.call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle, key=key))
-            pci = text(calls.call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle, key=key).busId)
-            name = text(calls.call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle, key=key))
-        except (nvml.NVMLError, CallTimeout, TooManyHungCalls) as exc:
-            # A GPU that cannot even name itself is still a GPU of this node: known by index, read as lost
-            # (GPU_IS_LOST) or Unknown (another error, or a call that hung: the other GPUs are still found).
-            gpu = GpuState(GpuRef(index=index), handle, handle_key(handle))
-            gpu.readings["discovery_error"] = str(exc)
-            gpu.lost = getattr(exc, "value", None) == ERROR_GPU_IS_LOST
-            if isinstance(exc, CallTimeout):
-                gpu.hung_call = exc.name
-            return gpu
-        gpu = GpuState(GpuRef(index, uuid, pci.lower(), name), handle, handle_key(handle))
-        mig = calls.optional(gpu, "nvmlDeviceGetMigMode", nvml.nvmlDeviceGetMigMode, handle, aux=True)
-        gpu.mig_mode = int(mig[0]) if mig else 0
-        if gpu.mig_mode:
-            gpu.mig_uuids = self._mig_devices(gpu)
-        gpu.shutdown_c = self._threshold(gpu, "shutdown")
-        gpu.slowdown_c = self._threshold(gpu, "slowdown")
-        gpu.mem_max_c = self._threshold(gpu, "mem_max")
-        return gpu
-
-    def _threshold(self, gpu: GpuState, name: str) -> float | None:
-        """A temperature threshold the GPU reports, or None (with a warning) when it cannot be a real one."""
-        value = self.calls.optional(gpu, f"threshold.{name}", self.nvml.nvmlDeviceGetTemperatureThreshold,
-                                    gpu.handle, THRESHOLDS[name], aux=True)
-        if value is None:
-            return None
-        if not plausible_threshold(float(value)):
-            log.warning("nvml_threshold_ignored", gpu=gpu.ref.uuid or gpu.ref.index, threshold=name, value=value)
-            gpu.readings.setdefault("ignored_thresholds", {})[name] = value
-            return None
-        return float(value)
-
-    def _mig_devices(self, gpu: GpuState) -> list[str]:
-        """The UUIDs of a MIG-enabled GPU's MIG devices, so pods holding them are known to be on this GPU."""
-        calls, nvml = self.calls, self.nvml
-        count = calls.optional(gpu, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount,
-                               gpu.handle, aux=True) or 0
-        uuids = []
-        for index in range(int(count)):
-            handle = calls.optional(gpu, "nvmlDeviceGetMigDeviceHandleByIndex",
-                                    nvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, index, aux=True)
-            gpu.unsupported.discard("nvmlDeviceGetMigDeviceHandleByIndex")  # a free slot is not "unsupported"
-            if handle is None:
-                continue
-            uuid = calls.optional(gpu, "mig.uuid", nvml.nvmlDeviceGetUUID, handle, aux=True)
-            if uuid:
-                uuids.append(text(uuid))
-        return uuids
 
     def mig_parents(self) -> dict[str, str]:
         """MIG device UUID -> the UUID of the GPU it is a slice of."""
@@ -287,7 +230,7 @@ class NvmlSource:
             gpu.probed_at = now
             gpu.mig_mode = mode
             if changed:
-                gpu.mig_uuids = self._mig_devices(gpu) if mode else []
+                gpu.mig_uuids = mig_devices(self.calls, self.nvml, gpu) if mode else []
 
     def _read_all(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         calls, nvml, h = self.calls, self.nvml, gpu.handle

@@ -14,7 +14,7 @@ from agent.k8s.errors import status_error
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import RawApi
 from agent.model import StepKind, StepResult
-from agent.simulation.fake_apiserver.server import RESOURCES
+from agent.simulation.fake_apiserver.resources import RESOURCES
 from tests.k8s_helpers import gpu_node, make_agent, populate_any, start_cluster
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")

@@ -58,7 +58,7 @@ def node(fake: FakeCluster, name: str) -> dict[str, Any]:
 
 
 def lease_names(fake: FakeCluster) -> set[str]:
-    from agent.simulation.fake_apiserver.server import RESOURCES
+    from agent.simulation.fake_apiserver.resources import RESOURCES
 
     leases = next(r for r in RESOURCES if r.plural == "leases")
     return {lease["metadata"]["name"] for lease in fake.list_objects(leases, "gpu-health")}

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from agent.cli import main
 from agent.drill import DrillBox, drill_id_of, new_request, write_kmsg
 from agent.model import Action, Severity, Signal
-from agent.sources.kernel_log import KernelLogParser
-from agent.sources.kmsg import KERNEL_FACILITY, RecordReader
+from agent.sources.kernel_log import KERNEL_FACILITY, KernelLogParser
+from agent.sources.kmsg_records import RecordReader
 from tests.conftest import wait_for
 from tests.integration.test_kmsg_source import needs_root_kmsg
 

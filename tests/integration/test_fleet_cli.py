@@ -14,7 +14,8 @@ from agent.cli import main
 from agent.errors import InputError
 from agent.fleet.published import HOLDS_CONFIGMAP, decode
 from agent.fleetctl.commands import parse_duration
-from agent.simulation.fake_apiserver.server import RESOURCES, ApiError, FakeApiServer, FakeCluster
+from agent.simulation.fake_apiserver import ApiError, FakeApiServer, FakeCluster
+from agent.simulation.fake_apiserver.resources import RESOURCES
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 CONFIGMAPS = next(r for r in RESOURCES if r.plural == "configmaps")

@@ -21,7 +21,8 @@ from agent.k8s.leader import LeaderElector, LeaseConfig
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.model import Action, FaultClass, Severity
-from agent.simulation.fake_apiserver.server import RESOURCES, ApiError, FakeApiServer, FakeCluster
+from agent.simulation.fake_apiserver import ApiError, FakeApiServer, FakeCluster
+from agent.simulation.fake_apiserver.resources import RESOURCES
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 NS = "gpu-health"

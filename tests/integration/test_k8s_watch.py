@@ -11,7 +11,7 @@ import pytest
 
 from agent.k8s.client import client_for
 from agent.k8s.watch import ListWatch, WatchOptions
-from agent.simulation.fake_apiserver.server import FakeApiServer, FakeCluster
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -76,7 +76,7 @@ def test_a_watch_delivers_each_change_after_the_list_once(server):
 
 
 def _nodes() -> Any:
-    from agent.simulation.fake_apiserver.server import RESOURCES
+    from agent.simulation.fake_apiserver.resources import RESOURCES
 
     return next(r for r in RESOURCES if r.plural == "nodes")
 

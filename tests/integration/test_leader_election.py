@@ -11,7 +11,7 @@ from agent.k8s.client import client_for
 from agent.k8s.errors import Unavailable
 from agent.k8s.leader import LeaderElector, LeaseConfig
 from agent.k8s.raw import RawApi
-from agent.simulation.fake_apiserver.server import FakeApiServer, FakeCluster
+from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/gpu-health/leases/fleet"

@@ -7,7 +7,7 @@ from typing import Any
 
 from agent.k8s.node import NodeWriter
 from agent.k8s.raw import RawApi
-from agent.simulation.fake_apiserver.server import RESOURCES
+from agent.simulation.fake_apiserver.resources import RESOURCES
 from tests.k8s_helpers import TAINT, agent_client, gpu_node, make_agent, populate_any
 
 NODES = next(r for r in RESOURCES if r.plural == "nodes")
@@ -86,3 +86,10 @@ def test_a_fatal_fault_taints_before_the_pod_list_and_the_events_are_read_or_sen
     taint = calls.index(("PATCH", "/api/v1/nodes/nw-order"))
     later = [i for i, (method, path) in enumerate(calls) if path.endswith("/pods") or "/events" in path]
     assert later and taint < min(later)
+
+
+def test_removing_labels_and_annotations_the_node_does_not_have_writes_nothing(fake):
+    """None for a label or annotation that is absent is no change: a fresh read confirms it, and no PATCH."""
+    requests = requests_of(fake, "nw-remove-absent", lambda writer: writer.set_metadata(
+        labels={"gpu-health-agent.io/absent": None}, annotations={"gpu-health-agent.io/absent": None}))
+    assert requests == ["GET"]

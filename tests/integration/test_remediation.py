@@ -5,7 +5,7 @@ import pytest
 from agent.k8s.node import AGENT_CONDITIONS
 from agent.model import Observation, Signal, StepKind, StepResult
 from agent.remediation import Mode
-from agent.simulation.fake_apiserver.server import RESOURCES
+from agent.simulation.fake_apiserver.resources import RESOURCES
 from tests.k8s_helpers import TAINT, gpu_node, grace_period_passes, make_agent, operator_client, running_pods
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")

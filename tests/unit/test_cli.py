@@ -237,7 +237,7 @@ def test_check_table_labels_its_columns_and_keeps_reasons_free_of_the_gpu_identi
 def test_check_table_fits_a_narrow_terminal_and_lists_whole_reasons_below(tmp_path: Path):
     """Cut reasons end in '...' and appear whole under the table."""
     from agent.check import check_node, exporter_reading
-    from agent.cli import render_check_table
+    from agent.cli.render import render_check_table
     from agent.engine import builtin_rules_dir, load_rules
     from agent.sources.dcgm_exporter import ExporterReader
 

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 ALLOWED = {
     "pynvml": {"agent.sources.nvml"},
     "urllib3": {"agent.k8s.client", "agent.k8s.errors", "agent.k8s.watch"},
-    "subprocess": {"agent.diagnostics", "agent.gpu.reset", "agent.k8s.exec_credential", "agent.cli"},
+    "subprocess": {"agent.diagnostics", "agent.gpu.reset", "agent.k8s.exec_credential"},
 }
 
 #: Modules outside each allowed place: the edges next to the allowed one, the wiring, a package's __init__.
@@ -34,6 +34,8 @@ OUTSIDE = [
     ("subprocess", "agent/daemon.py"),
     ("subprocess", "agent/sources/kmsg.py"),
     ("subprocess", "agent/remediation/planner.py"),
+    ("subprocess", "agent/cli/__init__.py"),
+    ("subprocess", "agent/cli/drill.py"),
 ]
 
 

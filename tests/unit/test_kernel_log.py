@@ -193,7 +193,7 @@ def test_a_raw_kmsg_xid_reads_as_its_priority_form_does(address, code, pid, pid_
 
 
 def test_xid_74_registers_are_classified_by_nvidias_workflow():
-    from agent.sources.kernel_log import nvlink_error_class
+    from agent.sources.xid_fields import nvlink_error_class
     assert nvlink_error_class([1 << 0 | 1 << 23, 0, 0, 0, 0, 0, 0]) == "IGNORE"
     assert nvlink_error_class([0, 0, 0, 0, 1 << 20, 0, 0]) == "IGNORE"  # an ECC threshold, nothing uncorrected
     assert nvlink_error_class([1 << 1, 0, 0, 1 << 16, 0, 0, 0]) == "SYMPATHETIC"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.sources import kernel_log
+from agent.sources import xid_fields
 from agent.sources.kernel_log import KernelLogParser
 
 XID_74 = ("NVRM: Xid (PCI:0000:3b:00): 74, pid=99, name=nccl, NVLink: fatal error detected on link 14"
@@ -30,7 +30,7 @@ def test_a_line_that_breaks_a_decoder_is_skipped_and_counted(monkeypatch):
     interpreted and the compiled build alike."""
     def broken(code, intr_info, error_status):
         raise ValueError("decoder bug")
-    monkeypatch.setattr(kernel_log, "decode", broken)
+    monkeypatch.setattr(xid_fields, "decode", broken)
     parser = KernelLogParser()
     assert parser.feed("NVRM: Xid (PCI:0000:3b:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 12 (0x4 0x2 0x0)") is None
     assert parser.skipped == 1

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from agent.model import NodeInventory
-from agent.simulation.fake_apiserver.server import RESOURCES, FakeCluster, now_rfc3339
+from agent.simulation.fake_apiserver.resources import RESOURCES, now_rfc3339
+from agent.simulation.fake_apiserver.store import FakeCluster
 
 DRA_DRIVER = "gpu.nvidia.com"
 _NAMESPACES = next(r for r in RESOURCES if r.plural == "namespaces")

@@ -1,0 +1,66 @@
+"""The `gpu-health-agent` command line: thin wrappers over the daemon, simulator, rules and journal."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from agent import __version__
+from agent.cli import check, cluster, drill, inspect, kmsg, nvml, run, simulate
+from agent.cli.common import EXIT_BAD_INPUT, EXIT_FAILED
+from agent.fleetctl.commands import fleet
+from agent.hot_path import describe as describe_storm_path
+
+
+class _OneLineGroup(click.Group):
+    """Usage errors are one line on stderr (`gpu-health-agent CMD: problem (see CMD --help)`), never a traceback."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            result = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except click.ClickException as exc:
+            name = exc.ctx.command_path if getattr(exc, "ctx", None) else "gpu-health-agent"  # type: ignore[attr-defined]
+            hint = f" (see {name} --help)" if isinstance(exc, click.UsageError) else ""
+            click.echo(f"{name}: {' '.join(exc.format_message().split())}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("gpu-health-agent: interrupted", err=True)
+            sys.exit(130)
+        except KeyboardInterrupt:
+            click.echo("gpu-health-agent: interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:
+            # The last line of defence: a bug still gets one line; GPU_HEALTH_DEBUG=1 shows the traceback.
+            if os.environ.get("GPU_HEALTH_DEBUG"):
+                raise
+            click.echo(f"gpu-health-agent: internal error: {type(exc).__name__}: {exc} "
+                       "(GPU_HEALTH_DEBUG=1 shows the traceback; please report it)", err=True)
+            sys.exit(EXIT_FAILED)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"gpu-health-agent, version {__version__} ({describe_storm_path()})")
+    ctx.exit()
+
+
+@click.group(cls=_OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="Show the version, and whether the storm path is compiled, and exit.")
+def main() -> None:
+    """Node-level GPU health and self-healing agent for Kubernetes."""
+
+
+for command in (fleet, run.run, run.reset_helper, cluster.release, cluster.cleanup, drill.drill,
+                simulate.simulate_command, check.check, nvml.nvml, kmsg.kmsg, inspect.rules, inspect.config_group,
+                inspect.history, inspect.explain):
+    main.add_command(command)
