@@ -74,6 +74,8 @@ BOOT_CURSOR = "boot_id"
 #: Why a fault cleared whose recovery the driver reported done (no reset): not a recovery of the GPU's hardware.
 DRIVER_RECOVERED = "recovery reported done by the driver, verified by a clean poll"
 NODE_STATE_CURSOR = "node_state"
+#: The message of a disruptive step's action row written before the actuator runs it.
+STARTED = "started: the result is journaled when it returns"
 _ROUNDS = 3
 _RESET_WHEN_IDLE = frozenset({Action.RESET_WHEN_IDLE, Action.QUARANTINE_RESET_WHEN_IDLE})
 _TOOK_EFFECT = frozenset({StepResult.APPLIED, StepResult.PLANNED, StepResult.DRY_RUN})
@@ -945,7 +947,9 @@ class Pipeline:
                 self.record.node.apply(step)
             if step.kind is StepKind.EVICT:
                 self._settle_eviction_event(step, result)
-            if step.kind.disruptive and result in _TOOK_EFFECT:
+            if step.kind is StepKind.RESET_GPU and result not in _TOOK_EFFECT and result is not StepResult.FAILED:
+                self.record.node.resets.discard(step.gpu_key)  # not attempted after all: the intent is withdrawn
+            if step.disruptive and result in _TOOK_EFFECT:
                 self._save()  # at once, so a restart right after this step does not repeat it
         if result is StepResult.BLOCKED and step.kind is StepKind.EVICT and now >= self._backoff_until:
             self._backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
@@ -998,6 +1002,7 @@ class Pipeline:
     def _apply(self, step: Step, now: float) -> tuple[StepResult, str]:
         if step.disruptive:
             self.history.record(step, now)
+            self._intend(step, now)
         if step.kind is StepKind.EVICT:
             with self._lock:  # the intent first: the Event is owed whatever happens next
                 self.record.owe(self._eviction_event(step, pending=True))
@@ -1008,6 +1013,26 @@ class Pipeline:
             if self.metrics:
                 self.metrics.step_errors.labels(str(step.kind)).inc()
             return StepResult.FAILED, f"{type(exc).__name__}: {exc}"
+
+    def _intend(self, step: Step, now: float) -> None:
+        """A disruptive step's attempt goes to the journal before the actuator runs it (an action row, its result
+        pending), and a reset's to the record too, as awaiting its clean poll: an agent restarted while the reset
+        runs verifies it (or escalates when no clean poll comes), it does not reset the GPU again."""
+        if self.journal is not None:
+            self._journaled("action", "journal_action_failed", self.journal.record_action, self.inventory.name,
+                            ActionRecord(step=step, result=StepResult.PLANNED, at=now, message=STARTED))
+        if step.kind is not StepKind.RESET_GPU:
+            return
+        with self._lock:
+            node = self.record.node
+            node.resets.add(step.gpu_key)
+            before = node.verifying.get(step.gpu_key)
+            node.verifying[step.gpu_key] = now  # in the journal only: this process awaits the command's result
+            self._save()
+            if before is None:
+                del node.verifying[step.gpu_key]
+            else:
+                node.verifying[step.gpu_key] = before
 
     def _eviction_event(self, step: Step, *, pending: bool) -> OwedEvent:
         event = Step(StepKind.EVENT, f"pod/{step.target}", step.reason, rule_id=step.rule_id, gpu_key=step.gpu_key,
