@@ -24,7 +24,7 @@ from agent.model import (
     gpu_from_dict,
     gpu_to_dict,
 )
-from agent.remediation.planner import ActiveFault, ConditionState, DeviceIsolation, DeviceMark, NodeState
+from agent.remediation.state import ActiveFault, ConditionState, DeviceIsolation, DeviceMark, NodeState
 
 #: At most this many Events wait for delivery; the oldest are dropped (and counted) beyond it.
 MAX_OWED_EVENTS = 200

@@ -34,6 +34,7 @@ OUTSIDE = [
     ("subprocess", "agent/daemon.py"),
     ("subprocess", "agent/sources/kmsg.py"),
     ("subprocess", "agent/remediation/planner.py"),
+    ("subprocess", "agent/control/steps.py"),
 ]
 
 

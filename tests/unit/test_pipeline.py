@@ -136,16 +136,16 @@ def test_a_drill_fault_ends_by_itself_but_one_that_came_again_is_kept(shipped_ru
 
 def _converged(rules, monkeypatch) -> tuple[Pipeline, list[int]]:
     """A pipeline that reconciles on every observation, converged on an Xid 79, and its count of plans
-    (through the seam agent.pipeline.plan)."""
-    import agent.pipeline
+    (through the seam agent.control.reconciler.plan)."""
+    import agent.control.reconciler
     calls: list[int] = []
-    real = agent.pipeline.plan
+    real = agent.control.reconciler.plan
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(agent.pipeline, "plan", counted)
+    monkeypatch.setattr(agent.control.reconciler, "plan", counted)
     p = Pipeline(rules=rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), sync_seconds=0.0,
                  clock=lambda: 100.0)
     p.handle(obs(Signal.XID, 79, 1.0), 1.0)
@@ -366,7 +366,8 @@ def test_a_skipped_eviction_is_journaled_again_once_it_changes(shipped_rules, tm
         ["skipped", "planned"]  # the node-wide taint (no GPU named) too
     assert [(e["result"], e["message"]) for e in evictions] == [
         ("skipped", "node opted out of remediation by label"),
-        ("planned", "started: the result is journaled when it returns"), ("planned", "local mode: no cluster to act on")]
+        ("planned", "started: the result is journaled when it returns"),
+        ("planned", "local mode: no cluster to act on")]
 
 
 def test_a_newer_cut_node_copy_never_takes_faults_the_journal_holds(shipped_rules, tmp_path: Path):
@@ -417,8 +418,8 @@ def test_a_node_wide_eviction_skipped_in_quarantine_is_journaled_once_per_pod(sh
 def test_a_noexecute_device_taint_is_journaled_before_the_next_step(shipped_rules, tmp_path: Path):
     """A NoExecute device taint deletes pods like an eviction: the record holds it before anything else runs."""
     from agent.model import DeviceRef
-    from agent.remediation.planner import DeviceIsolation
     from agent.remediation.record import NodeObservation, NodeRecord
+    from agent.remediation.state import DeviceIsolation
 
     journal = Journal(tmp_path / "j.db")
     device = DeviceRef("gpu.nvidia.com", "node-1", "gpu-0")

@@ -1,5 +1,7 @@
 """A GPU reset counts only after a clean poll of the GPU; a failed or unverified reset asks for a reboot."""
 
+import pytest
+
 from agent.model import NodeInventory, Signal, StepKind, StepResult
 from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import GuardPolicy, Mode
@@ -172,10 +174,8 @@ def test_a_reset_interrupted_by_a_restart_is_not_run_again(shipped_rules, tmp_pa
     from agent.journal import Journal
     p = pipeline(shipped_rules, DiesMidReset(), journal=Journal(tmp_path / "j.db"))
     p.handle(obs(Signal.XID, 48, 1.0), 1.0)
-    try:
+    with pytest.raises(SystemExit):
         p.tick(20.0)
-    except SystemExit:
-        pass
     again = pipeline(shipped_rules, journal=Journal(tmp_path / "j.db"))
     assert resets(again.tick(21.0)) == []
     assert again.node.verifying == {gpu(0).key: 20.0}
