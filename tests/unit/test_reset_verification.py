@@ -197,3 +197,20 @@ def test_the_reset_attempt_is_in_the_journal_before_the_command_runs(shipped_rul
 
     reset_after_xid_48(pipeline(shipped_rules, Looks(), journal=journal))
     assert seen == [["started: the result is journaled when it returns"]]
+
+
+def test_a_reset_the_actuator_did_not_take_up_is_attempted_again(shipped_rules):
+    """The journaled intent is withdrawn when the actuator blocks the reset: a later pass resets the GPU."""
+
+    class BlocksOnce(Resets):
+        blocked = False
+
+        def apply(self, step):
+            if step.kind is StepKind.RESET_GPU and not self.blocked:
+                self.blocked = True
+                return StepResult.BLOCKED, "the API server is unavailable"
+            return super().apply(step)
+
+    p = pipeline(shipped_rules, BlocksOnce())
+    assert [a.result for a in resets(reset_after_xid_48(p))] == [StepResult.BLOCKED]
+    assert [a.result for a in resets(p.reconcile(400.0))] == [StepResult.APPLIED]  # after the cooldown
