@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from agent.config import Config
-from agent.drill import DrillBox, drills_dir
+from agent.discovery import SourceContext, SourceProbe, discover_sources
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.engine.reload import NAMED, refusal
@@ -35,12 +33,7 @@ from agent.remediation import GuardPolicy
 from agent.remediation.record import OwedEvent
 from agent.sources.backlog import Backlog
 from agent.sources.base import Source
-from agent.sources.dcgm import DcgmSource
-from agent.sources.dcgm_bindings import BindingsReader, import_bindings
-from agent.sources.dcgm_exporter import ExporterReader
-from agent.sources.kmsg import KmsgSource
-from agent.sources.node_memory import JsonFileMemory
-from agent.sources.nvml import NvmlSource, load_pynvml
+from agent.sources.nvml import NvmlSource
 
 if TYPE_CHECKING:
     from agent.k8s.cluster import ClusterSide
@@ -49,8 +42,6 @@ log = get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
 #: The rule a GPU the node had and NVML no longer finds raises (rules/node.yaml).
 GPU_MISSING_RULE = "gpu-missing"
-#: What the NVML source remembers across restarts and reboots, in the state directory.
-NVML_MEMORY_FILE = "nvml-memory.json"
 #: Observations the backlog holds before it folds repeats (new kinds are admitted up to twice this).
 BACKLOG_CAPACITY = 10_000
 #: SIGTERM to exit: the DaemonSet grants 30 s; everything not yet applied is in the journal for the next agent.
@@ -91,101 +82,6 @@ def guard_policy_of(config: Config) -> GuardPolicy:
         max_attempts_per_hour=config.remediation.max_attempts_per_hour,
         cooldown_seconds=config.remediation.cooldown_seconds,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class SourceProbe:
-    """Whether a source can run here, and why not when it cannot."""
-
-    name: str
-    source: Source | None
-    why_not: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SourceContext:
-    """What a source factory may use: the config, the journal (for cursors), a counter hook."""
-
-    config: Config
-    journal: Journal
-    count: Callable[[str, str, int], None]
-    #: pod UID -> workload for the pods on this node (empty without a cluster).
-    owners: Callable[[], Mapping[str, str]] = dict
-
-
-def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
-    settings = ctx.config.sources.kmsg
-    path = Path(settings.path)
-    try:
-        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
-    except OSError as exc:
-        return None, f"cannot open {path}: {exc.strerror} (the agent needs CAP_SYSLOG and the device mounted)"
-    source = KmsgSource(path=path, admit_user_records=settings.admit_user_records, cursor=ctx.journal,
-                        proc_root=Path(settings.proc_root), owners=ctx.owners,
-                        drills=DrillBox(drills_dir(ctx.config.journal_path)), node_name=ctx.config.node_name,
-                        count=lambda name, amount: ctx.count("kmsg", name, amount))
-    return source, ""
-
-
-def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
-    settings = ctx.config.sources.nvml
-    try:
-        nvml = load_pynvml()
-    except ImportError as exc:
-        return None, f"pynvml is not installed ({exc})"
-    probe = NvmlSource(nvml, call_timeout_seconds=settings.call_timeout_seconds)
-    try:
-        probe.start()
-    except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
-        probe.caller.close()
-        return None, f"NVML unavailable: {exc}"
-    probe.stop()
-    # The node's GPUs and the NVLinks seen up, kept beside the journal: after a reboot a GPU the node had is
-    # known to be missing, and a link down is judged against the links it had.
-    memory = JsonFileMemory(Path(ctx.config.journal_path).parent / NVML_MEMORY_FILE)
-    return NvmlSource(nvml, poll_seconds=settings.poll_seconds, memory=memory,
-                      call_timeout_seconds=settings.call_timeout_seconds), ""
-
-
-def _dcgm_factory(ctx: SourceContext) -> tuple[Source | None, str]:
-    settings = ctx.config.sources.dcgm
-    if settings.exporter_url:
-        reader: ExporterReader | BindingsReader = ExporterReader(settings.exporter_url,
-                                                                 timeout_seconds=settings.timeout_seconds)
-        return DcgmSource(reader, poll_seconds=settings.poll_seconds,
-                          timeout_seconds=settings.timeout_seconds * 2), ""
-    try:
-        modules = import_bindings()
-    except ImportError as exc:
-        return None, f"no DCGM bindings ({exc}) and no sources.dcgm.exporter_url"
-    reader = BindingsReader(modules, host=settings.hostengine, update_seconds=settings.poll_seconds)
-    return DcgmSource(reader, poll_seconds=settings.poll_seconds, timeout_seconds=settings.timeout_seconds), ""
-
-
-SourceFactory = Callable[[SourceContext], tuple[Source | None, str]]
-SOURCE_FACTORIES: dict[str, SourceFactory] = {"kmsg": _kmsg_factory, "nvml": _nvml_factory, "dcgm": _dcgm_factory}
-
-
-def discover_sources(ctx: SourceContext) -> list[SourceProbe]:
-    """Every source this machine can run, per the config (auto-detected unless forced on or off)."""
-    probes: list[SourceProbe] = []
-    for name in type(ctx.config.sources).model_fields:
-        toggle = getattr(ctx.config.sources, name).enabled
-        factory = SOURCE_FACTORIES.get(name)
-        if toggle == "off":
-            probes.append(SourceProbe(name, None, "disabled in config"))
-            continue
-        if factory is None:
-            why_not = "not available in this version of the agent"
-            if toggle == "on":
-                raise AgentError(f"source {name} is enabled in config but {why_not}")
-            probes.append(SourceProbe(name, None, why_not))
-            continue
-        source, why_not = factory(ctx)
-        if source is None and toggle == "on":
-            raise AgentError(f"source {name} is enabled in config but cannot run: {why_not}")
-        probes.append(SourceProbe(name, source, why_not))
-    return probes
 
 
 class RulesWatcher:

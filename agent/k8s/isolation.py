@@ -18,7 +18,7 @@ from agent.k8s.errors import Forbidden, K8sError
 from agent.k8s.raw import JsonDocument, RawApi
 from agent.logs import get_logger
 from agent.model import DeviceRef, Step, StepKind, StepResult
-from agent.remediation.planner import DeviceIsolation, DeviceMark, device_of
+from agent.remediation.state import DeviceIsolation, DeviceMark, device_of
 
 log = get_logger("agent.k8s.isolation")
 Setting = Literal["node", "device", "auto"]

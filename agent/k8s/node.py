@@ -16,8 +16,8 @@ from agent.k8s.bodies import MetadataPatch, Node, NodeCondition, NodePatch, as_n
 from agent.k8s.errors import Conflict
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
-from agent.remediation.planner import ConditionState
 from agent.remediation.record import NodeObservation
+from agent.remediation.state import ConditionState
 from agent.timefmt import rfc3339
 
 PREFIX = "gpu-health-agent.io"

@@ -10,7 +10,8 @@ from agent.remediation.guard import (
     decide,
     needs_gate,
 )
-from agent.remediation.planner import ActiveFault, NodeState, PlanOptions, plan
+from agent.remediation.planner import PlanOptions, plan
+from agent.remediation.state import ActiveFault, NodeState
 
 __all__ = [
     "ActiveFault",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from agent.model import Action, DeviceRef, GpuRef, Severity, Step, StepKind, frozen_attrs
 from agent.model_json import gpu_from_dict, gpu_to_dict
-from agent.remediation.planner import ActiveFault, ConditionState, DeviceIsolation, DeviceMark, NodeState
+from agent.remediation.state import ActiveFault, ConditionState, DeviceIsolation, DeviceMark, NodeState
 
 #: At most this many Events wait for delivery; the oldest are dropped (and counted) beyond it.
 MAX_OWED_EVENTS = 200

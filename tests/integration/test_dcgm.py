@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from agent.config import load_config
-from agent.daemon import SourceContext, discover_sources
+from agent.discovery import SourceContext, discover_sources
 from agent.journal import Journal
 from agent.model import Signal
 from agent.sources.dcgm import DcgmSource

@@ -179,7 +179,7 @@ def test_a_link_seen_up_before_a_restart_and_down_after_it_is_down(fake_nvml):
 def test_the_agents_nvml_source_remembers_the_node_in_its_state_directory(fake_nvml, tmp_path):
     """The daemon gives NVML a memory beside the journal (the hostPath), so "GPU missing" survives a reboot."""
     from agent.config import load_config
-    from agent.daemon import SourceContext, discover_sources
+    from agent.discovery import SourceContext, discover_sources
     from agent.journal import Journal
 
     config = load_config(None, env={"NODE_NAME": "n", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "state" / "j.db"),

@@ -251,7 +251,8 @@ def test_a_fault_whose_rule_was_renamed_by_a_reload_can_still_be_released(fake):
 def test_a_gpu_is_not_reset_while_an_evicted_pod_is_still_terminating():
     """Issue 16: an accepted eviction leaves the pod Terminating; the reset waits until the pod is gone."""
     from agent.model import Action, PodRef, Severity
-    from agent.remediation.planner import ActiveFault, NodeState, PlanOptions, plan
+    from agent.remediation.planner import PlanOptions, plan
+    from agent.remediation.state import ActiveFault, NodeState
 
     gpu = GpuRef(2, "GPU-2", "0000:1a:00.0")
     fault = ActiveFault("xid-48", gpu.key, Severity.FATAL, Action.RESET_GPU, "dbe", 0.0, gpu)

@@ -22,7 +22,7 @@ from agent.k8s.raw import RawApi
 from agent.model import GpuRef, NodeInventory, Observation, Signal, StepKind, StepResult, frozen_attrs
 from agent.pipeline import Actuator, Outcome, Pipeline
 from agent.remediation.guard import GuardPolicy, Mode
-from agent.remediation.planner import DeviceMark
+from agent.remediation.state import DeviceMark
 from tests.conftest import FIXTURES
 from tests.k8s_helpers import RULES, TAINT
 from tests.realcluster.backend import RealServer

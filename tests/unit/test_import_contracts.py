@@ -36,6 +36,7 @@ OUTSIDE = [
     ("subprocess", "agent/remediation/planner.py"),
     ("subprocess", "agent/cli/__init__.py"),
     ("subprocess", "agent/cli/drill.py"),
+    ("subprocess", "agent/control/steps.py"),
 ]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import agent.pipeline
+import agent.control.classifier
 from agent.journal import _SCHEMA, Journal
 from agent.model import Action, Observation, Severity, Signal, Verdict, VerdictKind
 from agent.pipeline import Pipeline
@@ -82,7 +82,7 @@ def test_a_kernel_log_record_is_not_acknowledged_before_it_is_classified(shipped
     def killed(*args: object, **kwargs: object) -> list[Verdict]:
         raise _Killed
 
-    monkeypatch.setattr(agent.pipeline, "evaluate", killed)
+    monkeypatch.setattr(agent.control.classifier, "evaluate", killed)
     with pytest.raises(_Killed):
         first.handle(_kmsg_xid(48, 2, 2.0), 2.0)
     assert journal.cursor("kmsg") == "boot-a:1"

@@ -136,16 +136,16 @@ def test_a_drill_fault_ends_by_itself_but_one_that_came_again_is_kept(shipped_ru
 
 def _converged(rules, monkeypatch) -> tuple[Pipeline, list[int]]:
     """A pipeline that reconciles on every observation, converged on an Xid 79, and its count of plans
-    (through the seam agent.pipeline.plan)."""
-    import agent.pipeline
+    (through the seam agent.control.reconciler.plan)."""
+    import agent.control.reconciler
     calls: list[int] = []
-    real = agent.pipeline.plan
+    real = agent.control.reconciler.plan
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(agent.pipeline, "plan", counted)
+    monkeypatch.setattr(agent.control.reconciler, "plan", counted)
     p = Pipeline(rules=rules, inventory=NODE, policy=GuardPolicy(mode=Mode.REMEDIATE), sync_seconds=0.0,
                  clock=lambda: 100.0)
     p.handle(obs(Signal.XID, 79, 1.0), 1.0)
@@ -365,7 +365,9 @@ def test_a_skipped_eviction_is_journaled_again_once_it_changes(shipped_rules, tm
     assert [e["result"] for e in history if e["type"] == "action" and e["kind"] == "taint"][:2] == \
         ["skipped", "planned"]  # the node-wide taint (no GPU named) too
     assert [(e["result"], e["message"]) for e in evictions] == [
-        ("skipped", "node opted out of remediation by label"), ("planned", "local mode: no cluster to act on")]
+        ("skipped", "node opted out of remediation by label"),
+        ("planned", "started: the result is journaled when it returns"),
+        ("planned", "local mode: no cluster to act on")]
 
 
 def test_a_newer_cut_node_copy_never_takes_faults_the_journal_holds(shipped_rules, tmp_path: Path):
@@ -411,3 +413,33 @@ def test_a_node_wide_eviction_skipped_in_quarantine_is_journaled_once_per_pod(sh
     rows = [(e["target"], e["gpu_key"], e["rule_id"]) for e in _skipped_evictions(journal.history(limit=10_000))]
     assert any(rule == "node-too-many-faulty-gpus" for _, _, rule in rows)
     assert len(rows) == len(set(rows))
+
+
+def test_a_noexecute_device_taint_is_journaled_before_the_next_step(shipped_rules, tmp_path: Path):
+    """A NoExecute device taint deletes pods like an eviction: the record holds it before anything else runs."""
+    from agent.model import DeviceRef
+    from agent.remediation.record import NodeObservation, NodeRecord
+    from agent.remediation.state import DeviceIsolation
+
+    journal = Journal(tmp_path / "j.db")
+    device = DeviceRef("gpu.nvidia.com", "node-1", "gpu-0")
+    seen: list[dict[str, object]] = []
+
+    class DraNode(LocalActuator):
+        def observe(self):
+            return NodeObservation({}, False, False, frozenset(), device_taints={},
+                                   devices=DeviceIsolation({gpu(0).uuid: (device,)}, effect="NoExecute"))
+
+        def apply(self, step):
+            if seen == [{}]:  # the step right after the NoExecute taint
+                seen[0] = NodeRecord.from_json(journal.record("node-1") or {}).node.to_json()
+            if step.details.get("effect") == "NoExecute":
+                seen.append({})
+            return StepResult.APPLIED, "ok"
+
+    idle = NodeInventory("node-1", NODE.gpus, ())
+    p = Pipeline(rules=shipped_rules, inventory=idle, policy=GuardPolicy(mode=Mode.REMEDIATE), journal=journal,
+                 actuator=DraNode(), clock=lambda: 100.0)
+    p.handle(obs(Signal.XID, 79, 1.0), 1.0)
+    assert seen and seen[0]["device_taints"] == [{"driver": "gpu.nvidia.com", "pool": "node-1",
+                                                    "device": "gpu-0", "gpu": gpu(0).uuid, "effect": "NoExecute"}]

@@ -5,8 +5,8 @@ import dataclasses
 from agent.model import Action, DeviceRef, NodeInventory, PodRef, Severity, StepKind, StepResult, Verdict, VerdictKind
 from agent.remediation import ActiveFault, NodeState, PlanOptions, plan
 from agent.remediation.guard import AttemptHistory, ClusterView, GateReading, GuardPolicy, Mode, decide
-from agent.remediation.planner import DeviceIsolation, DeviceMark
 from agent.remediation.record import NodeRecord
+from agent.remediation.state import DeviceIsolation, DeviceMark
 from tests.conftest import gpu
 
 GPUS = tuple(gpu(i) for i in range(4))

@@ -1,8 +1,8 @@
 """Verified recoveries count per GPU and fault family, within a window, toward a replacement."""
 
 from agent.model import FaultClass, Observation, Signal
-from agent.remediation.planner import NodeState
 from agent.remediation.recoveries import Recoveries
+from agent.remediation.state import NodeState
 from tests.conftest import gpu, obs
 from tests.unit.test_reset_verification import CLEAN, pipeline
 

@@ -1,5 +1,7 @@
 """A GPU reset counts only after a clean poll of the GPU; a failed or unverified reset asks for a reboot."""
 
+import pytest
+
 from agent.model import NodeInventory, Signal, StepKind, StepResult
 from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import GuardPolicy, Mode
@@ -156,3 +158,59 @@ def test_a_failed_reset_of_a_gpu_with_a_fault_beyond_reset_when_idle_still_reque
     outcome = reset_after_xid_48(p)
     assert "gpu-reset-failed" in [v.rule_id for v in outcome.verdicts]
     assert p.node.reboot_requested
+
+
+class DiesMidReset(Resets):
+    """The agent is killed while the reset runs: the command never returns to the pipeline."""
+
+    def apply(self, step):
+        if step.kind is StepKind.RESET_GPU:
+            raise SystemExit("killed mid-reset")
+        return super().apply(step)
+
+
+def test_a_reset_interrupted_by_a_restart_is_not_run_again(shipped_rules, tmp_path):
+    """The reset's intent is journaled before the command runs: a restarted agent awaits its clean poll."""
+    from agent.journal import Journal
+    p = pipeline(shipped_rules, DiesMidReset(), journal=Journal(tmp_path / "j.db"))
+    p.handle(obs(Signal.XID, 48, 1.0), 1.0)
+    with pytest.raises(SystemExit):
+        p.tick(20.0)
+    again = pipeline(shipped_rules, journal=Journal(tmp_path / "j.db"))
+    assert resets(again.tick(21.0)) == []
+    assert again.node.verifying == {gpu(0).key: 20.0}
+    assert [v.rule_id for v in again.handle(obs(Signal.GPU_POLLED, 1, 22.0, **CLEAN), 22.0).verdicts] == ["xid-48"]
+
+
+def test_the_reset_attempt_is_in_the_journal_before_the_command_runs(shipped_rules, tmp_path):
+    """An action row for the reset, result pending, is written before the actuator is called."""
+    from agent.journal import Journal
+    journal = Journal(tmp_path / "j.db")
+    seen: list[list[str]] = []
+
+    class Looks(Resets):
+        def apply(self, step):
+            if step.kind is StepKind.RESET_GPU:
+                seen.append([e["message"] for e in journal.history(limit=1000)
+                             if e.get("kind") == "reset_gpu"])
+            return super().apply(step)
+
+    reset_after_xid_48(pipeline(shipped_rules, Looks(), journal=journal))
+    assert seen == [["started: the result is journaled when it returns"]]
+
+
+def test_a_reset_the_actuator_did_not_take_up_is_attempted_again(shipped_rules):
+    """The journaled intent is withdrawn when the actuator blocks the reset: a later pass resets the GPU."""
+
+    class BlocksOnce(Resets):
+        blocked = False
+
+        def apply(self, step):
+            if step.kind is StepKind.RESET_GPU and not self.blocked:
+                self.blocked = True
+                return StepResult.BLOCKED, "the API server is unavailable"
+            return super().apply(step)
+
+    p = pipeline(shipped_rules, BlocksOnce())
+    assert [a.result for a in resets(reset_after_xid_48(p))] == [StepResult.BLOCKED]
+    assert [a.result for a in resets(p.reconcile(400.0))] == [StepResult.APPLIED]  # after the cooldown

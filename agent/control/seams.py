@@ -1,0 +1,95 @@
+"""The control part's seams: the actuator and the cluster gate it acts through, their local stand-ins, the outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.model import ActionRecord, Step, StepResult, Verdict
+from agent.remediation import GateReading
+from agent.remediation.record import NodeObservation
+
+
+class Actuator(Protocol):
+    """Carries out steps on the node and reads it back. Raises nothing it can report."""
+
+    def apply(self, step: Step) -> tuple[StepResult, str]: ...
+
+    def observe(self) -> NodeObservation | None:
+        """The real Node now; None where there is no cluster (local mode)."""
+        ...
+
+    def mirror(self, document: Mapping[str, object]) -> None:
+        """Write the record to the Node (read-compare-patch)."""
+        ...
+
+    def consume_release(self, value: str) -> None:
+        """Remove an operator's release request once it is in the durable record."""
+        ...
+
+
+class ClusterGate(Protocol):
+    """The cluster-wide disruption budget and pause: read once in a pass that has a disruptive step for the
+    guard to decide; written (the slot taken, renewed, given back) only after the guard let the step past."""
+
+    #: Whether a slot this gate wrote may still be on the server unconfirmed: the pipeline then gives it back.
+    maybe_held: bool
+
+    def read(self) -> GateReading:
+        """The pause and the budget's live slots; raises when the cluster cannot be read."""
+        ...
+
+    def acquire(self) -> GateReading:
+        """Take or renew this node's slot; `held` False when the budget is spent (nothing is kept)."""
+        ...
+
+    def release(self) -> None: ...
+
+    def show(self, holding: bool) -> None:
+        """Make the node's disruption label say whether the node holds a slot."""
+        ...
+
+
+class LocalActuator:
+    """Local mode (no cluster): every allowed step is recorded as planned, nothing is touched."""
+
+    def apply(self, step: Step) -> tuple[StepResult, str]:
+        return StepResult.PLANNED, "local mode: no cluster to act on"
+
+    def observe(self) -> NodeObservation | None:
+        return None
+
+    def mirror(self, document: Mapping[str, object]) -> None:
+        return None
+
+    def consume_release(self, value: str) -> None:
+        return None
+
+
+class LocalGate:
+    """Local mode: a single node is its own cluster, so the budget is always there."""
+
+    maybe_held = False
+
+    def read(self) -> GateReading:
+        return GateReading()
+
+    def acquire(self) -> GateReading:
+        return GateReading(held=True)
+
+    def release(self) -> None:
+        return None
+
+    def show(self, holding: bool) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class Outcome:
+    verdicts: list[Verdict] = field(default_factory=list)
+    actions: list[ActionRecord] = field(default_factory=list)
+
+    def extend(self, other: Outcome) -> None:
+        self.verdicts.extend(other.verdicts)
+        self.actions.extend(other.actions)

@@ -1,0 +1,91 @@
+"""What the classifier, the feedback step and the reconciler share: rules, inventory, engine state, record, lock."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+
+from agent.control.store import RecordStore
+from agent.engine import EngineState, RuleSet
+from agent.logs import BoundLogger
+from agent.metrics import Metrics
+from agent.model import NODE_KEY, GpuRef, NodeInventory, Severity
+from agent.remediation import ActiveFault, PlanOptions
+from agent.remediation.record import NodeRecord
+
+_STATUS_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}
+
+
+class Shared:
+    """One node's state under one lock: the source thread classifies into it, the reconciler thread acts on it."""
+
+    def __init__(self, *, rules: RuleSet, inventory: NodeInventory, options: PlanOptions, store: RecordStore,
+                 metrics: Metrics | None, clock: Callable[[], float], log: BoundLogger) -> None:
+        self.rules = rules
+        self.inventory = inventory
+        #: What the planner is told (the reconciler replaces `devices` with each read of the Node).
+        self.options = options
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.log = log
+        self.engine = EngineState()
+        self.lock = threading.RLock()
+        #: Set whenever the record changed: the reconciler thread wakes on it.
+        self.wake = threading.Event()
+        #: Set, under the lock, with every verdict recorded: a pass under way drops what is left of a plan made
+        #: before it, taints first where the verdict calls for it, and plans again (Reconciler._carry_out_plan).
+        self.new_verdict = threading.Event()
+        self.metrics_primed = False
+
+    @property
+    def record(self) -> NodeRecord:
+        return self.store.record
+
+    def save(self) -> None:
+        """The record, with the inventory it knows, to the journal."""
+        self.store.save(self.inventory.gpus)
+
+    def merge_gpus(self, gpus: tuple[GpuRef, ...]) -> None:
+        known = {g.uuid for g in self.inventory.gpus}
+        extra = tuple(g for g in gpus if g.uuid and g.uuid not in known)
+        if extra:
+            merged = sorted((*self.inventory.gpus, *extra), key=lambda g: (g.index is None, g.index or 0))
+            self.inventory = dataclasses.replace(self.inventory, gpus=tuple(merged))
+
+    def resolved_faults(self) -> dict[tuple[str, str], ActiveFault]:
+        """Faults raised before the GPU's UUID was known get it from the inventory now, if it knows it."""
+        resolved = {}
+        for key, fault in self.record.faults.items():
+            unresolved = fault.gpu is not None and not fault.gpu.uuid
+            resolved[key] = dataclasses.replace(fault, gpu=self.inventory.resolve(fault.gpu)) \
+                if unresolved and fault.gpu is not None else fault
+        return resolved
+
+    def gpu_statuses(self) -> dict[str, str]:
+        """healthy | degraded | fatal | unknown for every GPU of the inventory and every faulty key."""
+        statuses = {gpu.key: "healthy" for gpu in self.inventory.gpus}
+        for fault in list(self.record.faults.values()):
+            status = _status_of(fault.severity)
+            keys = list(statuses) if fault.gpu_key == NODE_KEY else [fault.gpu_key]
+            for key in keys:
+                if _STATUS_RANK[status] > _STATUS_RANK[statuses.get(key, "healthy")]:
+                    statuses[key] = status
+        return statuses
+
+    def update_metrics(self, changed: bool) -> None:
+        if self.metrics and (changed or not self.metrics_primed):
+            self.metrics_primed = True
+            self.metrics.set_gpu_status(self.gpu_statuses())
+            self.metrics.set_active([f.severity for f in list(self.record.faults.values())])
+
+
+def _status_of(severity: Severity) -> str:
+    if severity is Severity.FATAL:
+        return "fatal"
+    if severity is Severity.DEGRADED:
+        return "degraded"
+    if severity is Severity.UNKNOWN:
+        return "unknown"
+    return "healthy"

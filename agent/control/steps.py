@@ -1,0 +1,240 @@
+"""One step at a time: the guard decides on the pass's one gate reading, the budget slot, the actuator, the journal."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+
+from agent.control.feedback import TOOK_EFFECT
+from agent.control.seams import Actuator, ClusterGate
+from agent.control.shared import Shared
+from agent.model import ActionRecord, Step, StepKind, StepResult, frozen_attrs
+from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, Mode, decide, needs_gate
+from agent.remediation.record import NodeObservation, OwedEvent
+
+#: The message of a disruptive step's action row written before the actuator runs it.
+STARTED = "started: the result is journaled when it returns"
+
+
+class StepRunner:
+    """Carries out the reconciler's steps through the guard and the cluster gate, and journals each outcome."""
+
+    def __init__(self, shared: Shared, *, policy: GuardPolicy, actuator: Actuator, gate: ClusterGate,
+                 rng: random.Random, retry_seconds: float, slot_renew_seconds: float) -> None:
+        self.shared = shared
+        self.policy = policy
+        self.actuator = actuator
+        self.gate = gate
+        self.rng = rng
+        self.retry_seconds = retry_seconds
+        self.slot_renew_seconds = slot_renew_seconds
+        self.history = AttemptHistory()
+        self.backoff_until = 0.0
+        self._renewed_at: float | None = None
+        #: This pass's one reading of the cluster gate (None until a step needs it).
+        self.gate_reading: GateReading | None = None
+        #: Whether this node holds its slot as far as this process knows (the label shows it).
+        self._holding = False
+        #: Each step last skipped, and why: a skip is logged and journaled once per change, not every pass;
+        #: and the skips this pass came to (a step no longer planned is forgotten at the end of the pass).
+        self._skipped: dict[tuple[StepKind, str, str, str], str] = {}
+        self._skipped_now: set[tuple[StepKind, str, str, str]] = set()
+
+    def carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
+        """The guard decides, on the pass's one reading of the cluster gate (read only for a step that gets as
+        far as the gate); a step it lets past takes its budget slot first, and the guard decides again on
+        what that write found (another node may have taken the last slot meanwhile)."""
+        gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
+        if gated and now < self.backoff_until:
+            return None  # backing off: not attempted, not recorded again
+        cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None)
+        decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
+        if decision.proceed and step.disruptive and not (self._renewed_at is not None and cluster.gate is not None
+                                                          and cluster.gate.held):
+            decision = self._take_slot(step, now, cluster)
+        result: StepResult | None = decision.result
+        message = decision.reason
+        if decision.by_gate:
+            self.backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        if result is None:
+            result, message = self._apply(step, now)
+        shared = self.shared
+        with shared.lock:
+            if result in TOOK_EFFECT:
+                shared.record.node.apply(step)
+            if step.kind is StepKind.EVICT:
+                self._settle_eviction_event(step, result)
+            if step.kind is StepKind.RESET_GPU and result not in TOOK_EFFECT and result is not StepResult.FAILED:
+                shared.record.node.resets.discard(step.gpu_key)  # not attempted after all: the intent is withdrawn
+            if step.disruptive and result in TOOK_EFFECT:
+                shared.save()  # at once, so a restart right after this step does not repeat it
+        if result is StepResult.BLOCKED and step.kind is StepKind.EVICT and now >= self.backoff_until:
+            self.backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        if not self._skip_changed(step, result, message):
+            return None  # skipped again for the same reason: logged and journaled when it first was
+        return self.recorded(step, result, message, now)
+
+    def _skip_changed(self, step: Step, result: StepResult, message: str) -> bool:
+        """Whether this outcome is news: anything but a skip is; a skip is when the step was not skipped for
+        the same reason the last time it came up (see forget_skips)."""
+        key = (step.kind, step.target, step.gpu_key, step.rule_id)
+        if result is not StepResult.SKIPPED:
+            self._skipped.pop(key, None)
+            return True
+        self._skipped_now.add(key)
+        if self._skipped.get(key) == message:
+            return False
+        self._skipped[key] = message
+        return True
+
+    def forget_skips(self) -> None:
+        """At the end of a pass: a skipped step this pass did not come to again (its fault ended, the plan
+        changed) is forgotten, so when it comes back it is skipped, and said so, again."""
+        self._skipped = {k: v for k, v in self._skipped.items() if k in self._skipped_now}
+        self._skipped_now = set()
+
+    def _read_gate(self) -> GateReading:
+        """The pass's one read of the cluster gate; an unreadable gate is a reading the guard blocks on."""
+        if self.gate_reading is None:
+            try:
+                self.gate_reading = self.gate.read()
+            except Exception as exc:  # noqa: BLE001 - isolation: an unreadable budget blocks, never crashes
+                self.gate_reading = GateReading(error=f"{type(exc).__name__}: {exc}")
+        return self.gate_reading
+
+    def _take_slot(self, step: Step, now: float, cluster: ClusterView) -> Decision:
+        """Write the slot the guard allowed, then let the guard decide on what the write found."""
+        before = cluster.gate or GateReading()
+        try:
+            after = dataclasses.replace(self.gate.acquire(), paused=before.paused)
+        except Exception as exc:  # noqa: BLE001 - isolation: an unreadable budget blocks, never crashes
+            after = GateReading(error=f"{type(exc).__name__}: {exc}")
+        self.gate_reading = after
+        if after.held:
+            self._renewed_at = now
+            self._holding = True
+        return decide(step, policy=self.policy, cluster=dataclasses.replace(cluster, gate=after),
+                      history=self.history, now=now)
+
+    def _apply(self, step: Step, now: float) -> tuple[StepResult, str]:
+        if step.disruptive:
+            self.history.record(step, now)
+            self._intend(step, now)
+        if step.kind is StepKind.EVICT:
+            with self.shared.lock:  # the intent first: the Event is owed whatever happens next
+                self.shared.record.owe(self._eviction_event(step, pending=True))
+                self.shared.save()
+        try:
+            return self.actuator.apply(step)
+        except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
+            if self.shared.metrics:
+                self.shared.metrics.step_errors.labels(str(step.kind)).inc()
+            return StepResult.FAILED, f"{type(exc).__name__}: {exc}"
+
+    def _intend(self, step: Step, now: float) -> None:
+        """A disruptive step's attempt goes to the journal before the actuator runs it (an action row, its result
+        pending), and a reset's to the record too, as awaiting its clean poll: an agent restarted while the reset
+        runs verifies it (or escalates when no clean poll comes), it does not reset the GPU again."""
+        shared, store = self.shared, self.shared.store
+        if store.journal is not None:
+            store.journaled("action", "journal_action_failed", store.journal.record_action, shared.inventory.name,
+                            ActionRecord(step=step, result=StepResult.PLANNED, at=now, message=STARTED))
+        if step.kind is not StepKind.RESET_GPU:
+            return
+        with shared.lock:
+            node = shared.record.node
+            node.resets.add(step.gpu_key)
+            before = node.verifying.get(step.gpu_key)
+            node.verifying[step.gpu_key] = now  # in the journal only: this process awaits the command's result
+            shared.save()
+            if before is None:
+                del node.verifying[step.gpu_key]
+            else:
+                node.verifying[step.gpu_key] = before
+
+    def _eviction_event(self, step: Step, *, pending: bool) -> OwedEvent:
+        event = Step(StepKind.EVENT, f"pod/{step.target}", step.reason, rule_id=step.rule_id, gpu_key=step.gpu_key,
+                     details=frozen_attrs({"reason": "EvictedForGpuFault", "type": "Warning"}))
+        return OwedEvent.of(event, salt="evicted", pending_pod=step.target if pending else "")
+
+    def _settle_eviction_event(self, step: Step, result: StepResult) -> None:
+        pending = self._eviction_event(step, pending=True)
+        self.shared.record.acknowledge(pending.id)
+        if result is StepResult.APPLIED:
+            self.shared.record.owe(self._eviction_event(step, pending=False))
+
+    def deliver_owed(self, now: float, opted_out: bool,
+                     taint_if_wanted: Callable[[bool], list[ActionRecord]]) -> list[ActionRecord]:
+        """Owed Events, oldest first; one the API refuses stops the rest until the next pass."""
+        shared = self.shared
+        with shared.lock:
+            owed = list(shared.record.owed)
+        present = {p.key for p in shared.inventory.pods if not p.terminating}
+        actions = []
+        for event in owed:
+            actions += taint_if_wanted(opted_out)  # a fault's taint does not wait behind Events
+            if event.pending_pod and event.pending_pod in present:
+                with shared.lock:
+                    if event.gpu_key not in {k for k, _ in shared.record.faults}:
+                        shared.record.acknowledge(event.id)  # the fault ended before its eviction
+                continue
+            step = event.step()  # a pending eviction's pod is gone: its Event is due
+            decision = decide(step, policy=self.policy, cluster=ClusterView(opted_out=opted_out),
+                              history=self.history, now=now)
+            result, message = (decision.result, decision.reason) if decision.result else self._apply(step, now)
+            if result is StepResult.FAILED:
+                actions.append(self.recorded(step, result, message, now))
+                break
+            with shared.lock:
+                shared.record.acknowledge(event.id)
+            actions.append(self.recorded(step, result, message, now))
+        return actions
+
+    def hold_slot(self, observed: NodeObservation | None, now: float, opted_out: bool, first_pass: bool) -> None:
+        """A node holds its budget slot while it is disrupted (pods moved off a faulty GPU, a reboot
+        requested) and renews it; a node that is not disrupted gives it back, whatever took it."""
+        acting = self.policy.mode is Mode.REMEDIATE and not self.policy.dry_run and not opted_out
+        with self.shared.lock:  # the source thread changes the record meanwhile
+            node = self.shared.record.node
+            active = {k for k, _ in self.shared.record.faults}
+            disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
+                                    any(m.effect == "NoExecute" for m in node.device_taints.values()))
+        try:
+            if disrupted:
+                if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:
+                    previous, self._renewed_at = self._renewed_at, now
+                    try:
+                        held = self.gate.acquire().held
+                    except Exception:
+                        self._renewed_at = previous  # a transient failure: the next pass tries again
+                        raise
+                    self._holding = held
+                    if not held:
+                        self.shared.log.warning("slot_not_renewed", reason="budget spent while the node is disrupted")
+            elif self._renewed_at is not None or self.gate.maybe_held or (observed is not None and (
+                    observed.holds_slot or first_pass)):
+                self.gate.release()  # a slot the record does not call for is given back, whatever wrote it
+                self._renewed_at = None
+                self._holding = False
+            if observed is not None and observed.holds_slot != self._holding:
+                self.gate.show(self._holding)  # the label is a view of the slot, repaired here
+        except Exception as exc:  # noqa: BLE001 - the next pass tries again
+            self.shared.log.warning("budget_slot_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def recorded(self, step: Step, result: StepResult, message: str, now: float) -> ActionRecord:
+        shared, store = self.shared, self.shared.store
+        record = ActionRecord(step=step, result=result, at=now, message=message)
+        shared.log.bind(gpu=step.gpu_key, rule_id=step.rule_id).info(
+            "step", kind=str(step.kind), target=step.target, result=str(result), message=message)
+        if store.journal:
+            store.journaled("action", "journal_action_failed", store.journal.record_action, shared.inventory.name,
+                            record)
+        if shared.metrics:
+            shared.metrics.acted(record)
+            if step.kind in {StepKind.TAINT, StepKind.TAINT_DEVICE} and result is StepResult.APPLIED:
+                since = min((f.since if f.observed_at is None else f.observed_at
+                             for f in shared.record.faults.values() if f.action.quarantines), default=None)
+                if since is not None:
+                    shared.metrics.detection_to_quarantine.observe(max(0.0, shared.clock() - since))
+        return record

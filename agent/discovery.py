@@ -1,0 +1,118 @@
+"""Which sources this machine can run, per the config: each source's factory and why one cannot run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.config import Config
+from agent.drill import DrillBox, drills_dir
+from agent.errors import AgentError
+from agent.journal import Journal
+from agent.sources.base import Source
+from agent.sources.dcgm import DcgmSource
+from agent.sources.dcgm_bindings import BindingsReader, import_bindings
+from agent.sources.dcgm_exporter import ExporterReader
+from agent.sources.kmsg import KmsgSource
+from agent.sources.node_memory import JsonFileMemory
+from agent.sources.nvml import NvmlSource, load_pynvml
+
+#: What the NVML source remembers across restarts and reboots, in the state directory.
+NVML_MEMORY_FILE = "nvml-memory.json"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceProbe:
+    """Whether a source can run here, and why not when it cannot."""
+
+    name: str
+    source: Source | None
+    why_not: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceContext:
+    """What a source factory may use: the config, the journal (for cursors), a counter hook."""
+
+    config: Config
+    journal: Journal
+    count: Callable[[str, str, int], None]
+    #: pod UID -> workload for the pods on this node (empty without a cluster).
+    owners: Callable[[], Mapping[str, str]] = dict
+
+
+def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
+    settings = ctx.config.sources.kmsg
+    path = Path(settings.path)
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        return None, f"cannot open {path}: {exc.strerror} (the agent needs CAP_SYSLOG and the device mounted)"
+    source = KmsgSource(path=path, admit_user_records=settings.admit_user_records, cursor=ctx.journal,
+                        proc_root=Path(settings.proc_root), owners=ctx.owners,
+                        drills=DrillBox(drills_dir(ctx.config.journal_path)), node_name=ctx.config.node_name,
+                        count=lambda name, amount: ctx.count("kmsg", name, amount))
+    return source, ""
+
+
+def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
+    settings = ctx.config.sources.nvml
+    try:
+        nvml = load_pynvml()
+    except ImportError as exc:
+        return None, f"pynvml is not installed ({exc})"
+    probe = NvmlSource(nvml, call_timeout_seconds=settings.call_timeout_seconds)
+    try:
+        probe.start()
+    except Exception as exc:  # noqa: BLE001 - isolation: one failure must not stop the rest
+        probe.caller.close()
+        return None, f"NVML unavailable: {exc}"
+    probe.stop()
+    # The node's GPUs and the NVLinks seen up, kept beside the journal: after a reboot a GPU the node had is
+    # known to be missing, and a link down is judged against the links it had.
+    memory = JsonFileMemory(Path(ctx.config.journal_path).parent / NVML_MEMORY_FILE)
+    return NvmlSource(nvml, poll_seconds=settings.poll_seconds, memory=memory,
+                      call_timeout_seconds=settings.call_timeout_seconds), ""
+
+
+def _dcgm_factory(ctx: SourceContext) -> tuple[Source | None, str]:
+    settings = ctx.config.sources.dcgm
+    if settings.exporter_url:
+        reader: ExporterReader | BindingsReader = ExporterReader(settings.exporter_url,
+                                                                 timeout_seconds=settings.timeout_seconds)
+        return DcgmSource(reader, poll_seconds=settings.poll_seconds,
+                          timeout_seconds=settings.timeout_seconds * 2), ""
+    try:
+        modules = import_bindings()
+    except ImportError as exc:
+        return None, f"no DCGM bindings ({exc}) and no sources.dcgm.exporter_url"
+    reader = BindingsReader(modules, host=settings.hostengine, update_seconds=settings.poll_seconds)
+    return DcgmSource(reader, poll_seconds=settings.poll_seconds, timeout_seconds=settings.timeout_seconds), ""
+
+
+SourceFactory = Callable[[SourceContext], tuple[Source | None, str]]
+SOURCE_FACTORIES: dict[str, SourceFactory] = {"kmsg": _kmsg_factory, "nvml": _nvml_factory, "dcgm": _dcgm_factory}
+
+
+def discover_sources(ctx: SourceContext) -> list[SourceProbe]:
+    """Every source this machine can run, per the config (auto-detected unless forced on or off)."""
+    probes: list[SourceProbe] = []
+    for name in type(ctx.config.sources).model_fields:
+        toggle = getattr(ctx.config.sources, name).enabled
+        factory = SOURCE_FACTORIES.get(name)
+        if toggle == "off":
+            probes.append(SourceProbe(name, None, "disabled in config"))
+            continue
+        if factory is None:
+            why_not = "not available in this version of the agent"
+            if toggle == "on":
+                raise AgentError(f"source {name} is enabled in config but {why_not}")
+            probes.append(SourceProbe(name, None, why_not))
+            continue
+        source, why_not = factory(ctx)
+        if source is None and toggle == "on":
+            raise AgentError(f"source {name} is enabled in config but cannot run: {why_not}")
+        probes.append(SourceProbe(name, source, why_not))
+    return probes
