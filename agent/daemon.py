@@ -188,10 +188,12 @@ class Daemon:
             # NVML session released around the reset, the privileged part in the reset container.
             cluster.actuator.reset = ResetProcedure(reset_executor_of(config), operands=cluster.operands,
                                                     nvml=self.nvml)
-            threading.Thread(target=self._restore_operands, name="restore-operands", daemon=True).start()
-            if self.nvml is not None and cluster.pods.gpus_by_pod_uid is None:
-                cluster.pods.gpus_by_pod_uid = self.nvml.gpus_by_pod_uid
-                cluster.pods.mig_parents = self.nvml.mig_parents
+            nvml = self.nvml
+            if nvml is not None and cluster.pods.gpus_by_pod_uid is None:
+                # NVML's PIDs are the host's: charged through the host's /proc, as the kernel log's are.
+                host_proc = Path(config.sources.kmsg.proc_root)
+                cluster.pods.gpus_by_pod_uid = lambda: nvml.gpus_by_pod_uid(host_proc)
+                cluster.pods.mig_parents = nvml.mig_parents
             if self.pipeline.fresh:
                 # No record in the journal (first start, or it was lost): the Node's copy, before any source
                 # runs, so the kernel log resumes where the last agent acknowledged it. Bounded: a hung API
@@ -206,16 +208,15 @@ class Daemon:
         self._finished: set[str] = set()
 
     def _restore_operands(self) -> None:
-        """Operands an earlier agent paused for a reset and did not restore (it crashed mid-reset) come back."""
-        if self.cluster is None or self.cluster.operands is None:
-            return
-        try:
-            done = self.cluster.operands.restore()
-        except Exception as exc:  # noqa: BLE001 - the next reset restores them first
-            log.warning("operands_not_restored", error=f"{type(exc).__name__}: {exc}")
-            return
-        if done:
-            log.warning("operands_restored_after_restart", result=done)
+        """Once a pass: operands a reset paused and did not restore (a crash, a failed restore) come back.
+
+        The reset procedure's own lock keeps this from racing a running reset; it never raises.
+        """
+        reset = self.cluster.actuator.reset if self.cluster is not None else None
+        if isinstance(reset, ResetProcedure):
+            done = reset.restore_if_needed()
+            if done:
+                log.warning("operands_restore", result=done)
 
     def _forget_released(self, verdict: Verdict) -> None:
         """An operator released a missing GPU: NVML forgets it, so the next poll does not raise it again."""
@@ -291,6 +292,7 @@ class Daemon:
     def _reconcile_loop(self, stop: threading.Event) -> None:
         """Converge the node to the durable record on every change and whenever a pass is due."""
         while not stop.is_set():
+            self._safe_step("operands_restore_failed", self._restore_operands)
             self._safe_step("reconcile_failed", self.pipeline.reconcile)
             self.pipeline.wake.wait(timeout=max(0.05, self.pipeline.due_at - self.clock()))
             self.pipeline.wake.clear()
