@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from agent.diagnostics import DiagnosticOutcome, outcome_of
 from agent.drill import DRILL_PREFIX, DRILL_SECONDS, contain
 from agent.engine import EngineState, RuleSet, evaluate, restore, tick
+from agent.fleet.node_side import FleetSource, FleetView, fleet_view
 from agent.journal import Journal
 from agent.logs import get_logger
 from agent.metrics import Metrics
@@ -61,7 +62,7 @@ from agent.remediation import (
     needs_gate,
     plan,
 )
-from agent.remediation.guard import node_writes_refused
+from agent.remediation.guard import held_back, node_writes_refused
 from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent, is_truncated, mirror_of
 from agent.remediation.recoveries import family_of
@@ -193,8 +194,11 @@ class Pipeline:
         rng: random.Random | None = None,
         on_released: Callable[[Verdict], None] | None = None,
         checkpoints: Sequence[InputCheckpoint] | None = None,
+        fleet: FleetSource | None = None,
     ) -> None:
         self.rules = rules
+        #: The fleet view (holds, quarantine brake; agent.k8s.fleet_gate), read once a pass when it can matter.
+        self.fleet, self._fleet = fleet, FleetView()
         #: The sources' input checkpoints (default: the kernel log's), each opaque: an observation that moves
         #: one is acknowledged in the journal transaction that records what it changed.
         self.checkpoints: tuple[InputCheckpoint, ...] = (tuple(checkpoints) if checkpoints is not None
@@ -747,6 +751,10 @@ class Pipeline:
             self._gate_reading = None
             observed = self._observe_and_adopt(now)
             opted_out = observed.opted_out if observed is not None else False
+            with self._lock:
+                node, faults = self.record.node, list(self.record.faults.values())
+                quarantined = node.tainted or any(m.effect != "None" for m in node.device_taints.values())
+            self._fleet = fleet_view(self.fleet, node=self.inventory.name, faults=faults, quarantined=quarantined)
             # The taint first: it keeps new work off the GPU and needs neither the pod list nor the Events.
             self._new_verdict.clear()
             actions = self._taint_first(now, opted_out)
@@ -891,7 +899,7 @@ class Pipeline:
             unresolved = fault.gpu is not None and not fault.gpu.uuid
             resolved[key] = dataclasses.replace(fault, gpu=self.inventory.resolve(fault.gpu)) \
                 if unresolved and fault.gpu is not None else fault
-        return resolved
+        return held_back(resolved, self._fleet.held)
 
     def _wants_pods(self) -> bool:
         with self._lock:  # the source thread changes the record meanwhile
@@ -929,7 +937,7 @@ class Pipeline:
         gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
         if gated and now < self._backoff_until:
             return None  # backing off: not attempted, not recorded again
-        cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None)
+        cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None, brake=self._fleet.brake)
         decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
         if decision.proceed and step.disruptive and not (self._renewed_at is not None and cluster.gate is not None
                                                           and cluster.gate.held):
