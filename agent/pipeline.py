@@ -751,10 +751,6 @@ class Pipeline:
             self._gate_reading = None
             observed = self._observe_and_adopt(now)
             opted_out = observed.opted_out if observed is not None else False
-            with self._lock:
-                node, faults = self.record.node, list(self.record.faults.values())
-                quarantined = node.tainted or any(m.effect != "None" for m in node.device_taints.values())
-            self._fleet = fleet_view(self.fleet, node=self.inventory.name, faults=faults, quarantined=quarantined)
             # The taint first: it keeps new work off the GPU and needs neither the pod list nor the Events.
             self._new_verdict.clear()
             actions = self._taint_first(now, opted_out)
@@ -823,7 +819,12 @@ class Pipeline:
         return self._taint_first(self.clock(), opted_out)
 
     def _taint_first(self, now: float, opted_out: bool) -> list[ActionRecord]:
-        """The plan's taint step (plan() puts it first) carried out before the slower reads and reports."""
+        """The plan's taint step (plan() puts it first) carried out before the slower reads and reports. First
+        the fleet's word on the faults as they are now (at the start of a pass, and after each new verdict)."""
+        with self._lock:
+            node, active = self.record.node, list(self.record.faults.values())
+            quarantined = node.tainted or any(m.effect != "None" for m in node.device_taints.values())
+        self._fleet = fleet_view(self.fleet, node=self.inventory.name, faults=active, quarantined=quarantined)
         with self._lock:
             faults = self._resolved_faults()
             if self.record.node.tainted or not any(f.action.quarantines for f in faults.values()):

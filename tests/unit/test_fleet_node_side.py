@@ -3,14 +3,17 @@ waiting, what the guard makes of both, and the summary an agent publishes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.fleet import BrakePolicy, Dimension, Hold
 from agent.fleet.node_side import FleetReading, FleetView, fleet_view
 from agent.fleet.publish import Summariser
-from agent.model import Action, FaultClass, PodRef, Severity, Step, StepKind, StepResult
+from agent.model import Action, FaultClass, NodeInventory, PodRef, Severity, Signal, Step, StepKind, StepResult
+from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import ActiveFault, AttemptHistory, ClusterView, GuardPolicy, Mode, decide
 from agent.remediation.guard import held_back
+from tests.conftest import gpu, obs
 
 BRAKE = BrakePolicy(max_share=0.15, min_nodes=2, max_nodes=200, window_seconds=600.0)
 
@@ -124,3 +127,31 @@ def test_the_summary_names_each_faults_workloads_and_when_the_node_was_quarantin
     assert first.faults[0].owners == ("ml/Job/train",)
     assert (first.quarantined_since, again.quarantined_since) == (500.0, 500.0)
     assert summarise.summary({"faults": [], "remediation": {"tainted": False}}).quarantined_since == 0.0
+
+
+class _FaultDuringAnEvent(LocalActuator):
+    """Applies every step; while the first Event is sent, a new fault arrives (from the source thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[StepKind] = []
+        self.arrive: Callable[[], object] | None = None
+
+    def apply(self, step: Step) -> tuple[StepResult, str]:
+        self.applied.append(step.kind)
+        if step.kind is StepKind.EVENT and self.arrive is not None:
+            arrive, self.arrive = self.arrive, None
+            arrive()
+        return StepResult.APPLIED, "ok"
+
+
+def test_a_fault_arriving_during_a_pass_still_waits_on_the_brake(shipped_rules):
+    """The brake is asked again after each new verdict: a fault raised mid-pass is not tainted past it."""
+    actuator = _FaultDuringAnEvent()
+    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0), gpu(1)), ()),
+                 policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator, clock=lambda: 100.0, inline=False,
+                 fleet=Source(quarantined={"a": 50.0, "b": 60.0}))
+    p.handle(obs(Signal.XID, 13, 1.0, gpu_ref=gpu(0)), 1.0)  # notify-only: an Event to send, nothing to taint
+    actuator.arrive = lambda: p.handle(obs(Signal.XID, 79, 2.0, gpu_ref=gpu(1)), 2.0)
+    p.reconcile(2.0)
+    assert StepKind.TAINT not in actuator.applied and not p.record.node.tainted
