@@ -900,7 +900,7 @@ class Pipeline:
             unresolved = fault.gpu is not None and not fault.gpu.uuid
             resolved[key] = dataclasses.replace(fault, gpu=self.inventory.resolve(fault.gpu)) \
                 if unresolved and fault.gpu is not None else fault
-        return held_back(resolved, self._fleet.held)
+        return held_back(resolved, self._fleet.held, braked=bool(self._fleet.brake))
 
     def _wants_pods(self) -> bool:
         with self._lock:  # the source thread changes the record meanwhile

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from agent.remediation.planner import ActiveFault
 
 K = TypeVar("K")
+#: What a quarantining fault's condition says while the brake keeps the node's taint waiting.
+BRAKED = "quarantine brake: the taint waits, docs/fleet.md"
 
 
 class Mode(StrEnum):
@@ -174,10 +176,19 @@ def quarantines(step: Step) -> bool:
                                            step.details.get("effect") in {"NoSchedule", "NoExecute"})
 
 
-def held_back(faults: Mapping[K, ActiveFault], held: Mapping[tuple[str, str], str]) -> dict[K, ActiveFault]:
+def held_back(faults: Mapping[K, ActiveFault], held: Mapping[tuple[str, str], str], *,
+              braked: bool = False) -> dict[K, ActiveFault]:
     """The faults as the planner sees them: one a fleet hold covers keeps its severity (its condition and
     Events) and says why it is held, but asks for nothing (no taint, eviction, reset or reboot request); a
-    hardware fault is never held back, whatever the hold says."""
-    return {key: dataclasses.replace(fault, action=Action.NOTIFY, summary=f"{fault.summary} ({why})")
-            if (why := held.get((fault.gpu_key, fault.rule_id))) and fault.fault_class is not FaultClass.HARDWARE
-            else fault for key, fault in faults.items()}
+    hardware fault is never held back, whatever the hold says. While the quarantine brake keeps the node's
+    new taint waiting (`braked`), each fault that quarantines says so in its condition."""
+    planned: dict[K, ActiveFault] = {}
+    for key, fault in faults.items():
+        why = held.get((fault.gpu_key, fault.rule_id))
+        if why and fault.fault_class is not FaultClass.HARDWARE:
+            planned[key] = dataclasses.replace(fault, action=Action.NOTIFY, summary=f"{fault.summary} ({why})")
+        elif braked and fault.action.quarantines:
+            planned[key] = dataclasses.replace(fault, summary=f"{fault.summary} ({BRAKED})")
+        else:
+            planned[key] = fault
+    return planned

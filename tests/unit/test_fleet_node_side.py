@@ -12,7 +12,7 @@ from agent.fleet.publish import Summariser
 from agent.model import Action, FaultClass, NodeInventory, PodRef, Severity, Signal, Step, StepKind, StepResult
 from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import ActiveFault, AttemptHistory, ClusterView, GuardPolicy, Mode, decide
-from agent.remediation.guard import held_back
+from agent.remediation.guard import BRAKED, held_back
 from tests.conftest import gpu, obs
 
 BRAKE = BrakePolicy(max_share=0.15, min_nodes=2, max_nodes=200, window_seconds=600.0)
@@ -155,3 +155,9 @@ def test_a_fault_arriving_during_a_pass_still_waits_on_the_brake(shipped_rules):
     actuator.arrive = lambda: p.handle(obs(Signal.XID, 79, 2.0, gpu_ref=gpu(1)), 2.0)
     p.reconcile(2.0)
     assert StepKind.TAINT not in actuator.applied and not p.record.node.tainted
+
+
+def test_a_braked_fault_says_so_in_its_condition():
+    """While the brake keeps the taint waiting, the quarantining fault's summary (its condition) says so."""
+    faults = held_back({("GPU-0", "xid-48"): fault("xid-48", FaultClass.HARDWARE)}, {}, braked=True)
+    assert faults[("GPU-0", "xid-48")].summary.endswith(f"({BRAKED})")
