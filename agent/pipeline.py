@@ -197,7 +197,7 @@ class Pipeline:
         fleet: FleetSource | None = None,
     ) -> None:
         self.rules = rules
-        #: The fleet view (holds, quarantine brake; agent.k8s.fleet_gate), read once a pass when it can matter.
+        #: The fleet view (holds, quarantine brake; agent.k8s.fleet_gate), read when a pass or a verdict needs it.
         self.fleet, self._fleet = fleet, FleetView()
         #: The sources' input checkpoints (default: the kernel log's), each opaque: an observation that moves
         #: one is acknowledged in the journal transaction that records what it changed.
