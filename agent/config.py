@@ -120,6 +120,15 @@ class RemediationConfig(_Section):
     device_taint_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
     # A degraded-but-usable GPU gets a `None`-effect DeviceTaintRule (visibility only, nothing moves).
     device_taint_degraded: bool = False
+    #: Read the fleet controller's holds (ConfigMap gpu-health-fleet-holds in `namespace`) and publish the
+    #: node's fleet summary (docs/fleet.md).
+    fleet_holds: bool = True
+    #: The quarantine brake: at most this share of the GPU nodes (never fewer than min, never more than max)
+    #: newly quarantined within the window; a window of 0 turns it off (docs/fleet.md argues the defaults).
+    brake_max_share: float = Field(default=0.15, ge=0, le=1)
+    brake_min_nodes: int = Field(default=2, ge=1)
+    brake_max_nodes: int = Field(default=200, ge=1)
+    brake_window_seconds: float = Field(default=600.0, ge=0)
 
     @field_validator("reset_command")
     @classmethod

@@ -21,6 +21,7 @@ from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.engine.reload import NAMED, refusal
 from agent.errors import AgentError, InputErrors
+from agent.fleet.publish import NodeFacts
 from agent.gpu.helper import HelperClient
 from agent.gpu.reset import DeviceReset, ResetExecutor, ResetProcedure
 from agent.hot_path import describe as describe_storm_path
@@ -176,6 +177,7 @@ class Daemon:
             sync_seconds=config.remediation.node_sync_seconds,
             inline=False,
             on_released=self._forget_released,
+            fleet=cluster.fleet if cluster else None,
         )
         if self.journal.recreated:
             log.error("journal_recreated", reason=self.journal.recreated)
@@ -188,6 +190,9 @@ class Daemon:
             # NVML session released around the reset, the privileged part in the reset container.
             cluster.actuator.reset = ResetProcedure(reset_executor_of(config), operands=cluster.operands,
                                                     nvml=self.nvml)
+            if cluster.summariser is not None:  # the fleet summary names the workloads and the driver
+                cluster.summariser.pods = lambda: self.pipeline.inventory.pods
+                cluster.summariser.facts = lambda: NodeFacts(driver_version=getattr(self.nvml, "driver_version", ""))
             nvml = self.nvml
             if nvml is not None and cluster.pods.gpus_by_pod_uid is None:
                 # NVML's PIDs are the host's: charged through the host's /proc, as the kernel log's are.

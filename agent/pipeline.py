@@ -22,6 +22,7 @@ from agent.control.shared import Shared
 from agent.control.steps import STARTED, StepRunner
 from agent.control.store import BOOT_CURSOR, NODE_STATE_CURSOR, RecordStore
 from agent.engine import EngineState, RuleSet
+from agent.fleet.node_side import FleetSource
 from agent.journal import Journal
 from agent.logs import get_logger
 from agent.metrics import Metrics
@@ -65,6 +66,7 @@ class Pipeline:
         rng: random.Random | None = None,
         on_released: Callable[[Verdict], None] | None = None,
         checkpoints: Sequence[InputCheckpoint] | None = None,
+        fleet: FleetSource | None = None,
     ) -> None:
         log = get_logger("agent.pipeline").bind(node=inventory.name)
         #: The sources' input checkpoints (default: the kernel log's), each opaque: an observation that moves
@@ -76,7 +78,7 @@ class Pipeline:
         options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
                               reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None, diagnose=diagnose)
         self.shared = Shared(rules=rules, inventory=inventory, options=options, store=self.store, metrics=metrics,
-                             clock=clock, log=log)
+                             clock=clock, log=log, fleet=fleet)
         self.classifier = Classifier(
             self.shared, checkpoints=self.checkpoints, replace_after_recoveries=replace_after_recoveries,
             recovery_window_seconds=recovery_window_days * 86400.0, reset_verify_seconds=reset_verify_seconds,

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.engine import builtin_rules_dir, load_rules
+from agent.fleet import BrakePolicy
+from agent.fleet.publish import NodeFacts, Summariser
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
@@ -16,6 +18,7 @@ from agent.k8s.client import client_for
 from agent.k8s.cluster import ClusterSide
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
+from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.node import NodeWriter
 from agent.k8s.pods import PodFinder
 from agent.k8s.raw import RawApi
@@ -129,7 +132,8 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
                restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2,
                journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
-               api_client: Any = None, diagnose: Any = None) -> Agent:
+               api_client: Any = None, diagnose: Any = None, fleet: bool = False, brake: BrakePolicy | None = None,
+               fleet_clock: Any = None, driver: str = "570.86.15") -> Agent:
     options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
                                                                "restore", "api_client"}}
     if populate_node:
@@ -155,11 +159,21 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
 
     side = ClusterSide(actuator, budget, PodFinder(apis, inventory.name, gpus_by_pod_uid=held), writer,
                        f"gpu-health/gpu-health-agent-{inventory.name}")
+    if fleet or brake is not None:
+        # Wall clocks behind every writer's: a hold is placed as just written; a quarantine's age on `wall`.
+        wall = fleet_clock or (lambda: 1.0)
+        side.fleet = FleetGate(apis, namespace="gpu-health", gpu_node_selector="nvidia.com/gpu.present=true",
+                               brake=brake, holds=fleet, cache_seconds=0.0, count_seconds=0.0,
+                               clock=fleet_clock or time.monotonic, wall=wall)
+        side.summariser = actuator.summarise = Summariser(
+            inventory.name, wall=wall, uptime=lambda: 86400.0, pods=lambda: inventory.pods,
+            facts=lambda: NodeFacts(driver_version=driver))
     opened = Journal(journal) if journal is not None else None
     pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode, dry_run=dry_run),
                         actuator=actuator, journal=opened, pods=side.pods.pods,
                         gate=budget, own_pod=side.own_pod, clock=lambda: 0.0,
-                        retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus, diagnose=diagnose is not None)
+                        retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus, diagnose=diagnose is not None,
+                        fleet=side.fleet)
     if restore:
         pipeline.start()
     agent = Agent(inventory, pipeline, actuator, side, evictor, opened, cluster, server, options)

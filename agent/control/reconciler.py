@@ -10,6 +10,7 @@ from agent.control.classifier import Classifier
 from agent.control.seams import Outcome
 from agent.control.shared import Shared
 from agent.control.steps import StepRunner
+from agent.fleet.node_side import fleet_view
 from agent.model import (
     NODE_KEY,
     Action,
@@ -149,8 +150,14 @@ class Reconciler:
         return self._taint_first(self.shared.clock(), opted_out)
 
     def _taint_first(self, now: float, opted_out: bool) -> list[ActionRecord]:
-        """The plan's taint step (plan() puts it first) carried out before the slower reads and reports."""
+        """The plan's taint step (plan() puts it first) carried out before the slower reads and reports. First
+        the fleet's word on the faults as they are now (at the start of a pass, and after each new verdict)."""
         shared = self.shared
+        with shared.lock:
+            node, active = shared.record.node, list(shared.record.faults.values())
+            quarantined = node.tainted or any(m.effect != "None" for m in node.device_taints.values())
+        shared.fleet_view = fleet_view(shared.fleet, node=shared.inventory.name, faults=active,
+                                       quarantined=quarantined)
         with shared.lock:
             faults = shared.resolved_faults()
             if shared.record.node.tainted or not any(f.action.quarantines for f in faults.values()):

@@ -8,10 +8,12 @@ from collections.abc import Callable
 
 from agent.control.store import RecordStore
 from agent.engine import EngineState, RuleSet
+from agent.fleet.node_side import FleetSource, FleetView
 from agent.logs import BoundLogger
 from agent.metrics import Metrics
 from agent.model import NODE_KEY, GpuRef, NodeInventory, Severity
 from agent.remediation import ActiveFault, PlanOptions
+from agent.remediation.guard import held_back
 from agent.remediation.record import NodeRecord
 
 _STATUS_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}
@@ -21,7 +23,8 @@ class Shared:
     """One node's state under one lock: the source thread classifies into it, the reconciler thread acts on it."""
 
     def __init__(self, *, rules: RuleSet, inventory: NodeInventory, options: PlanOptions, store: RecordStore,
-                 metrics: Metrics | None, clock: Callable[[], float], log: BoundLogger) -> None:
+                 metrics: Metrics | None, clock: Callable[[], float], log: BoundLogger,
+                 fleet: FleetSource | None = None) -> None:
         self.rules = rules
         self.inventory = inventory
         #: What the planner is told (the reconciler replaces `devices` with each read of the Node).
@@ -38,6 +41,8 @@ class Shared:
         #: before it, taints first where the verdict calls for it, and plans again (Reconciler._carry_out_plan).
         self.new_verdict = threading.Event()
         self.metrics_primed = False
+        #: The fleet view (holds, quarantine brake; agent.k8s.fleet_gate), read when a pass or a verdict needs it.
+        self.fleet, self.fleet_view = fleet, FleetView()
 
     @property
     def record(self) -> NodeRecord:
@@ -55,13 +60,14 @@ class Shared:
             self.inventory = dataclasses.replace(self.inventory, gpus=tuple(merged))
 
     def resolved_faults(self) -> dict[tuple[str, str], ActiveFault]:
-        """Faults raised before the GPU's UUID was known get it from the inventory now, if it knows it."""
+        """Faults raised before the GPU's UUID was known get it from the inventory now, if it knows it; a fault the
+        fleet holds, or a quarantine the brake holds back, is planned as notify-only."""
         resolved = {}
         for key, fault in self.record.faults.items():
             unresolved = fault.gpu is not None and not fault.gpu.uuid
             resolved[key] = dataclasses.replace(fault, gpu=self.inventory.resolve(fault.gpu)) \
                 if unresolved and fault.gpu is not None else fault
-        return resolved
+        return held_back(resolved, self.fleet_view.held, braked=bool(self.fleet_view.brake))
 
     def gpu_statuses(self) -> dict[str, str]:
         """healthy | degraded | fatal | unknown for every GPU of the inventory and every faulty key."""

@@ -48,7 +48,8 @@ class StepRunner:
         gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
         if gated and now < self.backoff_until:
             return None  # backing off: not attempted, not recorded again
-        cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None)
+        cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None,
+                              brake=self.shared.fleet_view.brake)
         decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
         if decision.proceed and step.disruptive and not (self._renewed_at is not None and cluster.gate is not None
                                                           and cluster.gate.held):

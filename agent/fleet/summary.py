@@ -45,6 +45,9 @@ class NodeSummary:
     uptime_seconds: float = 0.0
     workloads: tuple[str, ...] = ()
     faults: tuple[FaultSummary, ...] = ()
+    #: When the agent quarantined the node (node or device taint), on the node's wall clock; 0: it is not.
+    #: What the quarantine brake counts (agent.fleet.node_side).
+    quarantined_since: float = 0.0
 
     def to_json(self) -> str:
         """The bounded, compact JSON form: the most severe faults first, at most MAX_FAULTS of them."""
@@ -64,6 +67,7 @@ class NodeSummary:
                         "action": str(f.action), "gpus": f.gpus, "owners": sorted(f.owners)[:MAX_OWNERS]}
                        for f in faults],
             "more": max(0, len(self.faults) - MAX_FAULTS),
+            "quarantined": round(self.quarantined_since, 3),
         }
         return json.dumps(document, separators=(",", ":"), sort_keys=True)
 
@@ -84,7 +88,8 @@ class NodeSummary:
                        driver_version=_text(document, "driver"), fabric_domain=_text(document, "fabric"),
                        rack=_text(document, "rack"), zone=_text(document, "zone"), boot_id=_text(document, "boot"),
                        uptime_seconds=_number(document, "uptime"),
-                       workloads=tuple(_texts(document, "workloads"))[:MAX_WORKLOADS], faults=faults)
+                       workloads=tuple(_texts(document, "workloads"))[:MAX_WORKLOADS], faults=faults,
+                       quarantined_since=_number(document, "quarantined"))
         except (KeyError, ValueError, TypeError) as exc:
             raise InputError(f"summary field is malformed: {exc}", file=source) from None
 

@@ -211,8 +211,8 @@ def _show(store: HoldsStore, holds: list[Hold], dry_run: bool, what: str) -> Non
 @_guarded
 def hold_command(rule_id: str, nodes: tuple[str, ...], selector: str | None, duration: str, reason: str,
                  rules_dir: str | None, dry_run: bool, namespace: str | None, kubeconfig: str | None) -> None:
-    """Publish a hold of one rule on some nodes until it ends or is released (the agents do not apply holds
-    yet: docs/fleet.md)."""
+    """Hold one rule on some nodes: they keep conditions and Events but take no taint, eviction, reset or
+    reboot for it until the hold ends or is released."""
     from agent.fleetctl.store import HoldsStore  # noqa: PLC0415
     from agent.k8s.raw import RawApi  # noqa: PLC0415
 

@@ -102,7 +102,7 @@ class FleetController:
         note = (f"{correlation.cause}. "
                 + (f"The rule is held on these {len(correlation.group)} nodes for up to "
                    f"{self.settings.hold_seconds:.0f}s while the cause stands (hold {correlation.id}): "
-                   "the agents do not apply holds yet (docs/fleet.md), so each node still acts on it; "
+                   "conditions and Events as ever, no taint, eviction, reset or reboot for it; "
                    "`gpu-health-agent fleet release` ends it." if held else
                    "A hardware fault is never held: each node acts on it as its own evidence."))
         log.warning("fleet_correlation", hold=correlation.id, cause=correlation.cause)

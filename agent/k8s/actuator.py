@@ -4,11 +4,13 @@ through the GPU edge's procedure it is given."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.diagnostics import DiagnosticOutcome, DiagnosticRunner
+from agent.fleet.published import SUMMARY_ANNOTATION
 from agent.k8s.bodies import ObjectReference
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
@@ -20,6 +22,7 @@ from agent.k8s.node import (
     RELEASE_ANNOTATION,
     REPLACE_ANNOTATION,
     REPLACEMENT_LABEL,
+    STATE_ANNOTATION,
     NodeWriter,
 )
 from agent.model import Step, StepKind, StepResult
@@ -60,6 +63,8 @@ class K8sActuator:
     #: Per-GPU isolation through DRA (with `isolation: node` it only deletes rules left from an earlier
     #: setting); None where no cluster is behind the actuator (tests, simulate without DRA).
     devices: DeviceIsolator | None = None
+    #: The fleet summary of a mirrored record (agent.fleet.publish.Summariser); None: none is published.
+    summarise: Callable[[Mapping[str, object]], str] | None = None
 
     def observe(self) -> NodeObservation:
         """One GET of the Node (the agent's marks, the mirrored record, a release request, the opt-out), and
@@ -71,7 +76,12 @@ class K8sActuator:
         return dataclasses.replace(observed, devices=isolation, device_taints=rules)
 
     def mirror(self, document: Mapping[str, object]) -> None:
-        self.writer.save_record(document)
+        """The record, and with a summariser the fleet summary, in one write (the same refusal guards both)."""
+        if self.summarise is None:
+            self.writer.save_record(document)
+            return
+        text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+        self.writer.set_metadata(annotations={STATE_ANNOTATION: text, SUMMARY_ANNOTATION: self.summarise(document)})
 
     def consume_release(self, value: str) -> None:
         """Remove the release request, unless the operator wrote a new one meanwhile."""

@@ -10,10 +10,13 @@ from typing import Any
 
 from agent.config import Config
 from agent.diagnostics import command_runner
+from agent.fleet import BrakePolicy
+from agent.fleet.publish import Summariser
 from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
+from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter
 from agent.k8s.operands import OperandPauser
@@ -33,6 +36,9 @@ class ClusterSide:
     own_pod: str
     #: Pauses the GPU Operator's operands for a reset (the GPU edge's procedure is handed it by the daemon).
     operands: OperandPauser | None = None
+    #: The fleet view's reader (holds, quarantine brake) and the summary the mirror publishes; None: off.
+    fleet: FleetGate | None = None
+    summariser: Summariser | None = None
 
 
 def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[str], None],
@@ -66,7 +72,23 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
                      dra_gpus=devices.gpus_by_pod)
     operands = OperandPauser(writer, raw, labels=tuple(settings.reset_operand_labels),
                              wait_seconds=settings.reset_operand_wait_seconds)
-    return ClusterSide(actuator, budget, pods, writer, own_pod, operands)
+    fleet, summariser = fleet_side(raw, config, clock=clock)
+    actuator.summarise = summariser
+    return ClusterSide(actuator, budget, pods, writer, own_pod, operands, fleet, summariser)
+
+
+def fleet_side(raw: RawApi, config: Config, *,
+               clock: Callable[[], float] = time.time) -> tuple[FleetGate | None, Summariser | None]:
+    """The fleet view's reader and the summariser, when `fleet_holds` or the brake is on."""
+    settings = config.remediation
+    brake = BrakePolicy(max_share=settings.brake_max_share, min_nodes=settings.brake_min_nodes,
+                        max_nodes=settings.brake_max_nodes, window_seconds=settings.brake_window_seconds) \
+        if settings.brake_window_seconds > 0 else None
+    if not settings.fleet_holds and brake is None:
+        return None, None
+    gate = FleetGate(raw, namespace=settings.namespace, gpu_node_selector=settings.gpu_node_selector, brake=brake,
+                     holds=settings.fleet_holds, wall=clock)
+    return gate, Summariser(config.node_name, wall=clock, uptime=lambda: time.clock_gettime(time.CLOCK_BOOTTIME))
 
 
 def request_release(api_client: Any, node_name: str, gpu: str = "all") -> None:

@@ -1,18 +1,32 @@
-"""Decides whether a planned step may run: mode, dry-run, opt-out, pause, cluster budget, attempt caps.
+"""Decides whether a planned step may run: mode, dry-run, opt-out, fleet holds, quarantine brake, pause,
+cluster budget, attempt caps.
 
 Pure: the caller passes what it knows of the cluster (opted out, and one reading of the cluster gate: the
 pause Lease and the budget's live slots) and the history of attempts; the guard never blocks clearing, and
 never lets a disruptive step past a pause, an unreadable gate or an exhausted budget. `needs_gate` says
 whether a step gets as far as the gate, so the caller reads the cluster only for a step that may use it.
+The fleet's word (agent.fleet.node_side.FleetView) comes as plain data: the faults a hold covers, which
+`held_back` plans as notify-only (conditions and Events stay, no taint, eviction, reset or reboot), and why
+the quarantine brake keeps a new taint waiting.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING, TypeVar
 
-from agent.model import Step, StepKind, StepResult
+from agent.model import Action, FaultClass, Step, StepKind, StepResult
+
+if TYPE_CHECKING:
+    from agent.remediation.state import ActiveFault
+
+K = TypeVar("K")
+#: What a quarantining fault's condition says while the brake keeps the node's taint waiting.
+BRAKED = "quarantine brake: the taint waits, docs/fleet.md"
 
 
 class Mode(StrEnum):
@@ -63,6 +77,8 @@ class ClusterView:
 
     opted_out: bool = False
     gate: GateReading | None = None
+    #: Why the quarantine brake keeps a new taint of this node waiting; "" when it does not.
+    brake: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +136,8 @@ def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: At
            now: float) -> Decision:
     """Whether `step` may run now, and if not, what to record instead and why."""
     early = _before_gate(step, policy=policy, opted_out=cluster.opted_out)
+    if cluster.brake and quarantines(step) and (early is None or early.proceed):
+        return Decision(step, StepResult.BLOCKED, cluster.brake)
     if early is not None:
         return early
     gate = cluster.gate
@@ -150,3 +168,27 @@ def node_writes_refused(*, policy: GuardPolicy, cluster: ClusterView) -> str:
     if cluster.opted_out:
         return "node opted out of remediation by label: Events only"
     return ""
+
+
+def quarantines(step: Step) -> bool:
+    """A new taint (the node's, or a device's that keeps work off it): what the quarantine brake counts."""
+    return step.kind is StepKind.TAINT or (step.kind is StepKind.TAINT_DEVICE and
+                                           step.details.get("effect") in {"NoSchedule", "NoExecute"})
+
+
+def held_back(faults: Mapping[K, ActiveFault], held: Mapping[tuple[str, str], str], *,
+              braked: bool = False) -> dict[K, ActiveFault]:
+    """The faults as the planner sees them: one a fleet hold covers keeps its severity (its condition and
+    Events) and says why it is held, but asks for nothing (no taint, eviction, reset or reboot request); a
+    hardware fault is never held back, whatever the hold says. While the quarantine brake keeps the node's
+    new taint waiting (`braked`), each fault that quarantines says so in its condition."""
+    planned: dict[K, ActiveFault] = {}
+    for key, fault in faults.items():
+        why = held.get((fault.gpu_key, fault.rule_id))
+        if why and fault.fault_class is not FaultClass.HARDWARE:
+            planned[key] = dataclasses.replace(fault, action=Action.NOTIFY, summary=f"{fault.summary} ({why})")
+        elif braked and fault.action.quarantines:
+            planned[key] = dataclasses.replace(fault, summary=f"{fault.summary} ({BRAKED})")
+        else:
+            planned[key] = fault
+    return planned

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.fleet import BrakePolicy
 from agent.k8s.cluster import request_release
 from agent.model import Observation, Signal
 from tests.k8s_helpers import TAINT, gpu_node, make_agent
@@ -45,7 +46,8 @@ def remediate_once(plane: ControlPlane) -> None:
     cluster, server = RealCluster(plane), RealServer(plane)
     name = plane.unique("rbac")
     inventory = gpu_node(name)
-    agent = make_agent(cluster, server, inventory, restore=True)  # reads its node as after a restart
+    # Reads its node as after a restart; reads the fleet's holds and counts the quarantined for the brake.
+    agent = make_agent(cluster, server, inventory, restore=True, fleet=True, brake=BrakePolicy())
     agent.side.pods.pods()
     agent.pipeline.handle(Observation(Signal.TEMPERATURE, 95, 1.0, "nvml", inventory.gpus[2],
                                       {"shutdown_c": 92, "slowdown_c": 90}), 1.0)

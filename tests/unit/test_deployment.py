@@ -81,7 +81,8 @@ def test_rbac_grants_exactly_what_the_agent_does():
                       ("events.k8s.io", "events"): {"create", "patch"}}
     [role] = [d for d in manifests("rbac.yaml") if d["kind"] == "Role"]
     assert role["metadata"]["namespace"] == "gpu-health"
-    assert [r["resources"] for r in role["rules"]] == [["leases"]]
+    assert [(r["resources"], r.get("resourceNames")) for r in role["rules"]] == [
+        (["leases"], None), (["configmaps"], [HOLDS_CONFIGMAP])]  # the fleet's holds: get, by name only
 
 
 def test_the_fleet_controller_is_granted_exactly_what_it_does():
@@ -207,6 +208,21 @@ def test_the_admission_policy_pins_every_lease_write_to_the_agents_own_slot():
     assert policy["spec"]["validations"][0]["expression"] == "variables.own"
     assert (binding["spec"]["policyName"], binding["spec"]["validationActions"]) == (policy["metadata"]["name"],
                                                                                     ["Deny"])
+
+
+def test_the_fleet_controller_may_create_only_its_holds_and_its_lease():
+    """daemonset/fleet/admission-policy.yaml: the fleet ServiceAccount's creates of ConfigMaps and Leases must
+    name its holds object and its leader Lease (never the pause Lease or a slot)."""
+    policy, binding = manifests("fleet/admission-policy.yaml")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["operations"]))
+             for r in policy["spec"]["matchConstraints"]["resourceRules"]}
+    assert rules == {(("",), ("configmaps",), ("CREATE",)), (("coordination.k8s.io",), ("leases",), ("CREATE",))}
+    assert ":gpu-health-fleet'" in policy["spec"]["matchConditions"][0]["expression"]
+    [validation] = policy["spec"]["validations"]
+    assert f"== '{HOLDS_CONFIGMAP}'" in validation["expression"] and f"== '{LEASE_NAME}'" in validation["expression"]
+    assert (binding["spec"]["policyName"], binding["spec"]["validationActions"]) == (policy["metadata"]["name"],
+                                                                                    ["Deny"])
+    assert "admission-policy.yaml" in (DEPLOY / "fleet" / "kustomization.yaml").read_text()
 
 
 def test_the_dashboard_covers_what_operators_ask():

@@ -227,6 +227,7 @@ def test_the_values_schema_rejects_an_unknown_key(helm):
     ("files/dra/admission-policy.yaml", "daemonset/dra/admission-policy.yaml"),
     ("files/fleet/serviceaccount.yaml", "daemonset/fleet/serviceaccount.yaml"),
     ("files/fleet/rbac.yaml", "daemonset/fleet/rbac.yaml"),
+    ("files/fleet/admission-policy.yaml", "daemonset/fleet/admission-policy.yaml"),
     ("files/alerts/gpu-health-alerts.yaml", "daemonset/alerts/gpu-health-alerts.yaml"),
     *[(f"files/rules/{p.name}", f"rules/{p.name}") for p in sorted((REPO / "rules").glob("*.yaml"))],
 ])

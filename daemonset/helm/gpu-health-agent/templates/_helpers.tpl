@@ -40,6 +40,11 @@ app.kubernetes.io/name: {{ include "gpu-health-agent.name" . }}
     "isolation" .Values.isolation
     "device_taint_effect" .Values.dra.taintEffect
     "device_taint_degraded" .Values.dra.taintDegraded
+    "fleet_holds" .Values.fleet.holds
+    "brake_max_share" .Values.brake.maxShare
+    "brake_min_nodes" .Values.brake.minNodes
+    "brake_max_nodes" .Values.brake.maxNodes
+    "brake_window_seconds" .Values.brake.windowSeconds
     "namespace" .Release.Namespace)
   "http" (dict "port" .Values.metricsPort)
   "log" .Values.log -}}

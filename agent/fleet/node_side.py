@@ -1,0 +1,102 @@
+"""What the fleet's holds and the quarantine brake mean for one node's faults: the agent's side, pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.fleet.brake import BrakePolicy, brake_allows, brake_bound
+from agent.fleet.hold import Hold, covering_hold, holdable
+from agent.model import Action, FaultClass
+
+
+class FaultLike(Protocol):
+    """What the node side needs of an active fault (agent.remediation's ActiveFault has it)."""
+
+    @property
+    def rule_id(self) -> str: ...
+
+    @property
+    def gpu_key(self) -> str: ...
+
+    @property
+    def fault_class(self) -> FaultClass: ...
+
+    @property
+    def action(self) -> Action: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FleetReading:
+    """One read of the fleet view: the holds on the reader's monotonic clock `now`, and for the brake the GPU
+    nodes counted and when each was newly quarantined (same clock); `error` when it could not be read."""
+
+    holds: tuple[Hold, ...] = ()
+    now: float = 0.0
+    gpu_nodes: int | None = None
+    quarantined_at: Mapping[str, float] = field(default_factory=dict)
+    error: str = ""
+
+
+class FleetSource(Protocol):
+    """Reads the fleet view (agent.k8s.fleet_gate); `brake` None: no quarantine brake configured."""
+
+    @property
+    def brake(self) -> BrakePolicy | None: ...
+
+    def read(self, *, count: bool) -> FleetReading:
+        """The holds, and with `count` the quarantine count; never raises (an error is in the reading)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What the guard is told: the faults (gpu_key, rule_id) a hold covers and why, and why a new quarantine
+    of this node waits ("" when it may go ahead)."""
+
+    held: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    brake: str = ""
+
+
+def acts(action: Action) -> bool:
+    """Whether a fault with this action takes a taint, an eviction, a reset or a reboot request."""
+    return action.quarantines or action.resets
+
+
+def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultLike],
+               quarantined: bool) -> FleetView:
+    """The fleet's word on this node's faults, read only when it can change what the node does: a holdable
+    fault that acts, or a new quarantine the brake counts. An unreadable view holds nothing and brakes
+    nothing (the node acts as it would without a fleet view)."""
+    if source is None:
+        return FleetView()
+    faults = list(faults)
+    holdable_acting = [f for f in faults if acts(f.action) and holdable(f.fault_class)]
+    wants_quarantine = not quarantined and source.brake is not None and any(f.action.quarantines for f in faults)
+    if not holdable_acting and not wants_quarantine:
+        return FleetView()
+    reading = source.read(count=wants_quarantine)
+    if reading.error:
+        return FleetView()
+    held: dict[tuple[str, str], str] = {}
+    for fault in holdable_acting:
+        hold = covering_hold(reading.holds, node=node, rule_id=fault.rule_id, fault_class=fault.fault_class,
+                             now=reading.now)
+        if hold is not None:
+            held[(fault.gpu_key, fault.rule_id)] = f"held by fleet hold {hold.id}: {hold.cause}"
+    still_quarantines = any(f.action.quarantines and (f.gpu_key, f.rule_id) not in held for f in faults)
+    brake = ""
+    if wants_quarantine and still_quarantines and source.brake is not None:
+        brake = brake_refusal(reading, node=node, policy=source.brake)
+    return FleetView(held, brake)
+
+
+def brake_refusal(reading: FleetReading, *, node: str, policy: BrakePolicy) -> str:
+    """Why the brake keeps this node's new quarantine waiting, or "" when it may go ahead."""
+    if reading.gpu_nodes is None or brake_allows(node=node, quarantined_at=reading.quarantined_at,
+                                                 gpu_nodes=reading.gpu_nodes, now=reading.now, policy=policy):
+        return ""
+    window = sum(1 for at in reading.quarantined_at.values() if 0.0 <= reading.now - at < policy.window_seconds)
+    return (f"quarantine brake: {window} of {reading.gpu_nodes} GPU nodes newly quarantined within "
+            f"{policy.window_seconds:.0f} s (bound {brake_bound(reading.gpu_nodes, policy)}); the taint waits")

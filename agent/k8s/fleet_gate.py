@@ -1,0 +1,96 @@
+"""The agent's reader of the fleet view: the holds ConfigMap by name, and for the quarantine brake the GPU
+nodes' published summaries from one metadata-only list; both cached, so a blocked node stays cheap."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from agent.errors import InputError
+from agent.fleet import BrakePolicy, Hold, NodeSummary
+from agent.fleet.node_side import FleetReading
+from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode
+from agent.k8s.errors import K8sError, NotFound
+from agent.k8s.raw import RawApi, api_path
+from agent.k8s.watch import ListWatch, WatchOptions
+from agent.logs import get_logger
+
+
+class FleetGate:
+    """One GET of `gpu-health-fleet-holds` at most every `cache_seconds` (a version seen before keeps its
+    placement, so re-reading never moves an expiry); one metadata-only list of the GPU nodes at most every
+    `count_seconds`, only when a new quarantine asks the brake."""
+
+    def __init__(self, raw: RawApi, *, namespace: str, gpu_node_selector: str, brake: BrakePolicy | None,
+                 holds: bool = True, cache_seconds: float = 10.0, count_seconds: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.raw = raw
+        self.brake = brake
+        self.holds = holds
+        self.selector = gpu_node_selector
+        self.cache_seconds = cache_seconds
+        self.count_seconds = count_seconds
+        self.clock = clock
+        self.wall = wall
+        self.path = api_path("", "v1", "configmaps", namespace=namespace, name=HOLDS_CONFIGMAP)
+        self.source = f"configmap {namespace}/{HOLDS_CONFIGMAP}"
+        self._holds: tuple[float, str, tuple[Hold, ...]] | None = None
+        self._count: tuple[float, int, dict[str, float]] | None = None
+        self.reads = 0
+        self.lists = 0
+        self._log = get_logger("agent.fleet_gate")
+
+    def read(self, *, count: bool) -> FleetReading:
+        now = self.clock()
+        try:
+            holds = self._read_holds(now) if self.holds else ()
+            gpu_nodes, quarantined = self._count_quarantined(now) if count else (None, {})
+        except (K8sError, InputError) as exc:
+            self._log.warning("fleet_view_unreadable", error=str(exc))
+            return FleetReading(now=now, error=f"{type(exc).__name__}: {exc}")
+        return FleetReading(holds, now, gpu_nodes, quarantined)
+
+    def _read_holds(self, now: float) -> tuple[Hold, ...]:
+        cached = self._holds
+        if cached is not None and now - cached[0] < self.cache_seconds:
+            return cached[2]
+        self.reads += 1
+        try:
+            obj = self.raw.get(self.path)
+        except NotFound:
+            self._holds = (now, "", ())
+            return ()
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if cached is not None and cached[1] == version and version:
+            holds = cached[2]
+        else:
+            holds = tuple(decode(obj.get("data"), observed_at=now, wall=self.wall(), source=self.source))
+        self._holds = (now, version, holds)
+        return holds
+
+    def _count_quarantined(self, now: float) -> tuple[int, dict[str, float]]:
+        """The GPU nodes, and when each one the agents quarantined was (placed on this clock from the age its
+        own wall clock published: a clock ahead makes it look newer and counted longer, one behind older)."""
+        cached = self._count
+        if cached is not None and now - cached[0] < self.count_seconds:
+            return cached[1], cached[2]
+        self.lists += 1
+        listing = ListWatch(self.raw.api_client, api_path("", "v1", "nodes"),
+                            WatchOptions(label_selector=self.selector, metadata_only=True))
+        items, _ = listing.list_all()
+        wall = self.wall()
+        quarantined: dict[str, float] = {}
+        for item in items:
+            metadata = item.get("metadata") or {}
+            text = (metadata.get("annotations") or {}).get(SUMMARY_ANNOTATION)
+            if not text:
+                continue
+            try:
+                summary = NodeSummary.from_json(str(text), source=f"node {metadata.get('name')}")
+            except InputError:
+                continue  # the controller counts an unreadable summary; here it quarantines nothing
+            if summary.quarantined_since > 0:
+                age = max(0.0, wall - summary.quarantined_since)
+                quarantined[summary.node or str(metadata.get("name"))] = now - age
+        self._count = (now, len(items), quarantined)
+        return len(items), quarantined

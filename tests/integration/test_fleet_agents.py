@@ -1,0 +1,149 @@
+"""Issue 24, the node side: several agents and the fleet controller on the fake API server. A fleet-wide cause
+is held (0 tainted) with the controller, bounded by the quarantine brake without it, and a node's own
+hardware evidence is acted on whatever the hold says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.fleet import BrakePolicy, CorrelationPolicy, NodeSummary
+from agent.fleet.published import SUMMARY_ANNOTATION
+from agent.fleetctl.controller import FleetController
+from agent.fleetctl.settings import FleetSettings
+from agent.k8s.events import EventRecorder
+from agent.k8s.raw import RawApi
+from agent.k8s.watch import ListWatch, WatchOptions
+from agent.model import Observation, Signal
+from agent.remediation import Mode
+from tests.k8s_helpers import Agent, gpu_node, make_agent, operator_client
+
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
+NS = "gpu-health"
+SETTINGS = FleetSettings(namespace=NS, policy=CorrelationPolicy(min_nodes=3), hold_seconds=600.0,
+                         max_hold_seconds=3600.0, tick_seconds=600.0, settle_seconds=0.0)
+BRAKE = BrakePolicy(max_share=0.15, min_nodes=2, max_nodes=200, window_seconds=600.0)
+FLEET = 6
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def agents(fake: Any, count: int = FLEET, **options: Any) -> list[Agent]:
+    cluster, server = fake
+    return [make_agent(cluster, server, gpu_node(f"n{i}", gpus=2), mode=Mode.QUARANTINE, **options)
+            for i in range(count)]
+
+
+def fleet_controller(fake: Any) -> FleetController:
+    _, server = fake
+    raw = RawApi(operator_client(server))
+    return FleetController(raw, SETTINGS, identity="fleet-a", clock=Clock(), wall=Clock(1.7e9),
+                           events=EventRecorder(raw, instance="fleet-a", namespace=NS))
+
+
+def correlate(fake: Any, controller: FleetController | None) -> None:
+    """What the controller's watch and pass do after a summary changed (none: no controller runs)."""
+    if controller is not None:
+        nodes = ListWatch(controller.raw.api_client, "/api/v1/nodes", WatchOptions(metadata_only=True))
+        controller.on_sync(nodes.list_all()[0])
+        controller.reconcile()
+
+
+def storm(fake: Any, fleet: list[Agent], controller: FleetController | None, fault: Any) -> None:
+    """The same fault on every node, one after the other, the controller passing after each; then a pass on
+    every node (each reads the holds)."""
+    for agent in fleet:
+        fault(agent)
+        correlate(fake, controller)
+    for agent in fleet:
+        agent.settle(200.0)
+
+
+def tainted(fake: Any, fleet: list[Agent]) -> list[str]:
+    return [a.inventory.name for a in fleet if fake[0].node(a.inventory.name)["spec"].get("taints")]
+
+
+def gsp_timeouts(agent: Agent) -> None:
+    agent.fault(0, xid=119, at=1.0)
+    agent.fault(1, xid=120, at=1.5)
+
+
+def links_down(agent: Agent) -> None:
+    for at in (1.0, 70.0):
+        for gpu in agent.inventory.gpus:
+            agent.pipeline.handle(Observation(Signal.NVLINK_DOWN, 18, at, "nvml", gpu), at)
+
+
+@pytest.mark.parametrize("fault", [gsp_timeouts, links_down], ids=["xid-119-120-one-driver", "all-nvlinks-down"])
+def test_a_fleet_wide_cause_taints_no_node_while_the_fleet_controller_runs(fake, fault):
+    """The controller correlates the cause at the third node; every node honours the hold and stays untainted."""
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), fault)
+    assert tainted(fake, fleet) == []
+
+
+#: The brake counts every GPU node of the cluster: the real control plane is shared by the session's tests
+#: (their nodes and quarantines), so its bound is checked on the fake alone.
+BRAKE_ON_THE_FAKE = pytest.mark.fake_only
+
+
+@BRAKE_ON_THE_FAKE
+@pytest.mark.parametrize("fault", [gsp_timeouts, links_down], ids=["xid-119-120-one-driver", "all-nvlinks-down"])
+def test_without_the_fleet_controller_the_brake_bounds_a_fleet_wide_cause(fake, fault):
+    """No controller, no holds: the brake lets max(2, 15 % of 6) nodes be newly quarantined, the rest wait."""
+    fleet = agents(fake, fleet=True, brake=BRAKE)
+    storm(fake, fleet, None, fault)
+    assert len(tainted(fake, fleet)) == 2
+
+
+def test_a_held_node_still_quarantines_a_double_bit_ecc_of_its_own(fake):
+    """Inside a driver-version hold, one node's GPU reports a DBE (Xid 48, hardware): that node is tainted."""
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), gsp_timeouts)
+    fleet[4].fault(1, xid=48, at=300.0)
+    assert tainted(fake, fleet) == ["n4"]
+
+
+def test_a_held_node_keeps_its_condition(fake):
+    """The hold takes the taint away, never the condition: it says the fault and that a fleet hold holds it."""
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), gsp_timeouts)
+    conditions = {c["type"]: c for c in fake[0].node("n5")["status"]["conditions"]}
+    assert conditions["GpuFatalFault"]["status"] == "True"
+    assert "held by fleet hold xid-119/driver-version/570.86.15" in conditions["GpuFatalFault"]["message"]
+
+
+@pytest.mark.fake_only  # on the real control plane node n0 carries the session's earlier tests' record
+def test_each_agent_publishes_its_summary_with_the_mirrored_record(fake):
+    """One fault: the Node carries the summary (rule, class, driver, quarantined since) beside the state."""
+    fleet = agents(fake, count=1, fleet=True)
+    fleet[0].fault(0, xid=119, at=1.0)
+    annotations = fake[0].node("n0")["metadata"]["annotations"]
+    summary = NodeSummary.from_json(annotations[SUMMARY_ANNOTATION])
+    assert [(f.rule_id, str(f.fault_class)) for f in summary.faults] == [("xid-119", "driver")]
+    assert summary.driver_version == "570.86.15" and summary.quarantined_since > 0
+
+
+def test_a_dry_run_publishes_no_summary(fake):
+    """The summary goes with the mirror: a dry run writes neither to the Node."""
+    fleet = agents(fake, count=1, fleet=True, dry_run=True)
+    fleet[0].fault(0, xid=119, at=1.0)
+    assert SUMMARY_ANNOTATION not in (fake[0].node("n0")["metadata"].get("annotations") or {})
+
+
+@BRAKE_ON_THE_FAKE
+def test_the_brake_closes_by_itself_when_the_window_has_passed(fake):
+    """A node the brake kept waiting is tainted once the window moved past the others' quarantines."""
+    clock = Clock()
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=clock)
+    storm(fake, fleet, None, gsp_timeouts)
+    clock.now += BRAKE.window_seconds
+    fleet[5].settle(400.0)
+    assert "n5" in tainted(fake, fleet)

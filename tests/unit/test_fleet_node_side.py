@@ -1,0 +1,163 @@
+"""The agent's side of the fleet view, pure: which faults a hold covers, when the brake keeps a new taint
+waiting, what the guard makes of both, and the summary an agent publishes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.fleet import BrakePolicy, Dimension, Hold
+from agent.fleet.node_side import FleetReading, FleetView, fleet_view
+from agent.fleet.publish import Summariser
+from agent.model import Action, FaultClass, NodeInventory, PodRef, Severity, Signal, Step, StepKind, StepResult
+from agent.pipeline import LocalActuator, Pipeline
+from agent.remediation import ActiveFault, AttemptHistory, ClusterView, GuardPolicy, Mode, decide
+from agent.remediation.guard import BRAKED, held_back
+from tests.conftest import gpu, obs
+
+BRAKE = BrakePolicy(max_share=0.15, min_nodes=2, max_nodes=200, window_seconds=600.0)
+
+
+@dataclass
+class Source:
+    """A FleetSource that counts its reads."""
+
+    holds: tuple[Hold, ...] = ()
+    quarantined: dict[str, float] = field(default_factory=dict)
+    gpu_nodes: int = 10
+    brake: BrakePolicy | None = BRAKE
+    error: str = ""
+    reads: int = 0
+
+    def read(self, *, count: bool) -> FleetReading:
+        self.reads += 1
+        return FleetReading(self.holds, 100.0, self.gpu_nodes if count else None, self.quarantined, self.error)
+
+
+def hold(rule: str = "xid-119", nodes: tuple[str, ...] = ("n1",)) -> Hold:
+    return Hold(f"{rule}/driver-version/570", rule, FaultClass.DRIVER, Dimension.DRIVER_VERSION, "570",
+                "driver 570", frozenset(nodes), 0.0, 1000.0)
+
+
+def fault(rule: str = "xid-119", cls: FaultClass = FaultClass.DRIVER, action: Action = Action.RESET_GPU,
+          gpu: str = "GPU-0") -> ActiveFault:
+    return ActiveFault(rule, gpu, Severity.FATAL, action, f"{rule} on {gpu}", 1.0, fault_class=cls)
+
+
+def test_no_acting_fault_reads_nothing():
+    """A healthy node, or one whose faults only notify, costs the API server nothing for the fleet view."""
+    source = Source()
+    assert fleet_view(source, node="n1", faults=[fault(action=Action.NOTIFY)], quarantined=False) == FleetView()
+    assert source.reads == 0
+
+
+def test_a_hold_covers_its_rule_on_its_nodes():
+    """The hold's rule on a node it names is held; the hold's id and cause say why."""
+    view = fleet_view(Source(holds=(hold(),)), node="n1", faults=[fault()], quarantined=False)
+    assert view.held == {("GPU-0", "xid-119"): "held by fleet hold xid-119/driver-version/570: driver 570"}
+
+
+def test_a_hold_never_covers_another_rule_another_node_or_a_hardware_fault():
+    """A DBE (hardware), another rule, or the same rule on a node the hold does not name: acted on."""
+    faults = [fault("xid-48", FaultClass.HARDWARE), fault("xid-120", gpu="GPU-1")]
+    assert fleet_view(Source(holds=(hold(),)), node="n1", faults=faults, quarantined=False).held == {}
+    assert fleet_view(Source(holds=(hold(),)), node="n2", faults=[fault()], quarantined=False).held == {}
+
+
+def test_an_unreadable_fleet_view_holds_and_brakes_nothing():
+    """The node acts as it would without a fleet view."""
+    source = Source(holds=(hold(),), quarantined={"a": 100.0, "b": 100.0}, error="Unavailable: 503")
+    assert fleet_view(source, node="n1", faults=[fault()], quarantined=False) == FleetView()
+
+
+def test_the_brake_keeps_a_new_quarantine_waiting_beyond_its_bound():
+    """Two of ten GPU nodes newly quarantined within the window: a third waits."""
+    view = fleet_view(Source(quarantined={"a": 50.0, "b": 60.0}), node="n1", faults=[fault("xid-48",
+                      FaultClass.HARDWARE)], quarantined=False)
+    assert view.brake.startswith("quarantine brake: 2 of 10 GPU nodes")
+
+
+def test_the_brake_lets_a_node_already_counted_pass():
+    """A node counted in the window (a restart, a retaint) is not new: it passes."""
+    view = fleet_view(Source(quarantined={"a": 50.0, "n1": 60.0}), node="n1",
+                      faults=[fault("xid-48", FaultClass.HARDWARE)], quarantined=False)
+    assert view.brake == ""
+
+
+def test_the_brake_is_not_asked_for_a_node_already_quarantined():
+    """Already tainted: nothing new to count, nothing read."""
+    source = Source(quarantined={"a": 50.0, "b": 60.0})
+    assert fleet_view(source, node="n1", faults=[fault("xid-48", FaultClass.HARDWARE)], quarantined=True).brake == ""
+    assert source.reads == 0
+
+
+def test_the_guard_blocks_a_braked_taint_and_never_an_untaint():
+    """The brake's reason blocks a new taint; untainting and clearing pass whatever it says."""
+    cluster = ClusterView(brake="quarantine brake: full")
+    policy = GuardPolicy(mode=Mode.QUARANTINE)
+    taint = decide(Step(StepKind.TAINT, "n1", "x"), policy=policy, cluster=cluster, history=AttemptHistory(), now=1)
+    untaint = decide(Step(StepKind.UNTAINT, "n1", "x"), policy=policy, cluster=cluster, history=AttemptHistory(),
+                     now=1)
+    assert (taint.result, taint.reason) == (StepResult.BLOCKED, "quarantine brake: full")
+    assert untaint.proceed
+
+
+def test_a_held_fault_keeps_its_severity_and_asks_for_nothing():
+    """Held back: notify only (no taint, eviction, reset, reboot), same severity, the hold named."""
+    faults = held_back({("GPU-0", "xid-119"): fault()}, {("GPU-0", "xid-119"): "held by fleet hold h"})
+    held = faults[("GPU-0", "xid-119")]
+    assert (held.action, held.severity) == (Action.NOTIFY, Severity.FATAL)
+    assert held.summary.endswith("(held by fleet hold h)")
+
+
+def test_a_hardware_fault_is_never_held_back():
+    """Whatever the map says, a hardware fault keeps its action."""
+    dbe = fault("xid-48", FaultClass.HARDWARE)
+    assert held_back({("GPU-0", "xid-48"): dbe}, {("GPU-0", "xid-48"): "held"})[("GPU-0", "xid-48")] == dbe
+
+
+def test_the_summary_names_each_faults_workloads_and_when_the_node_was_quarantined():
+    """Owners of the pods on the faulty GPU; the quarantine's start kept across re-publishes, 0 once lifted."""
+    wall = iter([500.0, 900.0])
+    pods = (PodRef("ml", "a", gpu_uuids=("GPU-0",), owner="ml/Job/train"),
+            PodRef("ml", "b", gpu_uuids=("GPU-1",), owner="ml/Job/other"))
+    summarise = Summariser("n1", wall=lambda: next(wall), uptime=lambda: 10.0, pods=lambda: pods)
+    document = {"faults": [fault().to_dict()], "remediation": {"tainted": True}}
+    first, again = summarise.summary(document), summarise.summary(document)
+    assert first.faults[0].owners == ("ml/Job/train",)
+    assert (first.quarantined_since, again.quarantined_since) == (500.0, 500.0)
+    assert summarise.summary({"faults": [], "remediation": {"tainted": False}}).quarantined_since == 0.0
+
+
+class _FaultDuringAnEvent(LocalActuator):
+    """Applies every step; while the first Event is sent, a new fault arrives (from the source thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[StepKind] = []
+        self.arrive: Callable[[], object] | None = None
+
+    def apply(self, step: Step) -> tuple[StepResult, str]:
+        self.applied.append(step.kind)
+        if step.kind is StepKind.EVENT and self.arrive is not None:
+            arrive, self.arrive = self.arrive, None
+            arrive()
+        return StepResult.APPLIED, "ok"
+
+
+def test_a_fault_arriving_during_a_pass_still_waits_on_the_brake(shipped_rules):
+    """The brake is asked again after each new verdict: a fault raised mid-pass is not tainted past it."""
+    actuator = _FaultDuringAnEvent()
+    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0), gpu(1)), ()),
+                 policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator, clock=lambda: 100.0, inline=False,
+                 fleet=Source(quarantined={"a": 50.0, "b": 60.0}))
+    p.handle(obs(Signal.XID, 13, 1.0, gpu_ref=gpu(0)), 1.0)  # notify-only: an Event to send, nothing to taint
+    actuator.arrive = lambda: p.handle(obs(Signal.XID, 79, 2.0, gpu_ref=gpu(1)), 2.0)
+    p.reconcile(2.0)
+    assert StepKind.TAINT not in actuator.applied and not p.record.node.tainted
+
+
+def test_a_braked_fault_says_so_in_its_condition():
+    """While the brake keeps the taint waiting, the quarantining fault's summary (its condition) says so."""
+    faults = held_back({("GPU-0", "xid-48"): fault("xid-48", FaultClass.HARDWARE)}, {}, braked=True)
+    assert faults[("GPU-0", "xid-48")].summary.endswith(f"({BRAKED})")
