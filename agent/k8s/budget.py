@@ -11,7 +11,11 @@ node named in its bound token). No agent's clock decides anything:
   - two agents taking the last slot at once: each creates its slot first, then lists the live slots and
     counts those created no later than its own (the API server's creationTimestamp, one clock; equal
     seconds count against both). An agent with `limit` or more ahead deletes its slot and waits. The last
-    slot created sees every other, so no more than `limit` slots are ever granted together.
+    slot created sees every other, so no more than `limit` slots are ever granted together;
+  - a slot this process did not confirm (an earlier process's, or its own unrenewed for most of a lifetime,
+    which other readers may have let lapse and given away) is re-taken: written again in place (a change
+    every reader sees, so it is live to all from then) and ranked as taken now, behind every other live
+    slot. Its old creationTimestamp never lets it jump ahead of a node that took a slot meanwhile.
 Every request is retried on transient errors (bounded, jittered, under a deadline). A slot this agent may
 have written but not confirmed as granted is remembered (`maybe_held`) until it is deleted, so the
 pipeline gives it back. A second Lease, written only by an operator, pauses all disruption cluster-wide.
@@ -98,10 +102,11 @@ class Sightings:
         return [s for s in listed if s.name == own or now - seen[s.name][1] < self.ttl]
 
 
-def ahead_of(own: Slot, live: Iterable[Slot]) -> int:
-    """Live slots created no later than `own` (ties and unreadable stamps count against it)."""
+def ahead_of(own: Slot, live: Iterable[Slot], *, retaken: bool = False) -> int:
+    """Live slots created no later than `own` (ties and unreadable stamps count against it); a re-taken slot
+    ranks as taken now: every other live slot is ahead of it."""
     return sum(1 for s in live if s.name != own.name and
-               (s.created is None or own.created is None or s.created <= own.created))
+               (retaken or s.created is None or own.created is None or s.created <= own.created))
 
 
 class LeaseBudget:
@@ -130,8 +135,12 @@ class LeaseBudget:
         self.sightings = Sightings(ttl_seconds, monotonic)
         self._limit = 0
         self._counted_at: float | None = None
-        #: This process confirmed its slot as granted (renewals then only renew).
+        #: This process confirmed its slot as granted (renewals then only renew) ...
         self._granted = False
+        #: ... by a write sent at this monotonic time; trusted for `confirm_fraction` of a lifetime after it
+        #: (other readers let a slot lapse a lifetime after they see its last write, never sooner).
+        self._confirmed_at = 0.0
+        self.confirm_fraction = 0.9
         #: This process may have a slot on the server it has not confirmed or given back.
         self.maybe_held = False
 
@@ -143,11 +152,11 @@ class LeaseBudget:
         slots = self._slots()
         others = len([s for s in slots if s.name != self.slot])
         own = next((s for s in slots if s.name == self.slot), None)
-        if own is not None and self._granted:
+        if own is not None and self._confirmed():
             return GateReading(held=True, in_use=others, limit=self._limit or 1)
         self._count_gpu_nodes()
-        # A slot of ours this process has not confirmed (an earlier process wrote it) counts as what it ranks.
-        held = own is not None and ahead_of(own, slots) < self._limit
+        # A slot of ours this process has not confirmed counts as what it would rank re-taken: behind all.
+        held = own is not None and ahead_of(own, slots, retaken=True) < self._limit
         self.on_usage(len(slots), self._limit)
         return GateReading(held=held, in_use=others, limit=self._limit)
 
@@ -158,19 +167,24 @@ class LeaseBudget:
     # ---- writing: only this node's slot ----
     def acquire(self) -> GateReading:
         """Take (or renew) this node's slot; `held` False when the budget is spent (the slot is given back)."""
-        if self._granted:
+        if self._confirmed():
             try:
                 self._renew()
                 return GateReading(held=True, limit=self._limit or 1)
             except NotFound:  # deleted under us (an operator): a new slot is ranked like any other
                 self._granted = False
-        own = Slot.of(self._create_or_get())
+        self._granted = False
+        sent = self.monotonic()
+        document, created = self._create_or_get()
+        if not created:  # there already (maybe an earlier process's): re-taken in place, ranked as new
+            self._retake(document)
+        own = Slot.of(document)
         slots = self._slots()
         self._count_gpu_nodes()
-        ahead = ahead_of(own, slots)
+        ahead = ahead_of(own, slots, retaken=not created)
         others = len([s for s in slots if s.name != self.slot])
         if ahead < self._limit:
-            self._granted = True
+            self._granted, self._confirmed_at = True, sent
             self.on_usage(others + 1, self._limit)
             return GateReading(held=True, in_use=others, limit=self._limit)
         self._delete()
@@ -206,30 +220,48 @@ class LeaseBudget:
         slots = [Slot.of(item) for item in listed.get("items") or []]
         return self.sightings.live(slots, own=self.slot)
 
-    def _create_or_get(self) -> JsonDocument:
+    def _confirmed(self) -> bool:
+        """This process granted its slot and wrote it recently enough that no reader can have let it lapse."""
+        return self._granted and self.monotonic() - self._confirmed_at < self.ttl * self.confirm_fraction
+
+    def _create_or_get(self) -> tuple[JsonDocument, bool]:
+        """This node's slot, and whether this request created it (False: it was there, or a retried create
+        landed; either way it is then re-taken, which only ever ranks it later)."""
         body = {"metadata": {"name": self.slot, "namespace": self.namespace, "labels": {SLOT_LABEL: "true"}},
                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.ttl),
                          "acquireTime": _micro(self.clock()), "renewTime": _micro(self.clock())}}
         self.maybe_held = True  # from here until the slot is confirmed or deleted
 
-        def create() -> JsonDocument:
+        def create() -> tuple[JsonDocument, bool]:
             for _ in range(3):
                 try:
-                    return self.raw.create(self.leases, body)
+                    return self.raw.create(self.leases, body), True
                 except Conflict:  # ours already (an earlier pass or process, or a retried create that landed)
                     try:
-                        return self.raw.get(f"{self.leases}/{self.slot}")
+                        return self.raw.get(f"{self.leases}/{self.slot}"), False
                     except NotFound:
                         continue  # deleted between the two: create again
-            return self.raw.create(self.leases, body)
+            return self.raw.create(self.leases, body), True
 
         return _retried(create, deadline_seconds=self.deadline)
 
+    def _retake(self, lease: JsonDocument) -> None:
+        """Write an existing slot again so that it changes for every reader (leaseTransitions counts up, so
+        the write is never a no-op the server would not version), whatever its stamps say."""
+        transitions = (lease.get("spec") or {}).get("leaseTransitions")
+        now = _micro(self.clock())
+        body = {"spec": {"acquireTime": now, "renewTime": now,
+                         "leaseTransitions": (transitions if isinstance(transitions, int) else 0) + 1}}
+        on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
+                                     deadline_seconds=self.deadline))
+
     def _renew(self) -> None:
         body = {"spec": {"renewTime": _micro(self.clock())}}
+        sent = self.monotonic()
         # Only this agent writes its slot: a 409 (a conflict answered anyway) is simply sent again.
         on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
                                      deadline_seconds=self.deadline))
+        self._confirmed_at = sent
 
     def _delete(self) -> None:
         def delete() -> None:
