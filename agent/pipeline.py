@@ -61,6 +61,7 @@ from agent.remediation import (
     needs_gate,
     plan,
 )
+from agent.remediation.backoff import failed_pass_delay
 from agent.remediation.guard import node_writes_refused
 from agent.remediation.planner import next_settled, pods_on_faulty_gpus, verdict_events
 from agent.remediation.record import NodeObservation, NodeRecord, OwedEvent, is_truncated, mirror_of
@@ -1077,9 +1078,21 @@ class Pipeline:
             self._log.warning("budget_slot_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _schedule(self, actions: list[ActionRecord], now: float) -> None:
+        unreadable = self._gate_reading is not None and bool(self._gate_reading.error)
+        failed = unreadable or any(a.result is StepResult.FAILED for a in actions)
+        # Failing passes in a row (a request that failed past its retries, not a refusal); a pass that asked
+        # and was answered ends the run, a pass that asked nothing leaves it as it is.
+        streak: int = getattr(self, "_failing_passes", 0)
+        self._failing_passes = streak + 1 if failed else 0 if actions or self._gate_reading is not None else streak
         retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions) or bool(self.record.owed)
         due = now + self.sync_seconds
-        if retry:
+        if failed:  # soon, doubling while the failures go on (2 s, 4 s, ... up to retry_seconds)
+            soon = now + failed_pass_delay(self._failing_passes, cap_seconds=self.retry_seconds) * \
+                self.rng.uniform(1.0, 1.25)
+            if unreadable:  # every gate block of this pass was the failure: the gated steps are asked again too
+                self._backoff_until = min(self._backoff_until, soon)
+            due = min(due, soon)
+        elif retry:
             due = min(due, max(self._backoff_until, now + self.retry_seconds * self.rng.uniform(1.0, 1.25)))
         with self._lock:  # the source thread changes the record meanwhile
             settled = next_settled(list(self.record.faults.values()), self.record.node, self._options, now)
