@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -116,7 +117,8 @@ class LeaseBudget:
                  gpu_node_selector: str = "nvidia.com/gpu.present=true", ttl_seconds: float = 7200.0,
                  count_seconds: float = 300.0, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
-                 on_usage: Callable[[int, int], None] = lambda in_use, limit: None) -> None:
+                 on_usage: Callable[[int, int], None] = lambda in_use, limit: None,
+                 rng: random.Random | None = None) -> None:
         self.raw = raw
         self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=namespace)
         self.node = node_name
@@ -132,6 +134,8 @@ class LeaseBudget:
         self.monotonic = monotonic
         self.deadline = deadline_seconds
         self.on_usage = on_usage
+        #: The retries' jitter (seedable: a seeded run draws the same waits whatever ran before it).
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self.sightings = Sightings(ttl_seconds, monotonic)
         self._limit = 0
         self._counted_at: float | None = None
@@ -195,7 +199,7 @@ class LeaseBudget:
         """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
         if not (self._granted or self.maybe_held):
             try:  # nothing known of a slot here: look before writing (a restarted agent, a node never disrupted)
-                _retried(lambda: self.raw.get(f"{self.leases}/{self.slot}"), deadline_seconds=self.deadline)
+                self._retried(lambda: self.raw.get(f"{self.leases}/{self.slot}"))
             except NotFound:
                 return
         self._delete()
@@ -204,19 +208,18 @@ class LeaseBudget:
         """The node label as a view of the slot: set while holding, removed otherwise."""
         path = api_path("", "v1", "nodes", name=self.node)
         body = {"metadata": {"labels": {DISRUPTION_LABEL: "active" if holding else None}}}
-        _retried(lambda: self.raw.strategic_patch(path, body), deadline_seconds=self.deadline)
+        self._retried(lambda: self.raw.strategic_patch(path, body))
 
     # ---- requests ----
     def _paused(self) -> bool:
         try:
-            _retried(lambda: self.raw.get(f"{self.leases}/{PAUSE_LEASE}"), deadline_seconds=self.deadline)
+            self._retried(lambda: self.raw.get(f"{self.leases}/{PAUSE_LEASE}"))
         except NotFound:
             return False
         return True
 
     def _slots(self) -> list[Slot]:
-        listed = _retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"}),
-                              deadline_seconds=self.deadline)
+        listed = self._retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"}))
         slots = [Slot.of(item) for item in listed.get("items") or []]
         return self.sightings.live(slots, own=self.slot)
 
@@ -243,7 +246,7 @@ class LeaseBudget:
                         continue  # deleted between the two: create again
             return self.raw.create(self.leases, body), True
 
-        return _retried(create, deadline_seconds=self.deadline)
+        return self._retried(create)
 
     def _retake(self, lease: JsonDocument) -> None:
         """Write an existing slot again so that it changes for every reader (leaseTransitions counts up, so
@@ -252,15 +255,12 @@ class LeaseBudget:
         now = _micro(self.clock())
         body = {"spec": {"acquireTime": now, "renewTime": now,
                          "leaseTransitions": (transitions if isinstance(transitions, int) else 0) + 1}}
-        on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
-                                     deadline_seconds=self.deadline))
+        self._patch(body)
 
     def _renew(self) -> None:
         body = {"spec": {"renewTime": _micro(self.clock())}}
         sent = self.monotonic()
-        # Only this agent writes its slot: a 409 (a conflict answered anyway) is simply sent again.
-        on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
-                                     deadline_seconds=self.deadline))
+        self._patch(body)
         self._confirmed_at = sent
 
     def _delete(self) -> None:
@@ -268,26 +268,31 @@ class LeaseBudget:
             with contextlib.suppress(NotFound):
                 self.raw.delete(f"{self.leases}/{self.slot}")
 
-        _retried(delete, deadline_seconds=self.deadline)
+        self._retried(delete)
         self._granted = False
         self.maybe_held = False
+
+    def _patch(self, body: JsonDocument) -> None:
+        """A merge patch of this node's slot. Only this agent writes it: a 409 (a conflict answered anyway) is
+        simply sent again."""
+        on_conflict(lambda: self._retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body)),
+                    rng=self.rng)
+
+    def _retried(self, func: Callable[[], T]) -> T:
+        """A budget request retried on transient errors (jittered from this gate's random state, bounded by
+        the deadline)."""
+        return with_retries(func, deadline_seconds=self.deadline, rng=self.rng)
 
     def _count_gpu_nodes(self) -> None:
         """A list call: made at most every few minutes, so a blocked node stays cheap for the API server."""
         now = self.monotonic()
         if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
             return
-        nodes = _retried(lambda: self.raw.get(api_path("", "v1", "nodes"),
-                                                  query={"labelSelector": self.selector}),
-                             deadline_seconds=self.deadline)
+        nodes = self._retried(lambda: self.raw.get(api_path("", "v1", "nodes"),
+                                                  query={"labelSelector": self.selector}))
         self._limit = budget_limit(gpu_nodes=len(nodes.get("items") or []), max_nodes=self.max_nodes,
                                    max_percent=self.max_percent)
         self._counted_at = now
-
-
-def _retried(func: Callable[[], T], *, deadline_seconds: float | None) -> T:
-    """A budget request retried on transient errors (jittered, bounded by the deadline)."""
-    return with_retries(func, deadline_seconds=deadline_seconds)
 
 
 def _epoch(stamp: object) -> float | None:
