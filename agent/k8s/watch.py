@@ -165,7 +165,7 @@ class ListWatch:
 
     def _backoff(self, attempts: int) -> float:
         """The wait after `attempts` failures in a row: doubling from backoff_seconds, bounded, jittered."""
-        bound = min(self.options.max_backoff_seconds, self.options.backoff_seconds * 2 ** min(attempts, 8))
+        bound = min(self.options.max_backoff_seconds, self.options.backoff_seconds * 2.0 ** min(attempts, 8))
         return bound * (0.5 + random.random() / 2)  # noqa: S311 - jitter
 
 
