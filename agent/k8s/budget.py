@@ -25,6 +25,7 @@ The node label `gpu-health-agent.io/disruption` is a view of the slot, set and r
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
 import time
@@ -40,8 +41,11 @@ from agent.k8s.retry import on_conflict, with_retries
 from agent.remediation.guard import GateReading
 
 PAUSE_LEASE = "gpu-health-pause"
-#: The one shared Lease of earlier versions (holders in an annotation): no longer read; cleanup removes it.
+#: The one shared Lease of earlier versions (holders in an annotation). While it exists (a rolling upgrade:
+#: nodes an old agent disrupted), every other node's entry in it counts as a slot, judged like one (live
+#: until seen unchanged for a lifetime); no agent may write it any more, and cleanup removes it.
 BUDGET_LEASE = "gpu-health-disruption-budget"
+LEGACY_HOLDERS_ANNOTATION = "gpu-health-agent.io/holders"
 SLOT_PREFIX = "gpu-health-slot-"
 SLOT_LABEL = "gpu-health-agent.io/budget-slot"
 
@@ -101,6 +105,20 @@ class Sightings:
             seen[slot.name] = (key, before[1] if before is not None and before[0] == key else now)
         self._seen = seen  # a slot gone from the list is forgotten; seen again, it starts a new lifetime
         return [s for s in listed if s.name == own or now - seen[s.name][1] < self.ttl]
+
+
+def legacy_slots(lease: JsonDocument) -> list[Slot]:
+    """The holders of an earlier version's shared budget Lease as slots: each entry's stamp is its version
+    (an old agent's renewal changes it), and each ranks ahead of every slot (it was taken first)."""
+    meta = lease.get("metadata") or {}
+    try:
+        holders = json.loads((meta.get("annotations") or {}).get(LEGACY_HOLDERS_ANNOTATION) or "{}")
+    except ValueError:
+        holders = {}
+    if not isinstance(holders, dict):
+        return []
+    return [Slot(f"{BUDGET_LEASE}/{node}", str(node), str(meta.get("uid", "")), str(stamp), None)
+            for node, stamp in sorted(holders.items())]
 
 
 def ahead_of(own: Slot, live: Iterable[Slot], *, retaken: bool = False) -> int:
@@ -219,8 +237,16 @@ class LeaseBudget:
         return True
 
     def _slots(self) -> list[Slot]:
-        listed = self._retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"}))
-        slots = [Slot.of(item) for item in listed.get("items") or []]
+        """The live slots: the labelled slot Leases and the other nodes' entries in an earlier version's shared
+        Lease, in one list of the namespace's Leases (a handful: slots, the pause, the fleet's leader)."""
+        listed = self._retried(lambda: self.raw.get(self.leases))
+        slots: list[Slot] = []
+        for item in listed.get("items") or []:
+            meta = item.get("metadata") or {}
+            if (meta.get("labels") or {}).get(SLOT_LABEL) == "true":
+                slots.append(Slot.of(item))
+            elif meta.get("name") == BUDGET_LEASE:
+                slots.extend(s for s in legacy_slots(item) if s.holder != self.node)
         return self.sightings.live(slots, own=self.slot)
 
     def _confirmed(self) -> bool:

@@ -319,3 +319,34 @@ def test_a_restarted_holder_keeps_its_slot_and_others_see_it_renewed(fake):
     assert cluster.get(LEASE_RESOURCE, "gpu-health", slot_name("n1"))["metadata"]["uid"] == uid
     clock.elapsed = 7201.0
     assert not reader.acquire().held
+
+
+def old_shared_lease(cluster: Any, holders: dict[str, float]) -> None:
+    """The one shared budget Lease an earlier version wrote, its holders in an annotation."""
+    import json
+    cluster.add("leases", {"metadata": {"name": "gpu-health-disruption-budget",
+                                        "annotations": {"gpu-health-agent.io/holders": json.dumps(holders)}},
+                           "spec": {}}, group="coordination.k8s.io", namespace="gpu-health")
+
+
+def test_a_node_an_old_agent_disrupted_counts_against_the_budget_during_a_rolling_upgrade(fake):
+    """n1 holds a slot in the old shared Lease (its agent not yet upgraded): n2's new agent is refused."""
+    cluster, server = fake
+    old_shared_lease(cluster, {"n1": 1.0e9})
+    reading = budget(server, "n2", Clock()).acquire()
+    assert (reading.held, reading.in_use) == (False, 1)
+    assert slots(cluster) == set()
+
+
+def test_an_old_shared_lease_entry_lapses_once_unchanged_for_a_lifetime_and_never_blocks_its_own_node(fake):
+    """The entry of n1 does not block n1's own new agent; for n2 it lapses a lifetime after it last changed."""
+    cluster, server = fake
+    old_shared_lease(cluster, {"n1": 1.0e9})
+    clock = Clock()
+    reader = budget(server, "n2", clock)
+    assert not reader.acquire().held
+    clock.elapsed = 7201.0
+    assert budget(server, "n1", Clock()).acquire().held
+    assert not reader.acquire().held  # n1's new slot now
+    budget(server, "n1", Clock()).release()
+    assert reader.acquire().held
