@@ -249,8 +249,11 @@ class Daemon:
         running = sorted(name for name, up in self._running.items() if up or name in self._finished)
         failing = sorted(s.name for s in self.sources if getattr(s, "failing", False))
         journal = self.pipeline.journal_failing
-        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running) and not failing and not journal
+        ok = age < max(30.0, 5 * self.config.tick_seconds) and bool(running) and not failing
+        # Journal writes failing (a full disk) make the agent unready, not dead: a restart frees no space, and
+        # a pod restarting in a loop would lose what it holds in memory.
         return ok, {"loop_age_seconds": round(age, 3), "sources": running, "failing_sources": failing,
+                    "ready": not journal,
                     "journal_failing": "; ".join(f"{kind}: {error}" for kind, error in sorted(journal.items())),
                     "mode": str(self.config.mode), "dry_run": self.config.dry_run,
                     "backlog_depth": self.backlog.depth}

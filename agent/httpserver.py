@@ -1,4 +1,7 @@
-"""The agent's HTTP endpoints: /metrics for Prometheus and /healthz for the kubelet's probes.
+"""The agent's HTTP endpoints: /metrics for Prometheus, /healthz (liveness) and /readyz for the kubelet's probes.
+
+The health check answers (live, details); /readyz is also 503 when details says `"ready": False` (a fault
+a restart cannot mend, such as a full disk under the journal: the pod reads unready, it is not restarted).
 
 Bounded: each connection has a socket timeout (an idle or trickling client is dropped), and at most
 `max_connections` are served at once; one past that is answered 503 and closed at once, so idle
@@ -112,7 +115,8 @@ def _handler(metrics: Callable[[], bytes], health: HealthCheck, timeout_seconds:
             if path == "/metrics":
                 self._send(200, METRICS_CONTENT_TYPE, metrics())
             elif path in {"/healthz", "/readyz"}:
-                ok, details = health()
+                live, details = health()
+                ok = live and (path == "/healthz" or details.get("ready", True) is not False)
                 body = json.dumps({"ok": ok, **details}, default=str).encode()
                 self._send(200 if ok else 503, "application/json", body)
             else:

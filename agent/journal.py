@@ -122,24 +122,34 @@ class Journal:
         return document if isinstance(document, dict) else None
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """One write transaction: BEGIN IMMEDIATE (the write lock taken at once), COMMIT when the block ends,
-        ROLLBACK when anything in it (or the COMMIT itself) fails, a kill included."""
+        ROLLBACK when anything in it (or the COMMIT itself) fails, a kill included. `durable`: synchronous=FULL
+        for this one, so the WAL is on disk when COMMIT returns (NORMAL may lose the last commits to a power
+        cut, never to a crash)."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            if durable:
+                self._db.execute("PRAGMA synchronous=FULL")
             try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            finally:
+                if durable:
+                    self._db.execute("PRAGMA synchronous=NORMAL")
 
     def save_record(self, node: str, document: Mapping[str, Any], *, cursors: Mapping[str, str] = {}) -> None:
         """The record and the input checkpoints it covers, in one transaction: an input is acknowledged only
-        together with what it changed."""
+        together with what it changed. Durable (synchronous=FULL): the record is saved before every
+        disruptive step and right after it, and a power cut must not take back a step the node then takes (a
+        reboot request) or let a restarted agent repeat one; history rows and checkpoints alone stay NORMAL."""
         body = json.dumps(document, sort_keys=True, separators=(",", ":"))
-        with self._transaction() as db:
+        with self._transaction(durable=True) as db:
             db.execute("INSERT OR REPLACE INTO cursors (name, value) VALUES (?, ?)", (f"record:{node}", body))
             for name, value in cursors.items():
                 db.execute("INSERT OR REPLACE INTO cursors (name, value) VALUES (?, ?)", (name, value))

@@ -77,7 +77,7 @@ class Metrics:
             registry=registry)
         self.journal_write_failures = Counter(
             "gpu_health_journal_write_failures_total",
-            "Journal writes that failed (disk full, I/O error), by what was written; /healthz fails meanwhile.",
+            "Journal writes that failed (disk full, I/O error), by what was written; /readyz fails meanwhile.",
             ["kind"], registry=registry)
         self.rules_reload_refused = Counter(
             "gpu_health_rules_reload_refused_total",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.k8s import retry
 from agent.k8s.budget import SLOT_LABEL, slot_name
 from agent.k8s.errors import status_error
 from agent.simulation.fake_apiserver.resources import RESOURCES
@@ -47,7 +48,6 @@ def production_retries() -> Iterator[RetryTime]:
     import tenacity
     import tenacity.nap
 
-    from agent.k8s import retry
     clock = RetryTime()
     saved = (retry.WAIT, retry.DEFAULT_DEADLINE_SECONDS, tenacity.time, tenacity.nap.time)  # type: ignore[attr-defined]
     retry.WAIT, retry.DEFAULT_DEADLINE_SECONDS = True, 5.0
@@ -131,8 +131,12 @@ def _injecting(backend: Backend, fault: Callable[[int, str, str], BaseException 
 
 
 def _world(seed: int, backend: Backend, directory: Path) -> World:
+    """The trial's node and first agent; every random draw of the trial (the agents' jitter included) is
+    seeded from `seed`, so a trial comes out the same whatever ran before it."""
     directory.mkdir(parents=True, exist_ok=True)
-    world = World(backend, gpu_node(f"b{seed % 1000}"), directory / f"journal-{seed}.db", random.Random(seed))
+    retry.JITTER.seed(seed)
+    world = World(backend, gpu_node(f"b{seed % 1000}"), directory / f"journal-{seed}.db", random.Random(seed),
+                  options={"seed": seed})
     while True:
         try:
             world.start_agent(first=world.agent is None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,8 +133,8 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
                restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2,
                journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
-               api_client: Any = None, diagnose: Any = None, fleet: bool = False, brake: BrakePolicy | None = None,
-               fleet_clock: Any = None, driver: str = "570.86.15") -> Agent:
+                api_client: Any = None, diagnose: Any = None, fleet: bool = False, brake: BrakePolicy | None = None,
+                fleet_clock: Any = None, driver: str = "570.86.15", seed: int | None = None) -> Agent:
     options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
                                                                "restore", "api_client"}}
     if populate_node:
@@ -142,7 +143,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
     writer = NodeWriter(apis, inventory.name, taint_key=TAINT)
     evictor = Evictor(apis, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
-                         max_percent=max_percent,
+                         max_percent=max_percent, rng=None if seed is None else random.Random(seed),
                          **({"clock": budget_clock, "monotonic": budget_clock} if budget_clock else {}))
     stuck: list[str] = []
     actuator = K8sActuator(writer=writer, events=EventRecorder(apis, instance=f"{inventory.name}/test"),
@@ -173,7 +174,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                         actuator=actuator, journal=opened, pods=side.pods.pods,
                         gate=budget, own_pod=side.own_pod, clock=lambda: 0.0,
                         retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus, diagnose=diagnose is not None,
-                        fleet=side.fleet)
+                        fleet=side.fleet, rng=None if seed is None else random.Random(seed + 1))
     if restore:
         pipeline.start()
     agent = Agent(inventory, pipeline, actuator, side, evictor, opened, cluster, server, options)

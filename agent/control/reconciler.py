@@ -26,6 +26,7 @@ from agent.model import (
     frozen_attrs,
 )
 from agent.remediation import ClusterView, NodeState, plan
+from agent.remediation.backoff import failed_pass_delay
 from agent.remediation.guard import node_writes_refused
 from agent.remediation.planner import next_settled
 from agent.remediation.record import NodeObservation, mirror_of
@@ -46,6 +47,8 @@ class Reconciler:
         self.due_at = 0.0
         self._pass = threading.Lock()
         self._passes = 0
+        #: Failing passes in a row (agent.remediation.backoff): each doubles the wait before the next, to a cap.
+        self._failing_passes = 0
         self._pass_verdicts: list[Verdict] = []
         #: What the last plan that called for nothing was made from, and until when time cannot change it.
         self._quiet_plan: tuple[tuple[object, ...], float] | None = None
@@ -104,10 +107,22 @@ class Reconciler:
 
     def _schedule(self, actions: list[ActionRecord], now: float) -> None:
         runner = self.runner
+        unreadable = runner.gate_reading is not None and bool(runner.gate_reading.error)
+        failed = unreadable or any(a.result is StepResult.FAILED for a in actions)
+        # Failing passes in a row (a request that failed past its retries, not a refusal); a pass that asked
+        # and was answered ends the run, a pass that asked nothing leaves it as it is.
+        asked = bool(actions) or runner.gate_reading is not None
+        self._failing_passes = self._failing_passes + 1 if failed else 0 if asked else self._failing_passes
         retry = any(a.result in {StepResult.BLOCKED, StepResult.FAILED} for a in actions) or \
             bool(self.shared.record.owed)
         due = now + self.sync_seconds
-        if retry:
+        if failed:  # soon, doubling while the failures go on (2 s, 4 s, ... up to retry_seconds)
+            soon = now + failed_pass_delay(self._failing_passes, cap_seconds=runner.retry_seconds) * \
+                runner.rng.uniform(1.0, 1.25)
+            if unreadable:  # every gate block of this pass was the failure: the gated steps are asked again too
+                runner.backoff_until = min(runner.backoff_until, soon)
+            due = min(due, soon)
+        elif retry:
             due = min(due, max(runner.backoff_until, now + runner.retry_seconds * runner.rng.uniform(1.0, 1.25)))
         with self.shared.lock:  # the source thread changes the record meanwhile
             settled = next_settled(list(self.shared.record.faults.values()), self.shared.record.node,

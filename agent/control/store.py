@@ -119,13 +119,13 @@ class RecordStore:
 
     def journaled(self, kind: str, event: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """One journal write; what failed is kept by kind (record, verdict, action) until that kind is written
-        again: /healthz fails meanwhile (a full disk must not read healthy)."""
+        again: /readyz fails meanwhile (a full disk must not read ready; liveness stays up)."""
         try:
             func(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - isolation: a failed write is reported, detection goes on
             error = f"{type(exc).__name__}: {exc}"
             self._log.error(event, error=error)
-            with self._journal_state:  # replaced whole, never changed in place: /healthz reads it unlocked
+            with self._journal_state:  # replaced whole, never changed in place: /readyz reads it unlocked
                 self.journal_failing = {**self.journal_failing, kind: error}
             if self.metrics:
                 self.metrics.journal_write_failures.labels(kind).inc()

@@ -11,7 +11,11 @@ node named in its bound token). No agent's clock decides anything:
   - two agents taking the last slot at once: each creates its slot first, then lists the live slots and
     counts those created no later than its own (the API server's creationTimestamp, one clock; equal
     seconds count against both). An agent with `limit` or more ahead deletes its slot and waits. The last
-    slot created sees every other, so no more than `limit` slots are ever granted together.
+    slot created sees every other, so no more than `limit` slots are ever granted together;
+  - a slot this process did not confirm (an earlier process's, or its own unrenewed for most of a lifetime,
+    which other readers may have let lapse and given away) is re-taken: written again in place (a change
+    every reader sees, so it is live to all from then) and ranked as taken now, behind every other live
+    slot. Its old creationTimestamp never lets it jump ahead of a node that took a slot meanwhile.
 Every request is retried on transient errors (bounded, jittered, under a deadline). A slot this agent may
 have written but not confirmed as granted is remembered (`maybe_held`) until it is deleted, so the
 pipeline gives it back. A second Lease, written only by an operator, pauses all disruption cluster-wide.
@@ -21,7 +25,9 @@ The node label `gpu-health-agent.io/disruption` is a view of the slot, set and r
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,8 +41,11 @@ from agent.k8s.retry import on_conflict, with_retries
 from agent.remediation.guard import GateReading
 
 PAUSE_LEASE = "gpu-health-pause"
-#: The one shared Lease of earlier versions (holders in an annotation): no longer read; cleanup removes it.
+#: The one shared Lease of earlier versions (holders in an annotation). While it exists (a rolling upgrade:
+#: nodes an old agent disrupted), every other node's entry in it counts as a slot, judged like one (live
+#: until seen unchanged for a lifetime); no agent may write it any more, and cleanup removes it.
 BUDGET_LEASE = "gpu-health-disruption-budget"
+LEGACY_HOLDERS_ANNOTATION = "gpu-health-agent.io/holders"
 SLOT_PREFIX = "gpu-health-slot-"
 SLOT_LABEL = "gpu-health-agent.io/budget-slot"
 
@@ -98,10 +107,25 @@ class Sightings:
         return [s for s in listed if s.name == own or now - seen[s.name][1] < self.ttl]
 
 
-def ahead_of(own: Slot, live: Iterable[Slot]) -> int:
-    """Live slots created no later than `own` (ties and unreadable stamps count against it)."""
+def legacy_slots(lease: JsonDocument) -> list[Slot]:
+    """The holders of an earlier version's shared budget Lease as slots: each entry's stamp is its version
+    (an old agent's renewal changes it), and each ranks ahead of every slot (it was taken first)."""
+    meta = lease.get("metadata") or {}
+    try:
+        holders = json.loads((meta.get("annotations") or {}).get(LEGACY_HOLDERS_ANNOTATION) or "{}")
+    except ValueError:
+        holders = {}
+    if not isinstance(holders, dict):
+        return []
+    return [Slot(f"{BUDGET_LEASE}/{node}", str(node), str(meta.get("uid", "")), str(stamp), None)
+            for node, stamp in sorted(holders.items())]
+
+
+def ahead_of(own: Slot, live: Iterable[Slot], *, retaken: bool = False) -> int:
+    """Live slots created no later than `own` (ties and unreadable stamps count against it); a re-taken slot
+    ranks as taken now: every other live slot is ahead of it."""
     return sum(1 for s in live if s.name != own.name and
-               (s.created is None or own.created is None or s.created <= own.created))
+               (retaken or s.created is None or own.created is None or s.created <= own.created))
 
 
 class LeaseBudget:
@@ -111,7 +135,8 @@ class LeaseBudget:
                  gpu_node_selector: str = "nvidia.com/gpu.present=true", ttl_seconds: float = 7200.0,
                  count_seconds: float = 300.0, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
-                 on_usage: Callable[[int, int], None] = lambda in_use, limit: None) -> None:
+                 on_usage: Callable[[int, int], None] = lambda in_use, limit: None,
+                 rng: random.Random | None = None) -> None:
         self.raw = raw
         self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=namespace)
         self.node = node_name
@@ -127,11 +152,17 @@ class LeaseBudget:
         self.monotonic = monotonic
         self.deadline = deadline_seconds
         self.on_usage = on_usage
+        #: The retries' jitter (seedable: a seeded run draws the same waits whatever ran before it).
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self.sightings = Sightings(ttl_seconds, monotonic)
         self._limit = 0
         self._counted_at: float | None = None
-        #: This process confirmed its slot as granted (renewals then only renew).
+        #: This process confirmed its slot as granted (renewals then only renew) ...
         self._granted = False
+        #: ... by a write sent at this monotonic time; trusted for `confirm_fraction` of a lifetime after it
+        #: (other readers let a slot lapse a lifetime after they see its last write, never sooner).
+        self._confirmed_at = 0.0
+        self.confirm_fraction = 0.9
         #: This process may have a slot on the server it has not confirmed or given back.
         self.maybe_held = False
 
@@ -143,11 +174,11 @@ class LeaseBudget:
         slots = self._slots()
         others = len([s for s in slots if s.name != self.slot])
         own = next((s for s in slots if s.name == self.slot), None)
-        if own is not None and self._granted:
+        if own is not None and self._confirmed():
             return GateReading(held=True, in_use=others, limit=self._limit or 1)
         self._count_gpu_nodes()
-        # A slot of ours this process has not confirmed (an earlier process wrote it) counts as what it ranks.
-        held = own is not None and ahead_of(own, slots) < self._limit
+        # A slot of ours this process has not confirmed counts as what it would rank re-taken: behind all.
+        held = own is not None and ahead_of(own, slots, retaken=True) < self._limit
         self.on_usage(len(slots), self._limit)
         return GateReading(held=held, in_use=others, limit=self._limit)
 
@@ -158,19 +189,24 @@ class LeaseBudget:
     # ---- writing: only this node's slot ----
     def acquire(self) -> GateReading:
         """Take (or renew) this node's slot; `held` False when the budget is spent (the slot is given back)."""
-        if self._granted:
+        if self._confirmed():
             try:
                 self._renew()
                 return GateReading(held=True, limit=self._limit or 1)
             except NotFound:  # deleted under us (an operator): a new slot is ranked like any other
                 self._granted = False
-        own = Slot.of(self._create_or_get())
+        self._granted = False
+        sent = self.monotonic()
+        document, created = self._create_or_get()
+        if not created:  # there already (maybe an earlier process's): re-taken in place, ranked as new
+            self._retake(document)
+        own = Slot.of(document)
         slots = self._slots()
         self._count_gpu_nodes()
-        ahead = ahead_of(own, slots)
+        ahead = ahead_of(own, slots, retaken=not created)
         others = len([s for s in slots if s.name != self.slot])
         if ahead < self._limit:
-            self._granted = True
+            self._granted, self._confirmed_at = True, sent
             self.on_usage(others + 1, self._limit)
             return GateReading(held=True, in_use=others, limit=self._limit)
         self._delete()
@@ -181,7 +217,7 @@ class LeaseBudget:
         """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
         if not (self._granted or self.maybe_held):
             try:  # nothing known of a slot here: look before writing (a restarted agent, a node never disrupted)
-                _retried(lambda: self.raw.get(f"{self.leases}/{self.slot}"), deadline_seconds=self.deadline)
+                self._retried(lambda: self.raw.get(f"{self.leases}/{self.slot}"))
             except NotFound:
                 return
         self._delete()
@@ -190,72 +226,99 @@ class LeaseBudget:
         """The node label as a view of the slot: set while holding, removed otherwise."""
         path = api_path("", "v1", "nodes", name=self.node)
         body = {"metadata": {"labels": {DISRUPTION_LABEL: "active" if holding else None}}}
-        _retried(lambda: self.raw.strategic_patch(path, body), deadline_seconds=self.deadline)
+        self._retried(lambda: self.raw.strategic_patch(path, body))
 
     # ---- requests ----
     def _paused(self) -> bool:
         try:
-            _retried(lambda: self.raw.get(f"{self.leases}/{PAUSE_LEASE}"), deadline_seconds=self.deadline)
+            self._retried(lambda: self.raw.get(f"{self.leases}/{PAUSE_LEASE}"))
         except NotFound:
             return False
         return True
 
     def _slots(self) -> list[Slot]:
-        listed = _retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"}),
-                              deadline_seconds=self.deadline)
-        slots = [Slot.of(item) for item in listed.get("items") or []]
+        """The live slots: the labelled slot Leases and the other nodes' entries in an earlier version's shared
+        Lease, in one list of the namespace's Leases (a handful: slots, the pause, the fleet's leader)."""
+        listed = self._retried(lambda: self.raw.get(self.leases))
+        slots: list[Slot] = []
+        for item in listed.get("items") or []:
+            meta = item.get("metadata") or {}
+            if (meta.get("labels") or {}).get(SLOT_LABEL) == "true":
+                slots.append(Slot.of(item))
+            elif meta.get("name") == BUDGET_LEASE:
+                slots.extend(s for s in legacy_slots(item) if s.holder != self.node)
         return self.sightings.live(slots, own=self.slot)
 
-    def _create_or_get(self) -> JsonDocument:
+    def _confirmed(self) -> bool:
+        """This process granted its slot and wrote it recently enough that no reader can have let it lapse."""
+        return self._granted and self.monotonic() - self._confirmed_at < self.ttl * self.confirm_fraction
+
+    def _create_or_get(self) -> tuple[JsonDocument, bool]:
+        """This node's slot, and whether this request created it (False: it was there, or a retried create
+        landed; either way it is then re-taken, which only ever ranks it later)."""
         body = {"metadata": {"name": self.slot, "namespace": self.namespace, "labels": {SLOT_LABEL: "true"}},
                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.ttl),
                          "acquireTime": _micro(self.clock()), "renewTime": _micro(self.clock())}}
         self.maybe_held = True  # from here until the slot is confirmed or deleted
 
-        def create() -> JsonDocument:
+        def create() -> tuple[JsonDocument, bool]:
             for _ in range(3):
                 try:
-                    return self.raw.create(self.leases, body)
+                    return self.raw.create(self.leases, body), True
                 except Conflict:  # ours already (an earlier pass or process, or a retried create that landed)
                     try:
-                        return self.raw.get(f"{self.leases}/{self.slot}")
+                        return self.raw.get(f"{self.leases}/{self.slot}"), False
                     except NotFound:
                         continue  # deleted between the two: create again
-            return self.raw.create(self.leases, body)
+            return self.raw.create(self.leases, body), True
 
-        return _retried(create, deadline_seconds=self.deadline)
+        return self._retried(create)
+
+    def _retake(self, lease: JsonDocument) -> None:
+        """Write an existing slot again so that it changes for every reader (leaseTransitions counts up, so
+        the write is never a no-op the server would not version), whatever its stamps say."""
+        transitions = (lease.get("spec") or {}).get("leaseTransitions")
+        now = _micro(self.clock())
+        body = {"spec": {"acquireTime": now, "renewTime": now,
+                         "leaseTransitions": (transitions if isinstance(transitions, int) else 0) + 1}}
+        self._patch(body)
 
     def _renew(self) -> None:
         body = {"spec": {"renewTime": _micro(self.clock())}}
-        # Only this agent writes its slot: a 409 (a conflict answered anyway) is simply sent again.
-        on_conflict(lambda: _retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body),
-                                     deadline_seconds=self.deadline))
+        sent = self.monotonic()
+        self._patch(body)
+        self._confirmed_at = sent
 
     def _delete(self) -> None:
         def delete() -> None:
             with contextlib.suppress(NotFound):
                 self.raw.delete(f"{self.leases}/{self.slot}")
 
-        _retried(delete, deadline_seconds=self.deadline)
+        self._retried(delete)
         self._granted = False
         self.maybe_held = False
+
+    def _patch(self, body: JsonDocument) -> None:
+        """A merge patch of this node's slot. Only this agent writes it: a 409 (a conflict answered anyway) is
+        simply sent again."""
+        on_conflict(lambda: self._retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body)),
+                    rng=self.rng)
+
+    def _retried(self, func: Callable[[], T]) -> T:
+        """A budget request retried on transient errors (jittered from this gate's random state, bounded by
+        the deadline)."""
+        return with_retries(func, deadline_seconds=self.deadline, rng=self.rng)
 
     def _count_gpu_nodes(self) -> None:
         """A list call: made at most every few minutes, so a blocked node stays cheap for the API server."""
         now = self.monotonic()
         if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
             return
-        nodes = _retried(lambda: self.raw.get(api_path("", "v1", "nodes"),
-                                                  query={"labelSelector": self.selector}),
-                             deadline_seconds=self.deadline)
+        nodes = self._retried(lambda: self.raw.get(api_path("", "v1", "nodes"),
+                                                  query={"labelSelector": self.selector}))
         self._limit = budget_limit(gpu_nodes=len(nodes.get("items") or []), max_nodes=self.max_nodes,
                                    max_percent=self.max_percent)
         self._counted_at = now
-
-
-def _retried(func: Callable[[], T], *, deadline_seconds: float | None) -> T:
-    """A budget request retried on transient errors (jittered, bounded by the deadline)."""
-    return with_retries(func, deadline_seconds=deadline_seconds)
 
 
 def _epoch(stamp: object) -> float | None:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TypeVar
 
 from tenacity import (
+    RetryCallState,
     Retrying,
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
     stop_before_delay,
-    wait_random_exponential,
+    wait_exponential,
+    wait_none,
 )
+from tenacity.wait import wait_base
 
 from agent.k8s.errors import Conflict, K8sError
 
@@ -25,6 +29,9 @@ WAIT = True
 #: How long one API call may be retried. Short on purpose: the pipeline must not stall on an API outage;
 #: a step that still fails is retried by the pipeline itself on its next pass.
 DEFAULT_DEADLINE_SECONDS = 5.0
+#: The jitter's own random state for callers that bring none: never the process-global one, so a seeded run
+#: (scripts/fault_injection.py, tests) draws the same waits whatever ran before it.
+JITTER = random.Random()  # noqa: S311 - jitter, not cryptography
 
 #: The monotonic time by which the innermost `with_retries` in progress must be done; the client cuts each
 #: request's timeouts to it, so a retried call never outlives its deadline by a whole read timeout.
@@ -41,15 +48,31 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, K8sError) and exc.transient
 
 
+class _Jittered(wait_exponential):
+    """Full jitter (a uniform wait up to the exponential bound), drawn from the given random state."""
+
+    def __init__(self, rng: random.Random, *, multiplier: float, maximum: float) -> None:
+        super().__init__(multiplier=multiplier, max=maximum)
+        self.rng = rng
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.rng.uniform(0, super().__call__(retry_state))
+
+
+def _wait(rng: random.Random | None, multiplier: float, maximum: float) -> wait_base:
+    return _Jittered(rng or JITTER, multiplier=multiplier, maximum=maximum) if WAIT else wait_none()
+
+
 def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None, wait_multiplier: float = 0.05,
-                 wait_max: float = 1.0) -> T:
+                 wait_max: float = 1.0, rng: random.Random | None = None) -> T:
     """func(), retried on transient errors (5xx, unreachable, timed out) until the deadline.
 
     No attempt starts, and no backoff sleeps, past the deadline; requests sent meanwhile have their
     timeouts cut to what is left of it (see `remaining_seconds`). The waits are jittered and grow
     exponentially from `wait_multiplier` up to `wait_max` seconds: short, so a call gets about fifteen tries
     within the default 5 s (with waits up to 5 s it got six, and one server answering half its requests with
-    503 failed one call in 64: a fatal step blocked for the pipeline's 30-s back-off).
+    503 failed one call in 64: a fatal step blocked for the pipeline's 30-s back-off). The jitter comes from
+    `rng` (default `JITTER`).
     """
     seconds = DEFAULT_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds
     outer = _deadline.get()
@@ -59,8 +82,7 @@ def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None
         retrying = Retrying(
             retry=retry_if_exception(_transient),
             stop=stop_after_delay(seconds) | stop_before_delay(seconds),
-            wait=wait_random_exponential(multiplier=wait_multiplier, max=wait_max) if WAIT
-            else wait_random_exponential(max=0),
+            wait=_wait(rng, wait_multiplier, wait_max),
             reraise=True,
         )
         return retrying(func)
@@ -68,12 +90,12 @@ def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None
         _deadline.reset(token)
 
 
-def on_conflict(func: Callable[[], T], *, attempts: int = 8) -> T:
+def on_conflict(func: Callable[[], T], *, attempts: int = 8, rng: random.Random | None = None) -> T:
     """func() re-run on 409: each run reads the object again and re-applies the change (read-compare-patch)."""
     retrying = Retrying(
         retry=retry_if_exception(lambda exc: isinstance(exc, Conflict)),
         stop=stop_after_attempt(attempts),
-        wait=wait_random_exponential(multiplier=0.05, max=1) if WAIT else wait_random_exponential(max=0),
+        wait=_wait(rng, 0.05, 1.0),
         reraise=True,
     )
     return retrying(func)

@@ -136,9 +136,11 @@ class ListWatch:
             on_event: Callable[[str, JsonDocument], None], on_error: Callable[[K8sError], None] = lambda e: None,
             sleep: Callable[[float], bool] | None = None) -> None:
         """List, hand the whole set to `on_sync`, then watch and hand each change to `on_event`, resuming
-        from the last resourceVersion seen; relist on 410; back off (bounded, jittered) on failures."""
+        from the last resourceVersion seen; relist on 410 (at once the first time, backing off when 410s come
+        again with no event between: a server that keeps too little history must not be relisted in a loop);
+        back off (bounded, jittered) on failures."""
         wait = sleep or stop.wait
-        failures = 0
+        failures = expired = 0
         while not stop.is_set():
             try:
                 if not self.resource_version:
@@ -150,14 +152,21 @@ class ListWatch:
                         on_event(kind, obj)
                     if version:
                         self.resource_version = version
-                    failures = 0
+                    failures = expired = 0
             except Expired:
-                self.resource_version = ""  # relist at once: what changed meanwhile is in the new list
+                self.resource_version = ""  # relist: what changed meanwhile is in the new list
+                expired += 1
+                if expired > 1:
+                    wait(self._backoff(expired - 1))
             except K8sError as exc:
                 on_error(exc)
                 failures += 1
-                bound = min(self.options.max_backoff_seconds, self.options.backoff_seconds * 2 ** min(failures, 8))
-                wait(bound * (0.5 + random.random() / 2))  # noqa: S311
+                wait(self._backoff(failures))
+
+    def _backoff(self, attempts: int) -> float:
+        """The wait after `attempts` failures in a row: doubling from backoff_seconds, bounded, jittered."""
+        bound = min(self.options.max_backoff_seconds, self.options.backoff_seconds * 2.0 ** min(attempts, 8))
+        return bound * (0.5 + random.random() / 2)  # noqa: S311 - jitter
 
 
 def _lines(response: Any) -> Iterator[bytes]:

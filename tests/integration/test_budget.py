@@ -265,3 +265,88 @@ def test_a_slot_deleted_under_its_holder_is_ranked_again_not_assumed(fake):
     assert second.acquire().held
     assert not first.acquire().held
     assert slots(cluster) == {slot_name("n2")}
+
+
+def lapse_for(cluster: Any, server: Any, taker: str) -> LeaseBudget:
+    """Time passes on the server, and `taker` watches every other slot go unrenewed for a lifetime, then takes
+    the budget."""
+    cluster.clock.now += 7300.0
+    clock = Clock()
+    gate = budget(server, taker, clock)
+    assert not gate.acquire().held
+    clock.elapsed = 7201.0
+    assert gate.acquire().held
+    return gate
+
+
+def test_an_earlier_processs_slot_does_not_rank_ahead_of_a_node_that_took_the_budget_since(fake):
+    """n1's slot, left unrenewed by a process that died, lapses for n2, which takes the budget; n1's next
+    process ranks its old slot as taken now (behind n2), not by its old creationTimestamp."""
+    cluster, server = fake
+    assert budget(server, "n1", Clock()).acquire().held
+    lapse_for(cluster, server, "n2")
+    restarted = budget(server, "n1", Clock())
+    assert not restarted.read().held
+    assert not restarted.acquire().held
+    assert slots(cluster) == {slot_name("n2")}
+
+
+def test_a_holder_that_could_not_renew_for_a_lifetime_ranks_again(fake):
+    """n1 cannot renew for a lifetime on its own clock (the API unreachable), n2 takes the budget meanwhile:
+    n1's next renewal is refused rather than trusted."""
+    cluster, server = fake
+    clock = Clock()
+    holder = budget(server, "n1", clock)
+    assert holder.acquire().held
+    lapse_for(cluster, server, "n2")
+    clock.elapsed = 7201.0
+    assert not holder.read().held
+    assert not holder.acquire().held
+    assert slots(cluster) == {slot_name("n2")}
+
+
+def test_a_restarted_holder_keeps_its_slot_and_others_see_it_renewed(fake):
+    """n1's next process re-takes its live slot in place (no gap another node could slip into), and the
+    re-take is a change every reader sees, so n2 counts it for a new lifetime."""
+    cluster, server = fake
+    assert budget(server, "n1", Clock()).acquire().held
+    uid = cluster.get(LEASE_RESOURCE, "gpu-health", slot_name("n1"))["metadata"]["uid"]
+    clock = Clock()
+    reader = budget(server, "n2", clock)
+    assert not reader.acquire().held
+    clock.elapsed = 7000.0
+    assert budget(server, "n1", Clock()).acquire().held
+    assert cluster.get(LEASE_RESOURCE, "gpu-health", slot_name("n1"))["metadata"]["uid"] == uid
+    clock.elapsed = 7201.0
+    assert not reader.acquire().held
+
+
+def old_shared_lease(cluster: Any, holders: dict[str, float]) -> None:
+    """The one shared budget Lease an earlier version wrote, its holders in an annotation."""
+    import json
+    cluster.add("leases", {"metadata": {"name": "gpu-health-disruption-budget",
+                                        "annotations": {"gpu-health-agent.io/holders": json.dumps(holders)}},
+                           "spec": {}}, group="coordination.k8s.io", namespace="gpu-health")
+
+
+def test_a_node_an_old_agent_disrupted_counts_against_the_budget_during_a_rolling_upgrade(fake):
+    """n1 holds a slot in the old shared Lease (its agent not yet upgraded): n2's new agent is refused."""
+    cluster, server = fake
+    old_shared_lease(cluster, {"n1": 1.0e9})
+    reading = budget(server, "n2", Clock()).acquire()
+    assert (reading.held, reading.in_use) == (False, 1)
+    assert slots(cluster) == set()
+
+
+def test_an_old_shared_lease_entry_lapses_once_unchanged_for_a_lifetime_and_never_blocks_its_own_node(fake):
+    """The entry of n1 does not block n1's own new agent; for n2 it lapses a lifetime after it last changed."""
+    cluster, server = fake
+    old_shared_lease(cluster, {"n1": 1.0e9})
+    clock = Clock()
+    reader = budget(server, "n2", clock)
+    assert not reader.acquire().held
+    clock.elapsed = 7201.0
+    assert budget(server, "n1", Clock()).acquire().held
+    assert not reader.acquire().held  # n1's new slot now
+    budget(server, "n1", Clock()).release()
+    assert reader.acquire().held

@@ -274,8 +274,9 @@ class _DiskFills(Journal):
         super().record_action(*args, **kwargs)
 
 
-def test_healthz_fails_while_journal_writes_fail_and_recovers_after_one_succeeds(tmp_path: Path):
-    """Disk full: the record cannot be saved, so /healthz answers 503 and why; writes that work clear it."""
+def test_readyz_fails_while_journal_writes_fail_and_recovers_after_one_succeeds(tmp_path: Path):
+    """Disk full: the record cannot be saved, so /readyz answers 503 and why while /healthz (liveness) stays
+    200, since a restart frees no space; writes that work clear it."""
     from agent.httpserver import AgentHttpServer
     journal = _DiskFills(tmp_path / "j.db")
     config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db")})
@@ -286,13 +287,14 @@ def test_healthz_fails_while_journal_writes_fail_and_recovers_after_one_succeeds
     stop = threading.Event()
     thread = threading.Thread(target=daemon.run, args=(stop,))
     thread.start()
-    url = f"http://127.0.0.1:{server.port}/healthz"
+    url = f"http://127.0.0.1:{server.port}/readyz"
     try:
         assert wait_for(lambda: get(url)[0] == 200)
         journal.full = True
         daemon.emit(Observation(Signal.XID, 79, time.time(), "kmsg", gpu(1)))
         assert wait_for(lambda: get(url)[0] == 503)
         assert "disk is full" in json.loads(get(url)[1])["journal_failing"]
+        assert get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
         assert daemon.metrics.registry.get_sample_value("gpu_health_journal_write_failures_total",
                                                         {"kind": "record"}) >= 1
         journal.full = False

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.k8s.client import client_for
-from agent.k8s.watch import ListWatch, WatchOptions
+from agent.k8s.watch import Expired, ListWatch, WatchOptions
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster
 
 
@@ -199,3 +199,32 @@ def test_a_list_asked_for_as_single_object_metadata_is_refused_as_a_real_server_
     with pytest.raises(K8sError) as raised:
         client_for(server.url).stream("/api/v1/nodes", accept=METADATA_ONLY)
     assert raised.value.status == 406
+
+
+def test_repeated_410s_relist_at_once_then_back_off(server):
+    """A server that answers every watch 410 (too little history kept to resume): the first relist is at
+    once, each further one waits longer, bounded, so the list is not asked for in a loop."""
+    server.cluster.add("nodes", node("n1"))
+    waits: list[float] = []
+    lw = ListWatch(client_for(server.url), "/api/v1/nodes")
+    stop = threading.Event()
+
+    def compacted(resource_version: str, stop: threading.Event) -> Iterator[tuple[str, dict[str, Any]]]:
+        raise Expired("watch /api/v1/nodes: too old resource version", status=410, reason="Expired")
+        yield  # a generator, as ListWatch.watch is
+
+    lw.watch = compacted  # type: ignore[method-assign]
+
+    def sleep(seconds: float) -> bool:
+        waits.append(seconds)
+        if len(waits) == 5:
+            stop.set()
+        return stop.is_set()
+
+    thread = threading.Thread(target=lw.run, daemon=True, kwargs={
+        "stop": stop, "on_sync": lambda items: None, "on_event": lambda kind, obj: None, "sleep": sleep})
+    thread.start()
+    thread.join(timeout=20)
+    assert lw.lists == 6  # the first list, the relist at once, then one after each of the five waits
+    assert all(0 < w <= lw.options.max_backoff_seconds for w in waits)
+    assert waits[-1] > waits[0]

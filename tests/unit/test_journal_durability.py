@@ -150,3 +150,18 @@ def test_any_sources_checkpoint_is_committed_with_the_record_it_changed(shipped_
     assert journal.record("node-1")["cursors"]["probe"] == "poll-7"
     p.handle(obs(Signal.TEMPERATURE, 40, 2.0, source="probe", poll=3), 2.0)
     assert journal.cursor("probe") == "poll-7"
+
+
+def test_the_record_is_committed_with_synchronous_full_and_history_rows_are_not(tmp_path: Path):
+    """The record (saved before and after each disruptive step) commits under synchronous=FULL, set back to
+    NORMAL after; a verdict row commits under NORMAL."""
+    journal = Journal(tmp_path / "j.db")
+    statements: list[str] = []
+    journal._db.set_trace_callback(statements.append)
+    journal.save_record("n1", {"generation": 1})
+    assert statements[0] == "PRAGMA synchronous=FULL"
+    assert statements.index("COMMIT") < statements.index("PRAGMA synchronous=NORMAL")
+    statements.clear()
+    journal.record_verdict("n1", _verdict(1.0))
+    assert not any(s.startswith("PRAGMA synchronous") for s in statements)
+    assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
