@@ -110,6 +110,9 @@ class RemediationConfig(_Section):
     device_taint_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
     # A degraded-but-usable GPU gets a `None`-effect DeviceTaintRule (visibility only, nothing moves).
     device_taint_degraded: bool = False
+    #: The AcceleratedHardwareReady condition (False while a fault needs the node rebooted or replaced) for
+    #: node-repair tools: Karpenter's node repair, MachineHealthCheck, medik8s NHC (docs/operations.md).
+    accelerated_hardware_condition: bool = False
 
 
 class HttpConfig(_Section):

@@ -188,6 +188,7 @@ class Pipeline:
         reset_verify_seconds: float = 300.0,
         recovery_window_days: float = 30.0,
         diagnose: bool = False,
+        repair_condition: bool = False,
         diagnostic_available: bool | None = None,
         inline: bool = True,
         rng: random.Random | None = None,
@@ -218,7 +219,7 @@ class Pipeline:
         self.history = AttemptHistory()
         self._options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
                                     reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None,
-                                    diagnose=diagnose)
+                                    diagnose=diagnose, repair_condition=repair_condition)
         self.pods = pods
         #: A diagnostic can decide the repeat patterns (one is configured; a scenario may stand in for it).
         self.diagnostic_available = diagnose if diagnostic_available is None else diagnostic_available

@@ -29,7 +29,7 @@ RELEASE_ANNOTATION = f"{PREFIX}/release"
 REPLACEMENT_LABEL = f"{PREFIX}/needs-replacement"
 DISRUPTION_LABEL = f"{PREFIX}/disruption"
 CONDITION_REBOOT = "GpuRebootRequired"
-AGENT_CONDITIONS = ("GpuFatalFault", "GpuDegraded", "GpuUnreadable", CONDITION_REBOOT)
+AGENT_CONDITIONS = ("GpuFatalFault", "GpuDegraded", "GpuUnreadable", CONDITION_REBOOT, "AcceleratedHardwareReady")
 
 
 
