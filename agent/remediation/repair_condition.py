@@ -46,16 +46,17 @@ def repair_message(faults: Iterable[_Fault], reboot_requested: bool) -> str:
 def repair_condition_steps(faults: Iterable[_Fault], conditions: Mapping[str, _Condition], *,
                            reboot_requested: bool = False) -> list[Step]:
     """The step that moves AcceleratedHardwareReady to what the active faults say (none when it already
-    says so). Status False is written by CLEAR_CONDITION and True by SET_CONDITION (the condition is
-    positive, the agent's own are problems); the node writer keeps lastTransitionTime while the status holds,
-    so a repeated fault or a restarted agent changes at most the message."""
+    says so). As for the agent's own conditions, SET_CONDITION reports the problem (here: status False,
+    allowed in quarantine mode) and CLEAR_CONDITION withdraws it (status True; an absent condition stays
+    absent); `conditions` holds whether each reports a problem. The node writer keeps lastTransitionTime
+    while the status holds, so a repeated fault or a restarted agent changes at most the message."""
     message = repair_message(faults, reboot_requested)
     current = conditions.get(CONDITION)
     if message:
-        if current is None or current.status or current.message != message:
-            return [Step(StepKind.CLEAR_CONDITION, CONDITION, message,
-                         details=frozen_attrs({"reason": FAULT_REASON, "message": message}))]
-    elif current is None or not current.status:
-        return [Step(StepKind.SET_CONDITION, CONDITION, _READY_MESSAGE,
-                     details=frozen_attrs({"reason": READY_REASON, "message": _READY_MESSAGE}))]
+        if current is None or not current.status or current.message != message:
+            return [Step(StepKind.SET_CONDITION, CONDITION, message,
+                         details=frozen_attrs({"reason": FAULT_REASON, "message": message, "node_status": "False"}))]
+    elif current is not None and current.status:
+        return [Step(StepKind.CLEAR_CONDITION, CONDITION, _READY_MESSAGE,
+                     details=frozen_attrs({"reason": READY_REASON, "message": _READY_MESSAGE, "node_status": "True"}))]
     return []
