@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,9 @@ def test_a_hung_agent_is_restarted_by_its_liveness_probe_and_does_not_act_again(
     agent.xid(healthy_gpus, GPU_UUIDS.index(given_devices(real_node, "held")[0]))
     wait_until(lambda: _evicted(real_node, "held"), "the holder evicted (SIGTERM)", timeout=60)
     wait_until(lambda: _eviction_events(real_node), "the agent's EvictedForGpuFault Event", timeout=30)
+    # Its delivery acknowledged in the journal: an agent killed between the two sends the Event again (Events
+    # are delivered at least once; seen here once in two runs when the agent was stopped at once).
+    time.sleep(3)
     healthy_gpus.write(eight_gpus())  # NVML does not deliver an event again to a new process
     taints = _agent_taints(real_node)
     assert taints
