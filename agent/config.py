@@ -130,6 +130,10 @@ class RemediationConfig(_Section):
     brake_max_nodes: int = Field(default=200, ge=1)
     brake_window_seconds: float = Field(default=600.0, ge=0)
 
+    #: The AcceleratedHardwareReady condition (False while a fault needs the node rebooted or replaced) for
+    #: node-repair tools: Karpenter's node repair, MachineHealthCheck, medik8s NHC (docs/operations.md).
+    accelerated_hardware_condition: bool = False
+
     @field_validator("reset_command")
     @classmethod
     def _reset_command_is_nvidia_smi(cls, value: list[str]) -> list[str]:

@@ -174,6 +174,7 @@ class Daemon:
             reset_verify_seconds=config.remediation.reset_verify_seconds,
             recovery_window_days=config.remediation.recovery_window_days,
             diagnose=bool(config.remediation.diagnostic_command),
+            repair_condition=config.remediation.accelerated_hardware_condition,
             sync_seconds=config.remediation.node_sync_seconds,
             inline=False,
             on_released=self._forget_released,

@@ -61,6 +61,7 @@ class Pipeline:
         reset_verify_seconds: float = 300.0,
         recovery_window_days: float = 30.0,
         diagnose: bool = False,
+        repair_condition: bool = False,
         diagnostic_available: bool | None = None,
         inline: bool = True,
         rng: random.Random | None = None,
@@ -76,7 +77,8 @@ class Pipeline:
         self.store = RecordStore(journal=journal, node_name=inventory.name, checkpoints=self.checkpoints,
                                  metrics=metrics, log=log)
         options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
-                              reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None, diagnose=diagnose)
+                              reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None, diagnose=diagnose,
+                              repair_condition=repair_condition)
         self.shared = Shared(rules=rules, inventory=inventory, options=options, store=self.store, metrics=metrics,
                              clock=clock, log=log, fleet=fleet)
         self.classifier = Classifier(

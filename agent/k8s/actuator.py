@@ -103,7 +103,11 @@ class K8sActuator:
                                event_id=str(details.get("event_id", "")))
             return StepResult.APPLIED, "event recorded"
         if kind in {StepKind.SET_CONDITION, StepKind.CLEAR_CONDITION}:
-            changed = self.writer.set_condition(step.target, status=kind is StepKind.SET_CONDITION,
+            # SET reports a problem, CLEAR withdraws it: a problem condition's status, unless the step says
+            # which status means that (AcceleratedHardwareReady: a problem is False).
+            reported = kind is StepKind.SET_CONDITION
+            status = str(details.get("node_status", "True" if reported else "False")) == "True"
+            changed = self.writer.set_condition(step.target, status=status, create=reported,
                                                 reason=str(details.get("reason", "GpuHealth")),
                                                 message=str(details.get("message", step.reason)))
             return StepResult.APPLIED, "condition set" if changed else "condition already so"

@@ -29,7 +29,9 @@ RELEASE_ANNOTATION = f"{PREFIX}/release"
 REPLACEMENT_LABEL = f"{PREFIX}/needs-replacement"
 DISRUPTION_LABEL = f"{PREFIX}/disruption"
 CONDITION_REBOOT = "GpuRebootRequired"
-AGENT_CONDITIONS = ("GpuFatalFault", "GpuDegraded", "GpuUnreadable", CONDITION_REBOOT)
+AGENT_CONDITIONS = ("GpuFatalFault", "GpuDegraded", "GpuUnreadable", CONDITION_REBOOT, "AcceleratedHardwareReady")
+#: Conditions whose True means healthy: the agent reports a problem on them as False.
+POSITIVE_CONDITIONS = frozenset({"AcceleratedHardwareReady"})
 
 
 
@@ -48,7 +50,9 @@ class NodeView:
 
     def observation(self, *, opt_out_label: str = "") -> NodeObservation:
         """The agent's marks as the Node shows them, and the record mirrored in the state annotation."""
-        conditions = {name: ConditionState(c.get("status") == "True", str(c.get("message", "")))
+        # Whether each reports a problem (True for the agent's own; False for AcceleratedHardwareReady).
+        conditions = {name: ConditionState((c.get("status") == "True") != (name in POSITIVE_CONDITIONS),
+                                           str(c.get("message", "")))
                       for name in AGENT_CONDITIONS if (c := self.conditions.get(name)) is not None}
         replacement = frozenset(g for g in self.annotations.get(REPLACE_ANNOTATION, "").split(",") if g)
         return NodeObservation(
@@ -96,14 +100,15 @@ class NodeWriter:
         return node
 
     # ---- conditions ----
-    def set_condition(self, kind: str, *, status: bool, reason: str, message: str) -> bool:
-        """Set one problem condition; keep lastTransitionTime while the status holds. False: nothing to do."""
+    def set_condition(self, kind: str, *, status: bool, reason: str, message: str, create: bool | None = None) -> bool:
+        """Set one condition; keep lastTransitionTime while the status holds. False: nothing to do. An absent
+        condition is created only when `create` (default: when `status`, as a problem condition is)."""
 
         def build(node: Node) -> NodePatch | None:
             current = next((c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == kind),
                            None)
             wanted = "True" if status else "False"
-            if current is None and not status:
+            if current is None and not (status if create is None else create):
                 return None
             if current is not None and (current.get("status"), current.get("reason"), current.get("message")) == (
                     wanted, reason, message):

@@ -24,6 +24,7 @@ from agent.model import (
     VerdictKind,
     frozen_attrs,
 )
+from agent.remediation.repair_condition import repair_condition_steps
 from agent.remediation.state import ActiveFault, DeviceIsolation, DeviceMark, NodeState
 
 CONDITION_FATAL = "GpuFatalFault"
@@ -56,6 +57,8 @@ class PlanOptions:
     diagnose: bool = False
     #: None: isolate by node taint (the setting says `node`, or the cluster was not read yet).
     devices: DeviceIsolation | None = None
+    #: The AcceleratedHardwareReady condition for node-repair tools (remediation.accelerated_hardware_condition).
+    repair_condition: bool = False
 
 
 def plan(
@@ -81,6 +84,8 @@ def plan(
     steps.extend(_device_steps(active.values(), node, options))
     steps.extend(verdict_events(verdicts, inventory, options.node_name))
     steps.extend(_condition_steps(active.values(), node))
+    if options.repair_condition:
+        steps.extend(repair_condition_steps(active.values(), node.conditions, reboot_requested=node.reboot_requested))
     if not wants_taint and node.tainted:
         steps.append(Step(StepKind.UNTAINT, options.node_name, "no active fault calls for a quarantine"))
     for fault in sorted(_whole_node_if_too_many(active.values(), options),

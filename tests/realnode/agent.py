@@ -5,22 +5,35 @@ makes the pod and the real kubelet runs it under its own bound ServiceAccount to
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.conftest import FAKE_NVML
-from tests.realcluster.controlplane import ControlPlane, free_port
+from tests.conftest import FAKE_NVML, FakeNvml, eight_gpus
+from tests.realcluster.controlplane import UNSERVED_KINDS, ControlPlane, free_port
 from tests.realnode.runtime import REPO
 
 AGENT_NAMESPACE = "gpu-health"
 # Where Debian's dynamic loader finds libnvidia-ml.so.1 in the image, as the NVIDIA runtime would put it.
 EVICTION_DEADLINE_SECONDS = 5
 IMAGE_NVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+HELM = REPO / ".tools" / "bin" / "helm"  # scripts/build-helm
+HELM_RENDERED = "helm-rendered.yaml"
 
 
-def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str) -> tuple[Path, int]:
+# The liveness probe's timing in the one test that waits for it to fail (the shipped probe needs about two
+# minutes to restart a hung agent: 20 s delay, three misses 20 s apart, a 30 s grace period); its path and
+# port stay the shipped ones.
+FAST_LIVENESS = {"initialDelaySeconds": 5, "periodSeconds": 3, "timeoutSeconds": 2, "failureThreshold": 2,
+                 "terminationGracePeriodSeconds": 2}
+
+
+def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
+            fast_liveness: bool = False, env: dict[str, str] | None = None, helm: bool = False) -> tuple[Path, int]:
     """Write the test overlay over daemonset/ into `directory`; its path and the agent's metrics port.
 
     What it changes and why (nothing else): hostNetwork (the node's only CNI is loopback: no pod network);
@@ -45,22 +58,63 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str) -
                         {"name": "GPU_HEALTH_MODE", "value": mode},
                         {"name": "GPU_HEALTH_REMEDIATION__EVICTION_DEADLINE_SECONDS",
                          "value": str(EVICTION_DEADLINE_SECONDS)},
-                        {"name": "FAKE_NVML_STATE", "value": f"/run/fake-nvml/{nvml_state.name}"}],
+                        {"name": "FAKE_NVML_STATE", "value": f"/run/fake-nvml/{nvml_state.name}"},
+                        *({"name": k, "value": v} for k, v in (env or {}).items())],
                 "volumeMounts": [{"name": "fake-nvml-lib", "mountPath": IMAGE_NVML, "readOnly": True},
                                  {"name": "fake-nvml-state", "mountPath": "/run/fake-nvml", "readOnly": True}]}],
             "volumes": [{"name": "fake-nvml-lib", "hostPath": {"path": str(FAKE_NVML), "type": "File"}},
                         {"name": "fake-nvml-state",
                          "hostPath": {"path": str(nvml_state.parent), "type": "Directory"}}]}}}}
-    port_patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/ports/0/containerPort",
-                   "value": port}]
+    port_patch: list[dict[str, object]] = [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/ports/0/containerPort", "value": port}]
+    if fast_liveness:
+        port_patch += [{"op": "add", "path": f"/spec/template/spec/containers/0/livenessProbe/{key}", "value": value}
+                       for key, value in FAST_LIVENESS.items()]
     (directory / "agent-patch.yaml").write_text(yaml.safe_dump(patch))
     (directory / "port-patch.yaml").write_text(yaml.safe_dump(port_patch))
     (directory / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(REPO / "daemonset", directory)],  # kustomize takes no absolute base
+        # kustomize takes no absolute base; with `helm`, the chart's rendering (helm_install's post-renderer)
+        "resources": [HELM_RENDERED if helm else os.path.relpath(REPO / "daemonset", directory)],
         "patches": [{"path": "agent-patch.yaml"},
                     {"path": "port-patch.yaml", "target": {"kind": "DaemonSet", "name": "gpu-health-agent"}}]}))
     return directory, port
+
+
+def helm_install(plane: ControlPlane, directory: Path, mode: str) -> None:
+    """The chart installed as docs/operations.md says (`helm install` into the labelled namespace made first),
+    the overlay applied to what helm renders by a post-renderer (`kubectl kustomize` of the overlay)."""
+    _delete_kustomized_leftovers(plane)
+    renderer = directory / "post-render"
+    renderer.write_text(f'#!/bin/sh\ncat > "{directory / HELM_RENDERED}"\nexec kubectl kustomize "{directory}"\n')
+    renderer.chmod(0o755)
+    if AGENT_NAMESPACE not in plane.kubectl("get", "namespaces", "-o", "name"):
+        plane.kubectl("create", "namespace", AGENT_NAMESPACE)
+    plane.kubectl("label", "--overwrite", "namespace", AGENT_NAMESPACE, "pod-security.kubernetes.io/enforce=privileged")
+    # Prometheus Operator kinds off: this API server serves no monitoring.coreos.com (as the docs say to do).
+    chart = REPO / "daemonset" / "helm" / "gpu-health-agent"
+    done = subprocess.run([str(HELM), "install", "gpu-health-agent", str(chart),
+                           "-n", AGENT_NAMESPACE, f"--kubeconfig={plane.admin_kubeconfig}", "--set", f"mode={mode}",
+                           "--set", "serviceMonitor.enabled=false", "--set", "prometheusRule.enabled=false",
+                           "--post-renderer", str(renderer)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"helm install: {done.stderr.strip()}")
+    plane._policy_enforced()
+
+
+def _delete_kustomized_leftovers(plane: ControlPlane) -> None:
+    """What an earlier kustomize install left (its teardown deletes only the DaemonSet) deleted, but the
+    namespace: helm refuses to take over objects it did not make."""
+    rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset")], check=True, capture_output=True,
+                              text=True).stdout
+    documents = [d for d in yaml.safe_load_all(rendered)
+                 if d and d.get("kind") not in {*UNSERVED_KINDS, "Namespace"}]
+    plane.kubectl("delete", "--ignore-not-found", "--wait=true", "-f", "-", input_text=yaml.safe_dump_all(documents))
+
+
+def helm_uninstall(plane: ControlPlane) -> None:
+    subprocess.run([str(HELM), "uninstall", "gpu-health-agent", "-n", AGENT_NAMESPACE, "--wait=false",
+                    f"--kubeconfig={plane.admin_kubeconfig}"], capture_output=True, check=True)
 
 
 def install(plane: ControlPlane, directory: Path) -> None:
@@ -72,3 +126,34 @@ def install(plane: ControlPlane, directory: Path) -> None:
 def agent_pods(plane: ControlPlane) -> list[Any]:
     return list(plane.core.list_namespaced_pod(AGENT_NAMESPACE,
                                                label_selector="app.kubernetes.io/name=gpu-health-agent").items)
+
+
+def agent_pid(node: Any, pod: Any) -> int:
+    """The host PID of the agent container's process (hostNetwork, no hostPID: seen from the host)."""
+    container = next(c for c in pod.status.container_statuses if c.name == "agent").container_id.split("://", 1)[1]
+    return int(node.containerd.ctr("tasks", "list").stdout.split(container, 1)[1].split()[0])
+
+
+def metrics(port: int) -> str:
+    """The agent's /metrics text (hostNetwork: on the host's loopback)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels` (0 when there is none)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line[len(name):len(name) + 1] not in {" ", "{"}:
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def xid(state: FakeNvml, gpu_index: int, code: int = 79) -> None:
+    """The fake NVML delivers an Xid event on one GPU, as the driver would."""
+    current = eight_gpus()
+    current["events"] = [{"id": int(time.time() * 1000) % 1_000_000, "gpu": gpu_index, "type": 8, "data": code,
+                          "gi": 4294967295, "ci": 4294967295}]
+    state.write(current)

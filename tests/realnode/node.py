@@ -9,8 +9,10 @@ import contextlib
 import fcntl
 import os
 import shutil
+import ssl
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,7 @@ class RealNode:
         self.plugin: Process | None = None
         self._lock: int | None = None
         self._kubelet_args: list[str] = []
+        self.kubelet_port = 0
 
     # ---- lifecycle ----
     def start(self) -> RealNode:
@@ -84,15 +87,16 @@ class RealNode:
             "users": [{"name": "node", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
             "contexts": [{"name": "node", "context": {"cluster": "test", "user": "node"}}]}))
         config = self.dir / "kubelet-config.yaml"
-        config.write_text(yaml.safe_dump(kubelet_config(self.containerd, self.dir, self.plane.ca_file)))
+        settings = kubelet_config(self.containerd, self.dir, self.plane.ca_file)
+        self.kubelet_port = int(settings["port"])
+        config.write_text(yaml.safe_dump(settings))
         labels = ",".join(f"{k}={v}" for k, v in NODE_LABELS.items())
         self._kubelet_args = [str(BIN / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
                               f"--root-dir={KUBELET_ROOT}", f"--hostname-override={NODE_NAME}",
                               f"--cert-dir={self.dir / 'kubelet-pki'}", f"--node-labels={labels}", "--v=2"]
         self.start_kubelet()
         wait_until(self._node_ready, "node 127.0.0.1 Ready", timeout=60)
-        self.plugin = spawn("fake-device-plugin", [str(BIN / "fake-device-plugin"), f"--state={self.nvml_state}",
-                                                   f"--dir={DEVICE_PLUGINS}"], self.logs, self.dir)
+        self.start_plugin()
         wait_until(lambda: self.allocatable_gpus() > 0, "the device plugin's nvidia.com/gpu allocatable",
                    timeout=60)
         return self
@@ -103,6 +107,21 @@ class RealNode:
     def stop_kubelet(self) -> None:
         if self.kubelet is not None:
             self.kubelet.stop()
+
+    def restart_kubelet(self) -> None:
+        """The kubelet stopped and started again (as an upgrade or a crash does); returns once the Node is
+        Ready again. Containers keep running meanwhile: the kubelet does not stop them when it exits."""
+        self.stop_kubelet()
+        self.start_kubelet()
+        wait_until(self._node_ready, "node 127.0.0.1 Ready after the kubelet's restart", timeout=60)
+
+    def start_plugin(self, replicas: int = 1) -> None:
+        """The fake device plugin, advertising each device `replicas` times (time-slicing) when above 1."""
+        if self.plugin is not None:
+            self.plugin.stop()
+        self.plugin = spawn("fake-device-plugin", [str(BIN / "fake-device-plugin"), f"--state={self.nvml_state}",
+                                                   f"--dir={DEVICE_PLUGINS}", f"--replicas={replicas}"],
+                            self.logs, self.dir)
 
     def stop(self) -> None:
         """Pods deleted while the kubelet runs, their tasks gone, then plugin, kubelet; mounts and cgroups."""
@@ -133,6 +152,22 @@ class RealNode:
     def allocatable_gpus(self) -> int:
         self.check_alive()
         return int((self.node().status.allocatable or {}).get(GPU_RESOURCE, "0"))
+
+    def probe_results(self, container: str) -> dict[tuple[str, str], float]:
+        """The kubelet's own count of the probes it ran on `container`, by (probe type, result), from its
+        /metrics/probes endpoint (loopback, anonymous: kubelet_config)."""
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # the kubelet's self-signed serving cert
+        url = f"https://127.0.0.1:{self.kubelet_port}/metrics/probes"
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
+            text = response.read().decode()
+        counts: dict[tuple[str, str], float] = {}
+        for line in text.splitlines():
+            if line.startswith("prober_probe_total{") and f'container="{container}"' in line:
+                labels = dict(part.split("=", 1) for part in line.split("{", 1)[1].split("}", 1)[0].split(","))
+                key = (labels["probe_type"].strip('"'), labels["result"].strip('"'))
+                counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return counts
 
     def _node_ready(self) -> bool:
         self.check_alive()

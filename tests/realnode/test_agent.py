@@ -6,12 +6,7 @@ holding that GPU, which the kubelet then stops with SIGTERM; in `quarantine` mod
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,68 +15,38 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.conftest import FakeNvml, eight_gpus
 from tests.realnode import agent
-from tests.realnode.node import AGENT_STATE, NODE_NAME, RealNode
-from tests.realnode.runtime import REPO, wait_until
+from tests.realnode.node import NODE_NAME, RealNode
+from tests.realnode.runtime import wait_until
 from tests.realnode.test_node import GPU_UUIDS, given_devices, gpu_pod, stopped_by
 
 
-@pytest.fixture
-def installed(request: pytest.FixtureRequest, real_node: RealNode, node_nvml: FakeNvml,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, int]]:
-    """The overlay applied (in the shipped mode, quarantine, unless parametrized), the agent's pod Ready by
-    the kubelet's probes; uninstalled after the test, so each test starts on a node without its marks."""
-    mode = str(getattr(request, "param", "quarantine"))
-    node_nvml.write(eight_gpus())
-    directory, port = agent.overlay(tmp_path_factory.mktemp(f"overlay-{mode}"), real_node.plane, node_nvml.path, mode)
-    agent.install(real_node.plane, directory)
-
-    def ready_pod() -> Any:
-        real_node.check_alive()
-        for pod in agent.agent_pods(real_node.plane):
-            conditions = pod.status.conditions or []
-            if pod.metadata.deletion_timestamp is None and any(
-                    c.type == "Ready" and c.status == "True" for c in conditions):
-                return pod
-        return None
-
-    try:
-        pod = wait_until(ready_pod, f"the agent's pod Ready on the real node ({mode})", timeout=120)
-    except Exception:
-        _print_agent_log(real_node)
-        raise
-    yield mode, pod, port  # the metrics port: where probes (and a test) reach it, on the host's network
-    _print_agent_log(real_node)
-    # Uninstalled as docs/operations.md says: the DaemonSet deleted, then `cleanup` with operator credentials
-    # removes the marks the agent left; the state hostPath wiped, so the next mode starts on a fresh node.
-    real_node.plane.kubectl("delete", "daemonset", "-n", agent.AGENT_NAMESPACE, "gpu-health-agent", "--wait=false")
-    wait_until(lambda: not agent.agent_pods(real_node.plane), "the agent's pod gone", timeout=90)
-    done = subprocess.run([sys.executable, "-m", "agent", "cleanup", "--all-nodes",
-                           f"--kubeconfig={real_node.plane.admin_kubeconfig}"], capture_output=True, text=True,
-                          check=False, cwd=REPO)
-    assert done.returncode == 0, done.stdout + done.stderr
-    shutil.rmtree(AGENT_STATE, ignore_errors=True)
-
-
-def _print_agent_log(node: RealNode) -> None:
-    for pod in agent.agent_pods(node.plane):
-        try:
-            print(node.plane.core.read_namespaced_pod_log(pod.metadata.name, agent.AGENT_NAMESPACE, tail_lines=40))
-        except ApiException as exc:
-            print(f"no log of {pod.metadata.name}: {exc.reason}")
-
-
+@pytest.mark.parametrize("installed", ["quarantine", "quarantine:helm"], indirect=True)
 def test_the_daemonset_pod_is_admitted_and_ready_by_its_probes(installed: tuple[str, Any, int], real_node: RealNode):
-    """The real DaemonSet controller made the pod on node 127.0.0.1, under the agent's ServiceAccount."""
+    """From the kustomize base or the Helm chart: the real DaemonSet controller made the pod on node 127.0.0.1,
+    under the agent's ServiceAccount, and the kubelet counts its readiness probes succeeding."""
     _, pod, _ = installed
     assert pod.spec.node_name == NODE_NAME
     assert pod.metadata.owner_references[0].kind == "DaemonSet"
     assert pod.spec.service_account_name == "gpu-health-agent"
     assert pod.status.container_statuses[0].ready
+    # Ready by its probe: the kubelet itself counts readiness probes it ran on the agent that succeeded.
+    wait_until(lambda: real_node.probe_results("agent").get(("Readiness", "successful")),
+               "the kubelet's count of the agent's successful readiness probes", timeout=30)
     # A figure, not an assertion: the agent's RSS in its pod (for docs/testing.md beside bench_memory's).
     container = pod.status.container_statuses[0].container_id.split("://", 1)[1]
     pid = real_node.containerd.ctr("tasks", "list").stdout.split(container, 1)[1].split()[0]
     rss = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
     print(f"agent pod {pod.metadata.name}: {rss}")
+
+
+def read_from_inside(node: RealNode, pod: Any) -> dict[str, list[str]]:
+    """The GPUs of each pod as the agent's own PodResources decoder reads them inside its container, through
+    the DaemonSet's hostPath (`kubectl exec`, through the kubelet)."""
+    script = ("import json; from agent.k8s.podresources import list_pod_devices; "
+              "print(json.dumps({f'{p.namespace}/{p.name}': p.gpu_ids() for p in list_pod_devices()}))")
+    out = node.plane.kubectl("exec", "-n", agent.AGENT_NAMESPACE, pod.metadata.name, "-c", "agent", "--",
+                             "/opt/gpu-health-agent/bin/python", "-c", script)
+    return dict(json.loads(out))
 
 
 def test_pod_resources_are_read_from_inside_the_agents_pod(installed: tuple[str, Any, int], real_node: RealNode,
@@ -90,19 +55,45 @@ def test_pod_resources_are_read_from_inside_the_agents_pod(installed: tuple[str,
     _, pod, _ = installed
     gpu_pod(real_node, "reader", gpus=2)
     given = given_devices(real_node, "reader")
-    script = ("import json; from agent.k8s.podresources import list_pod_devices; "
-              "print(json.dumps({f'{p.namespace}/{p.name}': p.gpu_ids() for p in list_pod_devices()}))")
-    out = real_node.plane.kubectl("exec", "-n", agent.AGENT_NAMESPACE, pod.metadata.name, "-c", "agent", "--",
-                                  "/opt/gpu-health-agent/bin/python", "-c", script)
-    assert json.loads(out)["trainers/reader"] == given
+    assert read_from_inside(real_node, pod)["trainers/reader"] == given
 
 
-def _xid(state: FakeNvml, gpu_index: int, code: int = 79) -> None:
-    """The fake NVML delivers an Xid event on one GPU, as the driver would."""
-    current = eight_gpus()
-    current["events"] = [{"id": int(time.time() * 1000) % 1_000_000, "gpu": gpu_index, "type": 8, "data": code,
-                          "gi": 4294967295, "ci": 4294967295}]
-    state.write(current)
+def test_mig_devices_are_read_from_inside_the_agents_pod_as_the_plugin_names_them(
+        installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml):
+    """GPU 0 in MIG mode: the plugin advertises its MIG devices' UUIDs instead of its own, and the agent's
+    decoder in its pod names the MIG UUIDs a pod holding every device was given."""
+    _, pod, _ = installed
+    mig = [f"MIG-fa4e0000-0000-0000-0000-0000000000{n}0" for n in range(1, 3)]
+    healthy_gpus.write(eight_gpus(**{"0": {"mig_mode": 1, "mig_devices": mig}}))
+    try:
+        wait_until(lambda: real_node.allocatable_gpus() == 9, "nine devices (two MIG) allocatable", timeout=30)
+        gpu_pod(real_node, "mig", gpus=9)
+        given = given_devices(real_node, "mig")
+        assert set(mig) <= set(given) and GPU_UUIDS[0] not in given
+        assert read_from_inside(real_node, pod)["trainers/mig"] == given
+    finally:
+        real_node.plane.reset()  # the pod gone before GPU 0 leaves MIG mode
+        healthy_gpus.write(eight_gpus())
+        wait_until(lambda: real_node.allocatable_gpus() == 8, "eight GPUs allocatable again", timeout=30)
+
+
+def test_time_sliced_replicas_are_read_from_inside_the_agents_pod_as_their_gpus(
+        installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml):
+    """The plugin time-slicing each GPU twice ("UUID::N"): the agent's decoder in its pod names the GPUs
+    behind the replicas a pod was given."""
+    _, pod, _ = installed
+    real_node.start_plugin(replicas=2)
+    try:
+        wait_until(lambda: real_node.allocatable_gpus() == 16, "sixteen replicas allocatable", timeout=30)
+        gpu_pod(real_node, "sliced", gpus=3)
+        given = given_devices(real_node, "sliced")
+        assert all("::" in device for device in given), given
+        expected = sorted({device.split("::", 1)[0] for device in given})
+        assert read_from_inside(real_node, pod)["trainers/sliced"] == expected
+    finally:
+        real_node.plane.reset()
+        real_node.start_plugin()
+        wait_until(lambda: real_node.allocatable_gpus() == 8, "eight GPUs allocatable again", timeout=30)
 
 
 @pytest.mark.parametrize("installed", ["remediate", "quarantine"], indirect=True)
@@ -114,7 +105,7 @@ def test_a_fault_evicts_exactly_the_holder_in_remediate_mode_and_nobody_in_quara
     gpu_pod(real_node, "held", gpus=1)
     gpu_pod(real_node, "other", gpus=1)
     faulty = GPU_UUIDS.index(given_devices(real_node, "held")[0])
-    _xid(healthy_gpus, faulty)
+    agent.xid(healthy_gpus, faulty)
     core = real_node.plane.core
 
     def tainted() -> bool:
@@ -143,12 +134,8 @@ def test_a_fault_evicts_exactly_the_holder_in_remediate_mode_and_nobody_in_quara
 
 
 def _stuck_evictions(port: int) -> float:
-    """gpu_health_evictions_stuck_total from the agent's /metrics (hostNetwork: on the host's loopback)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("gpu_health_evictions_stuck_total "):
-                return float(line.split()[1])
-    return 0.0
+    """gpu_health_evictions_stuck_total from the agent's /metrics."""
+    return agent.metric(agent.metrics(port), "gpu_health_evictions_stuck_total")
 
 
 @pytest.mark.timeout(300)  # the agent's retry a minute after the fault, on top of the install
@@ -160,7 +147,7 @@ def test_a_disruption_budget_that_forbids_the_eviction_keeps_the_holder_and_the_
     _, _, port = installed
     gpu_pod(real_node, "held", gpus=1)
     real_node.plane.add_pdb("trainers", "held", {"app": "held"}, min_available=1)
-    _xid(healthy_gpus, GPU_UUIDS.index(given_devices(real_node, "held")[0]))
+    agent.xid(healthy_gpus, GPU_UUIDS.index(given_devices(real_node, "held")[0]))
     # The agent retries a refused eviction on its next pass (a minute later), past the 5 s deadline.
     wait_until(lambda: _stuck_evictions(port) >= 1, "the agent to count the eviction stuck", timeout=150)
     held = real_node.plane.core.read_namespaced_pod("held", "trainers")
