@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from agent.config import Config
 from agent.model import Action, Severity, StepKind
-from agent.remediation.planner import ActiveFault, ConditionState, NodeState, PlanOptions, plan
+from agent.remediation.planner import PlanOptions, plan
 from agent.remediation.repair_condition import CONDITION, repair_condition_steps
+from agent.remediation.state import ActiveFault, ConditionState, NodeState
 from tests.unit.test_planner import NODE, active_of, fault
 
 
