@@ -37,7 +37,8 @@ from agent.sources.base import Source
 from agent.sources.nvml import NvmlSource
 
 if TYPE_CHECKING:
-    from agent.k8s.cluster import ClusterSide
+    from agent.k8s.cluster import ClusterSide, NodeHooks
+    from agent.k8s.operands import OperandPauser
 
 log = get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
@@ -133,7 +134,11 @@ class Daemon:
         clock: Callable[[], float] = time.time,
         reload_seconds: float = 5.0,
         cluster: ClusterSide | None = None,
+        cluster_of: Callable[[NodeHooks], ClusterSide] | None = None,
     ) -> None:
+        """`cluster_of` builds the cluster side once the sources are known, handing it what it reads from them
+        (NVML's processes, the reset procedure, the pods for the fleet summary); `cluster` is one built already
+        (tests), used as it is."""
         self.config = config
         self.metrics = Metrics(registry or CollectorRegistry())
         self.journal = journal if journal is not None else Journal(config.journal_path)
@@ -145,6 +150,8 @@ class Daemon:
             sources = [p.source for p in self.probes if p.source is not None]
         self.sources = [*sources, *extra_sources]
         self.nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
+        if cluster_of is not None:
+            self.cluster = cluster = cluster_of(self._node_hooks(config))
         if not self.sources:
             reasons = "; ".join(f"{p.name}: {p.why_not}" for p in self.probes) or "none configured"
             self.journal.close()
@@ -186,32 +193,39 @@ class Daemon:
             note = Step(StepKind.EVENT, config.node_name, self.journal.recreated,
                         details=frozen_attrs({"reason": "JournalRecreated", "type": "Warning"}))
             self.pipeline.record.owe(OwedEvent.of(note, salt=str(clock())))
-        if cluster is not None:
-            # The GPU edge's reset procedure: the operands paused through this node's writer, the agent's own
-            # NVML session released around the reset, the privileged part in the reset container.
-            cluster.actuator.reset = ResetProcedure(reset_executor_of(config), operands=cluster.operands,
-                                                    nvml=self.nvml)
-            if cluster.summariser is not None:  # the fleet summary names the workloads and the driver
-                cluster.summariser.pods = lambda: self.pipeline.inventory.pods
-                cluster.summariser.facts = lambda: NodeFacts(driver_version=getattr(self.nvml, "driver_version", ""))
-            nvml = self.nvml
-            if nvml is not None and cluster.pods.gpus_by_pod_uid is None:
-                # NVML's PIDs are the host's: charged through the host's /proc, as the kernel log's are.
-                host_proc = Path(config.sources.kmsg.proc_root)
-                cluster.pods.gpus_by_pod_uid = lambda: nvml.gpus_by_pod_uid(host_proc)
-                cluster.pods.mig_parents = nvml.mig_parents
-            if self.pipeline.fresh:
-                # No record in the journal (first start, or it was lost): the Node's copy, before any source
-                # runs, so the kernel log resumes where the last agent acknowledged it. Bounded: a hung API
-                # server must not keep detection from starting (the reconciler adopts it later).
-                reader = threading.Thread(target=self.pipeline.start, name="record-from-node", daemon=True)
-                reader.start()
-                reader.join(timeout=START_WAIT_SECONDS)
+        if cluster is not None and self.pipeline.fresh:
+            # No record in the journal (first start, or it was lost): the Node's copy, before any source
+            # runs, so the kernel log resumes where the last agent acknowledged it. Bounded: a hung API
+            # server must not keep detection from starting (the reconciler adopts it later).
+            reader = threading.Thread(target=self.pipeline.start, name="record-from-node", daemon=True)
+            reader.start()
+            reader.join(timeout=START_WAIT_SECONDS)
         self.metrics.rules_loaded.set(len(rules.rules))
         self.heartbeat = clock()
         self._threads: list[threading.Thread] = []
         self._running: dict[str, bool] = {}
         self._finished: set[str] = set()
+
+    def _node_hooks(self, config: Config) -> NodeHooks:
+        """What the cluster side reads from this node's side, each read when it is called."""
+        from agent.k8s.cluster import NodeHooks  # noqa: PLC0415 - the Kubernetes edge only where there is a cluster
+
+        nvml = self.nvml
+        # NVML's PIDs are the host's: charged through the host's /proc, as the kernel log's are.
+        host_proc = Path(config.sources.kmsg.proc_root)
+
+        def reset_of(operands: OperandPauser) -> ResetProcedure:
+            # The GPU edge's reset procedure: the operands paused through this node's writer, the agent's own
+            # NVML session released around the reset, the privileged part in the reset container.
+            return ResetProcedure(reset_executor_of(config), operands=operands, nvml=nvml)
+
+        return NodeHooks(
+            gpus_by_pod_uid=(lambda: nvml.gpus_by_pod_uid(host_proc)) if nvml is not None else None,
+            mig_parents=nvml.mig_parents if nvml is not None else None,
+            pods=lambda: self.pipeline.inventory.pods,
+            facts=lambda: NodeFacts(driver_version=getattr(nvml, "driver_version", "")),
+            reset_of=reset_of,
+        )
 
     def _restore_operands(self) -> None:
         """Once a pass: operands a reset paused and did not restore (a crash, a failed restore) come back.

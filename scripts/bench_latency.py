@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -307,8 +308,8 @@ def main() -> None:
            "GPU_HEALTH_SOURCES__KMSG__PATH": str(kmsg), "GPU_HEALTH_SOURCES__KMSG__ADMIT_USER_RECORDS": "true",
            "GPU_HEALTH_SOURCES__DCGM__ENABLED": "off", "GPU_HEALTH_TICK_SECONDS": "0.2"}
     config = load_config(None, env=env)
-    side = build_cluster_side(backend.agent_client, config, on_stuck=lambda pod: None)
-    daemon = Daemon(config, rules=load_rules(builtin_rules_dir()), registry=CollectorRegistry(), cluster=side)
+    daemon = Daemon(config, rules=load_rules(builtin_rules_dir()), registry=CollectorRegistry(),
+                    cluster_of=partial(build_cluster_side, backend.agent_client, config, on_stuck=lambda pod: None))
     stop = threading.Event()
     thread = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
     thread.start()

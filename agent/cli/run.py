@@ -7,6 +7,7 @@ import errno
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         node = dataclasses.replace(inventory(replay), name=config.node_name)
         extra.append(ScenarioSource(replay, node, speed=speed, stamp=clock))
     how = "no in-cluster configuration and no kubeconfig"
-    cluster = None
+    cluster_of = None
     stuck, budget = LateMetric(), LateMetric()
     if cluster_configured(config.remediation.kubeconfig or None):
         # The Kubernetes client is large: it is loaded only where there is a cluster to talk to. A cluster
@@ -94,14 +95,14 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
         api_client, how = load_api_client(kubeconfig=config.remediation.kubeconfig or None,
                                           timeouts=Timeouts(connect=config.remediation.api_connect_timeout_seconds,
                                                             read=config.remediation.api_read_timeout_seconds))
-        cluster = build_cluster_side(api_client, config, on_stuck=lambda pod: stuck(1), on_budget=budget)
-    daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra, cluster=cluster, clock=clock)
+        cluster_of = partial(build_cluster_side, api_client, config, on_stuck=lambda pod: stuck(1), on_budget=budget)
+    daemon = Daemon(config, rules=rules, inventory=node, extra_sources=extra, cluster_of=cluster_of, clock=clock)
     stuck.target = lambda _: daemon.metrics.evictions_stuck.inc()
     budget.target = daemon.metrics.set_budget
     server = _serve(config, daemon)
     click.echo(f"gpu-health-agent: node {config.node_name}, mode {config.mode}"
                f"{' (dry-run)' if config.dry_run else ''}, "
-               f"{'cluster via ' + how if cluster else 'local mode (' + how + ')'}, "
+               f"{'cluster via ' + how if daemon.cluster else 'local mode (' + how + ')'}, "
                f"sources {', '.join(s.name for s in daemon.sources)}, http :{server.port}", err=True)
     stop = stop_event(duration)
     try:

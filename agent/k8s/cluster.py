@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from agent.config import Config
 from agent.diagnostics import command_runner
 from agent.fleet import BrakePolicy
-from agent.fleet.publish import Summariser
+from agent.fleet.publish import NodeFacts, Summariser
 from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.events import EventRecorder
@@ -22,7 +22,24 @@ from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter
 from agent.k8s.operands import OperandPauser
 from agent.k8s.pods import PodFinder
 from agent.k8s.raw import RawApi
+from agent.model import PodRef
 from agent.timefmt import rfc3339
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHooks:
+    """What the cluster side reads from the node side, handed over when it is built (each read when called)."""
+
+    #: pod UID -> GPU UUIDs of the processes NVML lists (host PIDs charged through the host's /proc).
+    gpus_by_pod_uid: Callable[[], dict[str, list[str]]] | None = None
+    #: MIG device UUID -> its parent GPU's UUID.
+    mig_parents: Callable[[], dict[str, str]] | None = None
+    #: The node's pods as the agent last listed them (the fleet summary names their workloads).
+    pods: Callable[[], Iterable[PodRef]] = tuple
+    #: The node's facts for the fleet summary (driver version).
+    facts: Callable[[], NodeFacts] = NodeFacts
+    #: The GPU edge's reset, given the operand pauser this side builds (agent.gpu composes it above).
+    reset_of: Callable[[OperandPauser], ResetRunner] | None = None
 
 
 @dataclass(slots=True)
@@ -41,10 +58,13 @@ class ClusterSide:
     summariser: Summariser | None = None
 
 
-def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[str], None],
+def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None = None, *,
+                       on_stuck: Callable[[str], None],
                        on_budget: Callable[[int, int], None] = lambda in_use, limit: None,
-                       clock: Callable[[], float] = time.time, reset: ResetRunner = unwired_reset) -> ClusterSide:
+                       clock: Callable[[], float] = time.time) -> ClusterSide:
+    """Every part built once, in order, with what it reads from the node side: nothing is wired in later."""
     settings = config.remediation
+    hooks = node or NodeHooks()
     raw = RawApi(api_client)
     writer = NodeWriter(raw, config.node_name, taint_key=settings.taint_key,
                         taint_effect=settings.taint_effect, cordon=settings.cordon)
@@ -52,33 +72,34 @@ def build_cluster_side(api_client: Any, config: Config, *, on_stuck: Callable[[s
         raw, node_name=config.node_name, taint_key=settings.taint_key, setting=settings.isolation,
         effect=settings.device_taint_effect, mark_degraded=settings.device_taint_degraded)
     own_pod = f"{os.environ.get('POD_NAMESPACE', settings.namespace)}/{os.environ.get('POD_NAME', '')}"
+    operands = OperandPauser(writer, raw, labels=tuple(settings.reset_operand_labels),
+                             wait_seconds=settings.reset_operand_wait_seconds)
+    fleet, summariser = fleet_side(raw, config, clock=clock, hooks=hooks)
     actuator = K8sActuator(
         writer=writer,
         events=EventRecorder(raw, instance=f"{config.node_name}/{os.environ.get('POD_NAME', 'agent')}"),
         evictor=Evictor(raw, deadline_seconds=settings.eviction_deadline_seconds),
-        reset=reset,
+        reset=hooks.reset_of(operands) if hooks.reset_of is not None else unwired_reset,
         reboot_sentinel=settings.reboot_sentinel_path,
         on_stuck=on_stuck,
         opt_out_label=settings.opt_out_label,
         diagnose=command_runner(settings.diagnostic_command, timeout_seconds=settings.diagnostic_timeout_seconds,
                                 hostengine=config.sources.dcgm.hostengine) if settings.diagnostic_command else None,
         devices=devices,
+        summarise=summariser,
     )
     budget = LeaseBudget(raw, node_name=config.node_name, namespace=settings.namespace,
                          max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
                          gpu_node_selector=settings.gpu_node_selector, clock=clock, monotonic=time.monotonic,
                          on_usage=on_budget)
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
+                     gpus_by_pod_uid=hooks.gpus_by_pod_uid, mig_parents=hooks.mig_parents,
                      dra_gpus=devices.gpus_by_pod)
-    operands = OperandPauser(writer, raw, labels=tuple(settings.reset_operand_labels),
-                             wait_seconds=settings.reset_operand_wait_seconds)
-    fleet, summariser = fleet_side(raw, config, clock=clock)
-    actuator.summarise = summariser
     return ClusterSide(actuator, budget, pods, writer, own_pod, operands, fleet, summariser)
 
 
-def fleet_side(raw: RawApi, config: Config, *,
-               clock: Callable[[], float] = time.time) -> tuple[FleetGate | None, Summariser | None]:
+def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time.time,
+               hooks: NodeHooks | None = None) -> tuple[FleetGate | None, Summariser | None]:
     """The fleet view's reader and the summariser, when `fleet_holds` or the brake is on."""
     settings = config.remediation
     brake = BrakePolicy(max_share=settings.brake_max_share, min_nodes=settings.brake_min_nodes,
@@ -88,7 +109,9 @@ def fleet_side(raw: RawApi, config: Config, *,
         return None, None
     gate = FleetGate(raw, namespace=settings.namespace, gpu_node_selector=settings.gpu_node_selector, brake=brake,
                      holds=settings.fleet_holds, wall=clock)
-    return gate, Summariser(config.node_name, wall=clock, uptime=lambda: time.clock_gettime(time.CLOCK_BOOTTIME))
+    hooks = hooks or NodeHooks()
+    return gate, Summariser(config.node_name, wall=clock, uptime=lambda: time.clock_gettime(time.CLOCK_BOOTTIME),
+                            pods=hooks.pods, facts=hooks.facts)
 
 
 def request_release(api_client: Any, node_name: str, gpu: str = "all") -> None:

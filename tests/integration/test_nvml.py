@@ -332,3 +332,37 @@ def test_nvml_let_go_for_a_reset_reads_nothing_and_reads_and_waits_for_events_ag
     finally:
         stop.set()
         thread.join(5)
+
+
+def test_the_daemon_hands_the_cluster_side_nvml_processes_charged_through_the_hosts_proc(fake_nvml, tmp_path: Path):
+    """Built by the daemon, the pod finder charges NVML's host PIDs through the configured host /proc."""
+    from functools import partial
+
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import load_config
+    from agent.daemon import Daemon
+    from agent.k8s.client import client_for
+    from agent.k8s.cluster import build_cluster_side
+    from tests.k8s_helpers import RULES, start_cluster
+
+    uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    host_proc = tmp_path / "host-proc"
+    (host_proc / "4242").mkdir(parents=True)
+    (host_proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{uid}/{'c' * 64}\n")
+    fake_nvml.write(eight_gpus(**{"6": {"processes": [4242]}}))
+    _cluster, server = start_cluster()
+    config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db"),
+                                    "GPU_HEALTH_SOURCES__KMSG__PROC_ROOT": str(host_proc)})
+    nvml = source()
+    try:
+        nvml.poll()
+        daemon = Daemon(config, rules=RULES, sources=[nvml], registry=CollectorRegistry(),
+                        cluster_of=partial(build_cluster_side, client_for(server.url), config,
+                                           on_stuck=lambda pod: None))
+        assert daemon.cluster is not None and daemon.cluster.pods.gpus_by_pod_uid is not None
+        assert daemon.cluster.pods.gpus_by_pod_uid() == {uid: ["GPU-fa4e0000-0000-0000-0000-000000000006"]}
+        daemon.journal.close()
+    finally:
+        nvml.stop()
+        server.stop()

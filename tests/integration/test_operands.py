@@ -112,6 +112,8 @@ def test_a_pause_whose_pods_do_not_go_in_time_says_which_are_left(node):
 
 def test_an_agent_started_after_a_crash_mid_reset_restores_the_operands(node, tmp_path):
     """The daemon wires the GPU edge's reset procedure and its pass puts back a pause an earlier agent left."""
+    from functools import partial
+
     from prometheus_client import CollectorRegistry
 
     from agent.config import load_config
@@ -123,10 +125,12 @@ def test_an_agent_started_after_a_crash_mid_reset_restores_the_operands(node, tm
     cluster, raw = node
     pauser(raw, wait_seconds=0).pause()  # the earlier agent died here, mid-reset
     config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db")})
-    side = build_cluster_side(raw.api_client, config, on_stuck=lambda pod: None)
-    daemon = Daemon(config, rules=RULES, sources=[object()], registry=CollectorRegistry(), cluster=side)  # type: ignore[list-item]
+    daemon = Daemon(config, rules=RULES, sources=[object()], registry=CollectorRegistry(),  # type: ignore[list-item]
+                    cluster_of=partial(build_cluster_side, raw.api_client, config, on_stuck=lambda pod: None))
+    side = daemon.cluster
     try:
-        assert isinstance(side.actuator.reset, ResetProcedure) and side.actuator.reset.operands is side.operands
+        assert side is not None and isinstance(side.actuator.reset, ResetProcedure)
+        assert side.actuator.reset.operands is side.operands
         daemon._restore_operands()  # what the reconcile loop runs before each pass
         assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
     finally:
