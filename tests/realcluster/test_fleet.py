@@ -3,12 +3,14 @@ ServiceAccount's own token, and daemonset/fleet/rbac.yaml derived from what the 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from agent.fleet import CorrelationPolicy, FaultSummary, NodeSummary
 from agent.fleet.published import HOLDS_CONFIGMAP, LEASE_NAME, SUMMARY_ANNOTATION, decode
@@ -77,6 +79,9 @@ def test_the_fleet_controller_correlates_holds_and_uses_exactly_what_its_rbac_gr
     api = fleet_client(plane)
     plane.forget("coordination.k8s.io", "leases", AGENT_NAMESPACE, LEASE_NAME)
     plane.forget("", "configmaps", AGENT_NAMESPACE, HOLDS_CONFIGMAP)
+    # An earlier test's agents may have left the holds object: this controller must create it itself.
+    with contextlib.suppress(ApiException):
+        plane.core.delete_namespaced_config_map(HOLDS_CONFIGMAP, AGENT_NAMESPACE)
     start = len(audit_events(plane.audit_log, user=FLEET_USER))
     raw = RawApi(api)
     clock = Clock()
