@@ -169,6 +169,9 @@ class LeaseBudget:
         #: a later acquire goes on from the ranking (one list) instead of writing it again.
         self._written: tuple[Slot, bool] | None = None
         self._written_at = 0.0
+        #: The live slots as the gate's last reading listed them after that write (None: no such list): a list
+        #: made any time after the write ranks it, so the acquire that follows need not list again.
+        self._listed: list[Slot] | None = None
 
     # ---- reading ----
     def read(self) -> GateReading:
@@ -176,6 +179,8 @@ class LeaseBudget:
         if self._paused():
             return GateReading(paused=True, held=self._granted, limit=self._limit or 1)
         slots = self._slots()
+        if self._written is not None:
+            self._listed = slots
         others = len([s for s in slots if s.name != self.slot])
         own = next((s for s in slots if s.name == self.slot), None)
         if own is not None and self._confirmed():
@@ -225,10 +230,9 @@ class LeaseBudget:
                 document, created = self._create_or_get()
                 if not created:  # there already (maybe an earlier process's): re-taken in place, ranked as new
                     self._retake(document)
-                self._written = (Slot.of(document), created)
-                self._written_at = sent
+                self._written, self._written_at, self._listed = (Slot.of(document), created), sent, None
             own, created = self._written
-            slots = self._slots()
+            slots, self._listed = self._listed if self._listed is not None else self._slots(), None
             listed = next((s for s in slots if s.name == own.name), None)
             if listed is not None and listed.uid == own.uid:
                 return own, created, self._written_at, slots
@@ -319,7 +323,7 @@ class LeaseBudget:
         self._retried(delete)
         self._granted = False
         self.maybe_held = False
-        self._written = None
+        self._written, self._listed = None, None
 
     def _patch(self, body: JsonDocument) -> None:
         """A merge patch of this node's slot. Only this agent writes it: a 409 (a conflict answered anyway) is

@@ -366,3 +366,20 @@ def test_a_slot_written_but_not_ranked_is_ranked_by_the_next_acquire_without_wri
     assert gate.acquire().held
     assert writes.seen == 1
     assert slots(cluster) == {slot_name("n1")}
+
+
+def test_a_slot_written_but_not_ranked_is_ranked_by_the_gate_reading_listed_after_it(fake):
+    """The pass's gate reading listed the slots after the unranked write: the acquire that follows lists nothing."""
+    cluster, server = fake
+    api = client_for(server.url)
+    lists = Faulty(api, lambda method, path: method == "GET" and path.endswith("/leases"), times=10**9)
+    gate = budget(server, "n1", Clock(), api=api)
+    lists.fail_at = 1
+    with pytest.raises(K8sError):
+        gate.acquire()
+    lists.fail_at = None
+    gate.read()
+    listed = lists.seen
+    assert gate.acquire().held
+    assert lists.seen == listed
+    assert slots(cluster) == {slot_name("n1")}
