@@ -26,7 +26,7 @@ from agent.model import (
     frozen_attrs,
 )
 from agent.remediation import ClusterView, NodeState, plan
-from agent.remediation.backoff import failed_pass_delay
+from agent.remediation.backoff import OWED_CAP_SECONDS, failed_pass_delay
 from agent.remediation.guard import node_writes_refused
 from agent.remediation.planner import next_settled
 from agent.remediation.record import NodeObservation, mirror_of
@@ -62,7 +62,7 @@ class Reconciler:
         with self._pass:
             now = shared.clock() if now is None else now
             self._pass_verdicts = []
-            runner.gate_reading = None
+            runner.begin_pass()
             observed = self.observe_and_adopt(now)
             opted_out = observed.opted_out if observed is not None else False
             # The taint first: it keeps new work off the GPU and needs neither the pod list nor the Events.
@@ -117,7 +117,8 @@ class Reconciler:
             bool(self.shared.record.owed)
         due = now + self.sync_seconds
         if failed:  # soon, doubling while the failures go on (2 s, 4 s, ... up to retry_seconds)
-            soon = now + failed_pass_delay(self._failing_passes, cap_seconds=runner.retry_seconds) * \
+            cap = min(runner.retry_seconds, OWED_CAP_SECONDS) if runner.owes_disruption else runner.retry_seconds
+            soon = now + failed_pass_delay(self._failing_passes, cap_seconds=cap) * \
                 runner.rng.uniform(1.0, 1.25)
             if unreadable:  # every gate block of this pass was the failure: the gated steps are asked again too
                 runner.backoff_until = min(runner.backoff_until, soon)

@@ -40,6 +40,16 @@ class StepRunner:
         #: and the skips this pass came to (a step no longer planned is forgotten at the end of the pass).
         self._skipped: dict[tuple[StepKind, str, str, str], str] = {}
         self._skipped_now: set[tuple[StepKind, str, str, str]] = set()
+        #: A disruptive step this pass was kept from by a failed request (the gate unreadable, the slot's
+        #: write unanswered, the step's own request): it is owed, so the slot written for it is kept and the
+        #: failed-pass back-off stays short. The last pass's word stands in a pass that backs off.
+        self.owes_disruption = False
+        self._owed_before = False
+
+    def begin_pass(self) -> None:
+        """A new pass: no gate reading yet, and nothing owed until this pass finds it so."""
+        self.gate_reading = None
+        self._owed_before, self.owes_disruption = self.owes_disruption, False
 
     def carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
         """The guard decides, on the pass's one reading of the cluster gate (read only for a step that gets as
@@ -47,6 +57,7 @@ class StepRunner:
         what that write found (another node may have taken the last slot meanwhile)."""
         gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
         if gated and now < self.backoff_until:
+            self.owes_disruption = self.owes_disruption or (step.disruptive and self._owed_before)
             return None  # backing off: not attempted, not recorded again
         cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None,
                               brake=self.shared.fleet_view.brake)
@@ -60,6 +71,8 @@ class StepRunner:
             self.backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
         if result is None:
             result, message = self._apply(step, now)
+        if step.disruptive and (result is StepResult.FAILED or (decision.by_gate and self._gate_failed())):
+            self.owes_disruption = True
         shared = self.shared
         with shared.lock:
             if result in TOOK_EFFECT:
@@ -94,6 +107,9 @@ class StepRunner:
         changed) is forgotten, so when it comes back it is skipped, and said so, again."""
         self._skipped = {k: v for k, v in self._skipped.items() if k in self._skipped_now}
         self._skipped_now = set()
+
+    def _gate_failed(self) -> bool:
+        return self.gate_reading is not None and bool(self.gate_reading.error)
 
     def _read_gate(self) -> GateReading:
         """The pass's one read of the cluster gate; an unreadable gate is a reading the guard blocks on."""
@@ -213,8 +229,8 @@ class StepRunner:
                     self._holding = held
                     if not held:
                         self.shared.log.warning("slot_not_renewed", reason="budget spent while the node is disrupted")
-            elif self._renewed_at is not None or self.gate.maybe_held or (observed is not None and (
-                    observed.holds_slot or first_pass)):
+            elif not self.owes_disruption and (self._renewed_at is not None or self.gate.maybe_held or (
+                    observed is not None and (observed.holds_slot or first_pass))):
                 self.gate.release()  # a slot the record does not call for is given back, whatever wrote it
                 self._renewed_at = None
                 self._holding = False

@@ -165,6 +165,13 @@ class LeaseBudget:
         self.confirm_fraction = 0.9
         #: This process may have a slot on the server it has not confirmed or given back.
         self.maybe_held = False
+        #: The slot this process wrote (created, or re-taken) and has not ranked yet, as the write answered:
+        #: a later acquire goes on from the ranking (one list) instead of writing it again.
+        self._written: tuple[Slot, bool] | None = None
+        self._written_at = 0.0
+        #: The live slots as the gate's last reading listed them after that write (None: no such list): a list
+        #: made any time after the write ranks it, so the acquire that follows need not list again.
+        self._listed: list[Slot] | None = None
 
     # ---- reading ----
     def read(self) -> GateReading:
@@ -172,6 +179,8 @@ class LeaseBudget:
         if self._paused():
             return GateReading(paused=True, held=self._granted, limit=self._limit or 1)
         slots = self._slots()
+        if self._written is not None:
+            self._listed = slots
         others = len([s for s in slots if s.name != self.slot])
         own = next((s for s in slots if s.name == self.slot), None)
         if own is not None and self._confirmed():
@@ -196,15 +205,11 @@ class LeaseBudget:
             except NotFound:  # deleted under us (an operator): a new slot is ranked like any other
                 self._granted = False
         self._granted = False
-        sent = self.monotonic()
-        document, created = self._create_or_get()
-        if not created:  # there already (maybe an earlier process's): re-taken in place, ranked as new
-            self._retake(document)
-        own = Slot.of(document)
-        slots = self._slots()
+        own, created, sent, slots = self._written_and_listed()
         self._count_gpu_nodes()
         ahead = ahead_of(own, slots, retaken=not created)
         others = len([s for s in slots if s.name != self.slot])
+        self._written = None
         if ahead < self._limit:
             self._granted, self._confirmed_at = True, sent
             self.on_usage(others + 1, self._limit)
@@ -212,6 +217,27 @@ class LeaseBudget:
         self._delete()
         self.on_usage(others, self._limit)
         return GateReading(held=False, in_use=others, limit=self._limit)
+
+    def _written_and_listed(self) -> tuple[Slot, bool, float, list[Slot]]:
+        """This node's slot written (or the one an earlier call wrote and could not rank, while the list still
+        shows it unchanged), whether it was created, when the write was sent, and the live slots listed after
+        it. Ranking by a list made any time after the write is the rule: every slot created later saw ours."""
+        for _ in range(2):
+            if self._written is not None and self.monotonic() - self._written_at >= self.ttl * self.confirm_fraction:
+                self._written = None  # unrenewed so long that other readers may have let it lapse: written again
+            if self._written is None:
+                sent = self.monotonic()
+                document, created = self._create_or_get()
+                if not created:  # there already (maybe an earlier process's): re-taken in place, ranked as new
+                    self._retake(document)
+                self._written, self._written_at, self._listed = (Slot.of(document), created), sent, None
+            own, created = self._written
+            slots, self._listed = self._listed if self._listed is not None else self._slots(), None
+            listed = next((s for s in slots if s.name == own.name), None)
+            if listed is not None and listed.uid == own.uid:
+                return own, created, self._written_at, slots
+            self._written = None  # deleted or replaced since (an operator): written again
+        raise NotFound(f"budget slot {self.slot} gone each time it was written", status=404)
 
     def release(self) -> None:
         """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
@@ -297,6 +323,7 @@ class LeaseBudget:
         self._retried(delete)
         self._granted = False
         self.maybe_held = False
+        self._written, self._listed = None, None
 
     def _patch(self, body: JsonDocument) -> None:
         """A merge patch of this node's slot. Only this agent writes it: a 409 (a conflict answered anyway) is

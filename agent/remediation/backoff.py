@@ -4,6 +4,9 @@ from __future__ import annotations
 
 #: The wait after the first failing pass; each further failing pass in a row doubles it, up to the cap.
 FIRST_SECONDS = 2.0
+#: The cap while a disruptive step (a fatal fault's eviction, reset, reboot request) is owed and only failed
+#: requests keep it back: the node is already quarantined and every pass goes on from what the last one got.
+OWED_CAP_SECONDS = 4.0
 
 
 def failed_pass_delay(failing_passes: int, *, cap_seconds: float, first_seconds: float = FIRST_SECONDS) -> float:

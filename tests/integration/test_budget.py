@@ -10,7 +10,7 @@ import pytest
 
 from agent.k8s.budget import SLOT_LABEL, LeaseBudget, slot_name
 from agent.k8s.client import client_for
-from agent.k8s.errors import status_error
+from agent.k8s.errors import K8sError, status_error
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import RawApi
 from agent.model import StepKind, StepResult
@@ -350,3 +350,36 @@ def test_an_old_shared_lease_entry_lapses_once_unchanged_for_a_lifetime_and_neve
     assert not reader.acquire().held  # n1's new slot now
     budget(server, "n1", Clock()).release()
     assert reader.acquire().held
+
+
+def test_a_slot_written_but_not_ranked_is_ranked_by_the_next_acquire_without_writing_it_again(fake):
+    """The list after the slot's create fails past its retries: the next acquire only lists, and grants it."""
+    cluster, server = fake
+    api = client_for(server.url)
+    lists = Faulty(api, lambda method, path: method == "GET" and path.endswith("/leases"), times=10**9)
+    writes = Faulty(api, lambda method, path: method in {"POST", "PATCH"} and "/leases" in path)
+    gate = budget(server, "n1", Clock(), api=api)
+    lists.fail_at = 1
+    with pytest.raises(K8sError):
+        gate.acquire()
+    lists.fail_at = None
+    assert gate.acquire().held
+    assert writes.seen == 1
+    assert slots(cluster) == {slot_name("n1")}
+
+
+def test_a_slot_written_but_not_ranked_is_ranked_by_the_gate_reading_listed_after_it(fake):
+    """The pass's gate reading listed the slots after the unranked write: the acquire that follows lists nothing."""
+    cluster, server = fake
+    api = client_for(server.url)
+    lists = Faulty(api, lambda method, path: method == "GET" and path.endswith("/leases"), times=10**9)
+    gate = budget(server, "n1", Clock(), api=api)
+    lists.fail_at = 1
+    with pytest.raises(K8sError):
+        gate.acquire()
+    lists.fail_at = None
+    gate.read()
+    listed = lists.seen
+    assert gate.acquire().held
+    assert lists.seen == listed
+    assert slots(cluster) == {slot_name("n1")}

@@ -3,6 +3,8 @@ retry back-off), not after the full back-off a refusal gets."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from agent.model import NodeInventory, PodRef, Signal, StepKind, StepResult
@@ -94,3 +96,70 @@ def test_an_answered_pass_starts_the_wait_at_two_seconds_again(shipped_rules):
     assert gate.reads == 4
     p.tick(47.5)
     assert gate.reads == 5
+
+
+class CountingGate(LocalGate):
+    """A budget that always has room, counting the slot's takes and give-backs."""
+
+    def __init__(self) -> None:
+        self.acquires = 0
+        self.releases = 0
+        self.holding = False
+
+    def read(self) -> GateReading:
+        return GateReading(held=self.holding)
+
+    def acquire(self) -> GateReading:
+        self.acquires += 1
+        self.holding = True
+        return GateReading(held=True)
+
+    def release(self) -> None:
+        self.releases += 1
+        self.holding = False
+
+
+class FlakyNodeWrites(FlakyEvictions):
+    """The taint, the evictions and the reboot request refused with an error while `failing`: nothing disrupts
+    the node yet."""
+
+    def apply(self, step):  # type: ignore[no-untyped-def]
+        if step.kind in {StepKind.TAINT, StepKind.REBOOT_REQUEST} and self.failing:
+            return StepResult.FAILED, "ApiError: 503 Service Unavailable"
+        return super().apply(step)
+
+
+def test_a_slot_taken_for_an_eviction_whose_request_failed_is_kept_for_the_next_pass(shipped_rules):
+    """The taint and the eviction failed after the slot was taken: the slot is not given back, and the next pass
+    evicts on it without taking it again."""
+    gate, flaky = CountingGate(), FlakyNodeWrites()
+    p = pipeline(shipped_rules, gate=gate, actuator=flaky)
+    assert evictions(p.handle(obs(Signal.XID, 79, 0.0), 0.0)) == ["failed"]
+    assert (gate.acquires, gate.releases) == (1, 0)
+    flaky.failing = False
+    assert evictions(p.tick(2.5)) == ["planned"]
+    assert (gate.acquires, gate.releases) == (1, 0)
+
+
+def test_a_slot_kept_for_an_owed_eviction_is_given_back_once_it_is_no_longer_owed(shipped_rules):
+    """The fault is released while its eviction still fails: the slot kept for it is given back."""
+    gate = CountingGate()
+    p = pipeline(shipped_rules, gate=gate, actuator=FlakyEvictions())
+    p.handle(obs(Signal.XID, 79, 0.0), 0.0)
+    p.handle(obs(Signal.OPERATOR_RELEASE, 1, 1.0), 1.0)
+    p.tick(5.0)
+    assert (gate.acquires, gate.releases, gate.holding) == (1, 1, False)
+
+
+def test_the_wait_stays_short_while_a_fatal_step_is_owed(shipped_rules):
+    """The budget unreadable for 60 s with an eviction owed: passes come at most 4-5 s apart, never 30 s."""
+    gate = FlakyGate()
+    p = pipeline(shipped_rules, gate=gate)
+    p.handle(obs(Signal.XID, 79, 0.0), 0.0)
+    read_at = [0.0]
+    for tenth in range(1, 601):
+        before = gate.reads
+        p.tick(tenth / 10)
+        if gate.reads > before:
+            read_at.append(tenth / 10)
+    assert max(b - a for a, b in itertools.pairwise(read_at)) <= 5.1
