@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from agent.config import Config
-from agent.discovery import SourceContext, SourceProbe, discover_sources
+from agent.discovery import DISABLED_IN_CONFIG, LOUD_WHEN_MISSING, SourceContext, SourceProbe, discover_sources
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.engine.reload import NAMED, refusal
@@ -277,11 +277,18 @@ class Daemon:
         if not self.backlog.put(observation):  # only a new kind past twice the capacity: counted, never silent
             self.metrics.source_errors.labels(observation.source).inc()
 
+    def missing_loud_sources(self) -> list[SourceProbe]:
+        """The auto-detected sources that matter too much to leave out quietly (the kernel log) and cannot run."""
+        return [p for p in self.probes if p.source is None and p.name in LOUD_WHEN_MISSING
+                and p.why_not != DISABLED_IN_CONFIG]
+
     def run(self, stop: threading.Event) -> None:
         log.info("agent_starting", node=self.config.node_name, mode=str(self.config.mode),
                  dry_run=self.config.dry_run, sources=[s.name for s in self.sources],
                  rules=len(self.pipeline.rules.rules), local_mode=self.cluster is None,
                  storm_path=describe_storm_path())
+        for probe in self.missing_loud_sources():
+            log.warning("source_not_running", source=probe.name, reason=probe.why_not)
         for source in self.sources:
             thread = threading.Thread(target=self._run_source, args=(source, stop), name=f"source-{source.name}",
                                       daemon=True)

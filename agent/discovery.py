@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from agent.config import Config
 from agent.drill import DrillBox, drills_dir
 from agent.errors import AgentError
 from agent.journal import Journal
+from agent.kmsgdevice.plugin import RESOURCE as KMSG_RESOURCE
 from agent.sources.base import Source
 from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_bindings import BindingsReader, import_bindings
@@ -43,13 +45,27 @@ class SourceContext:
     owners: Callable[[], Mapping[str, str]] = dict
 
 
+#: Why the kernel log cannot be opened, by errno, and what gives it to the agent's container.
+_KMSG_HINT = "the agent needs CAP_SYSLOG and the device in its container"
+_KMSG_HINTS = {
+    errno.EPERM: "the device is not allowed in this container's device cgroup: request the "
+                 f"{KMSG_RESOURCE} resource (the gpu-health-kmsg-device DaemonSet's device plugin) or give the "
+                 "container /dev/kmsg another way (CDI, a privileged container)",
+    errno.EACCES: "reading the kernel log needs CAP_SYSLOG (securityContext.capabilities.add: [SYSLOG])",
+    errno.ENOENT: f"no such device in this container: request the {KMSG_RESOURCE} resource",
+}
+DISABLED_IN_CONFIG = "disabled in config"
+#: Sources whose absence is logged as a warning even when auto-detected: the primary Xid source.
+LOUD_WHEN_MISSING = frozenset({"kmsg"})
+
+
 def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     settings = ctx.config.sources.kmsg
     path = Path(settings.path)
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
     except OSError as exc:
-        return None, f"cannot open {path}: {exc.strerror} (the agent needs CAP_SYSLOG and the device mounted)"
+        return None, f"cannot open {path}: {exc.strerror} ({_KMSG_HINTS.get(exc.errno or 0, _KMSG_HINT)})"
     source = KmsgSource(path=path, admit_user_records=settings.admit_user_records, cursor=ctx.journal,
                         proc_root=Path(settings.proc_root), owners=ctx.owners,
                         drills=DrillBox(drills_dir(ctx.config.journal_path)), node_name=ctx.config.node_name,
@@ -103,7 +119,7 @@ def discover_sources(ctx: SourceContext) -> list[SourceProbe]:
         toggle = getattr(ctx.config.sources, name).enabled
         factory = SOURCE_FACTORIES.get(name)
         if toggle == "off":
-            probes.append(SourceProbe(name, None, "disabled in config"))
+            probes.append(SourceProbe(name, None, DISABLED_IN_CONFIG))
             continue
         if factory is None:
             why_not = "not available in this version of the agent"

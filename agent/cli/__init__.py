@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from agent import __version__
-from agent.cli import check, cluster, drill, inspect, kmsg, nvml, run, simulate
+from agent.cli import check, cluster, drill, inspect, kmsg, kmsgdevice, nvml, run, simulate
 from agent.cli.common import EXIT_BAD_INPUT, EXIT_FAILED
 from agent.fleetctl.commands import fleet
 from agent.hot_path import describe as describe_storm_path
@@ -61,6 +61,7 @@ def main() -> None:
 
 
 for command in (fleet, run.run, run.reset_helper, cluster.release, cluster.cleanup, drill.drill,
-                simulate.simulate_command, check.check, nvml.nvml, kmsg.kmsg, inspect.rules, inspect.config_group,
+                simulate.simulate_command, check.check, nvml.nvml, kmsg.kmsg,
+                kmsgdevice.kmsg_device_plugin, inspect.rules, inspect.config_group,
                 inspect.history, inspect.explain):
     main.add_command(command)

@@ -104,6 +104,8 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
                f"{' (dry-run)' if config.dry_run else ''}, "
                f"{'cluster via ' + how if daemon.cluster else 'local mode (' + how + ')'}, "
                f"sources {', '.join(s.name for s in daemon.sources)}, http :{server.port}", err=True)
+    for probe in daemon.missing_loud_sources():
+        click.echo(f"gpu-health-agent: warning: source {probe.name} not running: {probe.why_not}", err=True)
     stop = stop_event(duration)
     try:
         daemon.run(stop)

@@ -9,8 +9,11 @@ ClaimResource{driver_name=2, pool_name=3, device_name=4}), so no code generator 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from agent.protowire import fields as _fields
+from agent.protowire import length_field as _field
+from agent.protowire import text as _text
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -33,51 +36,6 @@ class PodDevices:
             if resource.startswith(GPU_RESOURCE_PREFIXES) or resource.startswith("nvidia.com/"):
                 ids.extend(device_id.split("::", 1)[0] for device_id in device_ids)
         return sorted(set(ids))
-
-
-class ProtobufError(ValueError):
-    """The bytes are not a valid protobuf message."""
-
-
-def _varint(data: bytes, position: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if position >= len(data):
-            raise ProtobufError("truncated varint")
-        byte = data[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, position
-        shift += 7
-        if shift > 63:
-            raise ProtobufError("varint too long")
-
-
-def _fields(data: bytes) -> Iterator[tuple[int, int, bytes | int]]:
-    position = 0
-    while position < len(data):
-        key, position = _varint(data, position)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, position = _varint(data, position)
-            yield number, wire, value
-        elif wire == 2:
-            length, position = _varint(data, position)
-            if position + length > len(data):
-                raise ProtobufError("truncated field")
-            yield number, wire, data[position:position + length]
-            position += length
-        elif wire == 1:
-            position += 8
-        elif wire == 5:
-            position += 4
-        else:
-            raise ProtobufError(f"unsupported wire type {wire}")
-
-
-def _text(value: bytes | int) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def decode_list_response(data: bytes) -> list[PodDevices]:
@@ -116,20 +74,6 @@ def _claimed_devices(dynamic_resource: bytes) -> list[tuple[str, str, str]]:
             if all(parts.get(n) for n in (2, 3, 4)):
                 claimed.append((parts[2], parts[3], parts[4]))
     return claimed
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def encode_list_response(pods: list[PodDevices]) -> bytes:

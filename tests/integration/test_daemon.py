@@ -304,3 +304,18 @@ def test_readyz_fails_while_journal_writes_fail_and_recovers_after_one_succeeds(
         stop.set()
         thread.join(timeout=10)
         server.close()
+
+
+def test_a_kernel_log_the_agent_cannot_open_is_a_warning_naming_why(tmp_path: Path):
+    """sources.kmsg auto and no device: the agent runs on, but says so loudly (stderr and a warning event)."""
+    env = dict(os.environ, GPU_HEALTH_JOURNAL_PATH=str(tmp_path / "j.db"), GPU_HEALTH_HTTP__HOST="127.0.0.1",
+               GPU_HEALTH_SOURCES__KMSG__PATH=str(tmp_path / "no-kmsg"), GPU_HEALTH_SOURCES__NVML__ENABLED="off",
+               GPU_HEALTH_SOURCES__DCGM__ENABLED="off", NODE_NAME="it-node", KUBECONFIG="/nonexistent/kubeconfig",
+               GPU_HEALTH_LOG__FORMAT="json")
+    done = subprocess.run([sys.executable, "-m", "agent", "run", "--scenario", "xid79", "--duration", "0.5",
+                           "--port", "0"], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"warning: source kmsg not running: cannot open {tmp_path / 'no-kmsg'}" in done.stderr
+    [event] = [json.loads(line) for line in done.stderr.splitlines() if '"source_not_running"' in line]
+    assert event["level"] == "warning" and "gpu-health-agent.io/kmsg" in event["reason"]

@@ -18,6 +18,7 @@ from tests.realcluster.controlplane import UNSERVED_KINDS, ControlPlane, free_po
 from tests.realnode.runtime import REPO
 
 AGENT_NAMESPACE = "gpu-health"
+KMSG_DEVICE_DAEMONSET = "gpu-health-kmsg-device"
 # Where Debian's dynamic loader finds libnvidia-ml.so.1 in the image, as the NVIDIA runtime would put it.
 EVICTION_DEADLINE_SECONDS = 5
 IMAGE_NVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
@@ -36,7 +37,8 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
             fast_liveness: bool = False, env: dict[str, str] | None = None, helm: bool = False) -> tuple[Path, int]:
     """Write the test overlay over daemonset/ into `directory`; its path and the agent's metrics port.
 
-    What it changes and why (nothing else): hostNetwork (the node's only CNI is loopback: no pod network);
+    What it changes and why (nothing else): hostNetwork, for the agent and the kmsg device plugin (the
+    node's only CNI is loopback: no pod network);
     the API server's loopback address instead of the Service IP the kubelet injects (nothing serves it
     here); a free metrics port (on the host's network a fixed one could clash); imagePullPolicy Never (no
     registry: the image is imported); the fake libnvidia-ml and its state file mounted where the NVIDIA
@@ -70,13 +72,18 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
     if fast_liveness:
         port_patch += [{"op": "add", "path": f"/spec/template/spec/containers/0/livenessProbe/{key}", "value": value}
                        for key, value in FAST_LIVENESS.items()]
+    # The kmsg device plugin's pod, for the same reason as the agent's: no pod network (it uses none).
+    plugin_patch = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "metadata": {"name": KMSG_DEVICE_DAEMONSET, "namespace": AGENT_NAMESPACE},
+                    "spec": {"template": {"spec": {"hostNetwork": True}}}}
     (directory / "agent-patch.yaml").write_text(yaml.safe_dump(patch))
+    (directory / "kmsg-device-patch.yaml").write_text(yaml.safe_dump(plugin_patch))
     (directory / "port-patch.yaml").write_text(yaml.safe_dump(port_patch))
     (directory / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         # kustomize takes no absolute base; with `helm`, the chart's rendering (helm_install's post-renderer)
         "resources": [HELM_RENDERED if helm else os.path.relpath(REPO / "daemonset", directory)],
-        "patches": [{"path": "agent-patch.yaml"},
+        "patches": [{"path": "agent-patch.yaml"}, {"path": "kmsg-device-patch.yaml"},
                     {"path": "port-patch.yaml", "target": {"kind": "DaemonSet", "name": "gpu-health-agent"}}]}))
     return directory, port
 

@@ -137,8 +137,34 @@ def test_the_daemonset_runs_least_privileged():
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
-    kmsg = next(m for m in container["volumeMounts"] if m["name"] == "kmsg")
-    assert (kmsg["mountPath"], kmsg["readOnly"]) == ("/dev/kmsg", True)
+    assert security["privileged"] is False
+
+
+def test_the_agent_gets_the_kernel_log_from_the_kmsg_device_plugin_not_a_host_path():
+    """/dev/kmsg is requested as the plugin's resource (the device cgroup allows it only so), never mounted."""
+    agent = containers()["agent"]
+    assert agent["resources"]["limits"]["gpu-health-agent.io/kmsg"] == 1
+    assert not any(m["mountPath"] == "/dev/kmsg" for m in agent["volumeMounts"])
+    assert not any(v.get("hostPath", {}).get("path") == "/dev/kmsg" for v in daemonset()["volumes"])
+    [plugin] = manifests("kmsg-device-plugin.yaml")
+    assert plugin["spec"]["template"]["spec"]["affinity"] == daemonset()["affinity"]
+    assert "kmsg-device-plugin.yaml" in yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+
+
+def test_the_kmsg_device_plugin_holds_no_capability_and_mounts_only_the_device_plugin_directory():
+    """No capability, no privilege, a read-only root, no API token; one hostPath: the kubelet's plugin directory."""
+    [plugin] = manifests("kmsg-device-plugin.yaml")
+    spec = plugin["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert (security["privileged"], security["allowPrivilegeEscalation"], security["readOnlyRootFilesystem"]) == (
+        False, False, True)
+    assert container["args"][:3] == ["kmsg-device-plugin", "--resource", "gpu-health-agent.io/kmsg"]
+    assert spec["automountServiceAccountToken"] is False
+    assert [v["hostPath"]["path"] for v in spec["volumes"]] == ["/var/lib/kubelet/device-plugins"]
+    assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
+    assert spec["tolerations"] == daemonset()["tolerations"]
 
 
 def test_the_reset_container_holds_exactly_the_privileges_a_reset_needs():

@@ -186,6 +186,26 @@ def test_values_reach_the_agent_config_and_the_pod(helm):
     assert pod["tolerations"] == [{"key": "gpu-health-agent.io/unhealthy", "operator": "Exists"}]
 
 
+def test_without_the_kmsg_device_plugin_the_agent_mounts_the_kernel_log_by_host_path(helm):
+    """kmsgDevicePlugin.enabled=false: no plugin DaemonSet, no resource request, /dev/kmsg by hostPath."""
+    rendered = objects(render(helm, "--set", "kmsgDevicePlugin.enabled=false").stdout)
+    assert ("DaemonSet", "gpu-health-kmsg-device") not in rendered
+    agent = rendered[("DaemonSet", "gpu-health-agent")]["spec"]["template"]["spec"]["containers"][0]
+    assert "gpu-health-agent.io/kmsg" not in agent["resources"]["limits"]
+    assert {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True} in agent["volumeMounts"]
+
+
+def test_the_kmsg_device_plugin_values_reach_the_plugin_and_the_agents_request(helm):
+    """A renamed resource is both advertised by the plugin and requested by the agent; devices and permissions."""
+    rendered = objects(render(helm, "--set", "kmsgDevicePlugin.resourceName=example.com/kmsg",
+                              "--set", "kmsgDevicePlugin.devices=2", "--set", "kmsgDevicePlugin.permissions=r").stdout)
+    plugin = rendered[("DaemonSet", "gpu-health-kmsg-device")]["spec"]["template"]["spec"]["containers"][0]
+    assert plugin["args"] == ["kmsg-device-plugin", "--resource", "example.com/kmsg", "--devices", "2",
+                              "--permissions", "r"]
+    agent = rendered[("DaemonSet", "gpu-health-agent")]["spec"]["template"]["spec"]["containers"][0]
+    assert agent["resources"]["limits"]["example.com/kmsg"] == 1
+
+
 def test_the_rendered_config_is_one_the_agent_accepts(helm, tmp_path: Path):
     """The chart's config.yaml passes the agent's own strict validation (unknown keys are errors)."""
     from agent.config import load_config
