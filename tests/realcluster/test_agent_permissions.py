@@ -236,7 +236,8 @@ def test_the_agents_pod_with_its_reset_container_passes_admission(control_plane,
     control_plane.apply_shipped_manifests()
     rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset")], check=True, capture_output=True,
                               text=True).stdout
-    [ds] = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") == "DaemonSet"]
+    [ds] = [d for d in yaml.safe_load_all(rendered)
+            if d and d.get("kind") == "DaemonSet" and d["metadata"]["name"] == "gpu-health-agent"]
     template = ds["spec"]["template"]
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": control_plane.unique("agent"), "labels": template["metadata"]["labels"]},
