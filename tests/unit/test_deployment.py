@@ -143,7 +143,7 @@ def test_the_daemonset_runs_least_privileged():
 def test_the_agent_gets_the_kernel_log_from_the_kmsg_device_plugin_not_a_host_path():
     """/dev/kmsg is requested as the plugin's resource (the device cgroup allows it only so), never mounted."""
     agent = containers()["agent"]
-    assert agent["resources"]["limits"]["gpu-health-agent.io/kmsg"] == 1
+    assert agent["resources"]["limits"]["gpu-health-agent.io/kmsg"] == "1"  # a string, as API clients validate it
     assert not any(m["mountPath"] == "/dev/kmsg" for m in agent["volumeMounts"])
     assert not any(v.get("hostPath", {}).get("path") == "/dev/kmsg" for v in daemonset()["volumes"])
     [plugin] = manifests("kmsg-device-plugin.yaml")

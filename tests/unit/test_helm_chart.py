@@ -203,7 +203,7 @@ def test_the_kmsg_device_plugin_values_reach_the_plugin_and_the_agents_request(h
     assert plugin["args"] == ["kmsg-device-plugin", "--resource", "example.com/kmsg", "--devices", "2",
                               "--permissions", "r"]
     agent = rendered[("DaemonSet", "gpu-health-agent")]["spec"]["template"]["spec"]["containers"][0]
-    assert agent["resources"]["limits"]["example.com/kmsg"] == 1
+    assert agent["resources"]["limits"]["example.com/kmsg"] == "1"
 
 
 def test_the_rendered_config_is_one_the_agent_accepts(helm, tmp_path: Path):
