@@ -9,7 +9,7 @@ from collections.abc import Callable
 from agent.control.feedback import TOOK_EFFECT
 from agent.control.seams import Actuator, ClusterGate
 from agent.control.shared import Shared
-from agent.model import ActionRecord, Step, StepKind, StepResult, frozen_attrs
+from agent.model import ActionRecord, Step, StepKind, StepResult
 from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, Mode, decide, needs_gate
 from agent.remediation.record import NodeObservation, OwedEvent
 
@@ -140,7 +140,7 @@ class StepRunner:
             self._intend(step, now)
         if step.kind is StepKind.EVICT:
             with self.shared.lock:  # the intent first: the Event is owed whatever happens next
-                self.shared.record.owe(self._eviction_event(step, pending=True))
+                self.shared.record.owe(OwedEvent.for_eviction(step, pending=True))
                 self.shared.save()
         try:
             return self.actuator.apply(step)
@@ -170,16 +170,11 @@ class StepRunner:
             else:
                 node.verifying[step.gpu_key] = before
 
-    def _eviction_event(self, step: Step, *, pending: bool) -> OwedEvent:
-        event = Step(StepKind.EVENT, f"pod/{step.target}", step.reason, rule_id=step.rule_id, gpu_key=step.gpu_key,
-                     details=frozen_attrs({"reason": "EvictedForGpuFault", "type": "Warning"}))
-        return OwedEvent.of(event, salt="evicted", pending_pod=step.target if pending else "")
-
     def _settle_eviction_event(self, step: Step, result: StepResult) -> None:
-        pending = self._eviction_event(step, pending=True)
+        pending = OwedEvent.for_eviction(step, pending=True)
         self.shared.record.acknowledge(pending.id)
         if result is StepResult.APPLIED:
-            self.shared.record.owe(self._eviction_event(step, pending=False))
+            self.shared.record.owe(OwedEvent.for_eviction(step, pending=False))
 
     def deliver_owed(self, now: float, opted_out: bool,
                      taint_if_wanted: Callable[[bool], list[ActionRecord]]) -> list[ActionRecord]:

@@ -97,7 +97,7 @@ class K8sActuator:
     def _apply(self, step: Step) -> tuple[StepResult, str]:
         kind, details = step.kind, step.details
         if kind is StepKind.EVENT:
-            regarding = self._regarding(step.target)
+            regarding = self._regarding(step.target, uid=str(details.get("target_uid", "")))
             self.events.record(regarding=regarding, reason=str(details.get("reason", "GpuHealth")),
                                action=_ACTIONS[kind], note=step.reason, type_=str(details.get("type", "Warning")),
                                event_id=str(details.get("event_id", "")))
@@ -141,24 +141,27 @@ class K8sActuator:
             return self._replacement(step.target, kind is StepKind.MARK_REPLACEMENT)
         return StepResult.SKIPPED, f"no actuator for {kind}"
 
-    def _regarding(self, target: str) -> ObjectReference:
+    def _regarding(self, target: str, uid: str = "") -> ObjectReference:
         if target.startswith("pod/"):
             namespace, _, name = target[4:].partition("/")
-            return {"kind": "Pod", "apiVersion": "v1", "namespace": namespace, "name": name}
+            pod: ObjectReference = {"kind": "Pod", "apiVersion": "v1", "namespace": namespace, "name": name}
+            if uid:
+                pod["uid"] = uid  # `kubectl describe pod` selects its Events by the pod's uid
+            return pod
         return {"kind": "Node", "apiVersion": "v1", "name": self.writer.name}
 
     def _evict(self, step: Step) -> tuple[StepResult, str]:
         namespace, _, name = step.target.partition("/")
         if step.target in self.evictor.stuck:
             return StepResult.SKIPPED, "eviction stuck on its disruption budget; waiting for a human"
-        result = self.evictor.evict(namespace, name)
+        result = self.evictor.evict(namespace, name, uid=str(step.details.get("pod_uid", "")))
         if result.outcome in {EvictionOutcome.EVICTED, EvictionOutcome.GONE}:
             return StepResult.APPLIED, result.message  # its Event is owed in the durable record
         if result.outcome is EvictionOutcome.WAITING:
             return StepResult.BLOCKED, result.message
         self.on_stuck(step.target)
-        self.events.record(regarding=self._regarding(f"pod/{step.target}"), reason="EvictionStuck",
-                           action="Evict", note=result.message)
+        regarding = self._regarding(f"pod/{step.target}", uid=str(step.details.get("pod_uid", "")))
+        self.events.record(regarding=regarding, reason="EvictionStuck", action="Evict", note=result.message)
         return StepResult.FAILED, result.message
 
     def _reboot(self, wanted: bool, reason: str) -> tuple[StepResult, str]:

@@ -136,12 +136,25 @@ class PodList(TypedDict, total=False):
     items: list[Pod]
 
 
-class Eviction(TypedDict):
+class Preconditions(TypedDict, total=False):
+    """DeleteOptions.preconditions: the delete (or eviction) applies only to the object with this uid."""
+
+    uid: str
+
+
+class DeleteOptions(TypedDict, total=False):
+    """meta/v1 DeleteOptions, the part an eviction sends."""
+
+    preconditions: Preconditions
+
+
+class Eviction(TypedDict, total=False):
     """policy/v1 Eviction: the body POSTed to a pod's eviction subresource."""
 
     apiVersion: str
     kind: str
     metadata: ObjectMeta
+    deleteOptions: DeleteOptions
 
 
 class ObjectReference(TypedDict, total=False):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from agent.k8s.bodies import Eviction
-from agent.k8s.errors import EvictionRefused, NotFound, TooManyRequests
+from agent.k8s.errors import Conflict, EvictionRefused, NotFound, TooManyRequests
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
 
@@ -38,16 +38,24 @@ class Evictor:
         self._first_refused: dict[str, float] = {}
         self.stuck: set[str] = set()
 
-    def evict(self, namespace: str, name: str) -> EvictionResult:
+    def evict(self, namespace: str, name: str, uid: str = "") -> EvictionResult:
+        """Evict the pod `namespace/name`; with `uid`, only that incarnation of it (a uid precondition): a pod
+        recreated under the same name (a StatefulSet's, maybe on another node) is not the one on the GPU."""
         key = f"{namespace}/{name}"
         body: Eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
                           "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
         try:
             path = api_path("", "v1", "pods", namespace=namespace, name=name, subresource="eviction")
             with_retries(lambda: self.raw.create(path, body))
         except NotFound:
             self._first_refused.pop(key, None)
             return EvictionResult(EvictionOutcome.GONE, "the pod is already gone")
+        except Conflict:
+            self._first_refused.pop(key, None)
+            return EvictionResult(EvictionOutcome.GONE, f"the pod is already gone: {key} is now another pod "
+                                                        f"(not uid {uid}), left running")
         except EvictionRefused as exc:
             self._first_refused.pop(key, None)
             self.stuck.add(key)

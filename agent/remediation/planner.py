@@ -274,7 +274,8 @@ def _remedy_steps(
         for pod in pods_on_gpu(fault, inventory, options.own_pod):
             if pod.key not in already and not pod.terminating:
                 steps.append(Step(StepKind.EVICT, pod.key, f"holds faulty {_gpu_text(fault)}: {fault.summary}",
-                                  rule_id=fault.rule_id, gpu_key=key))
+                                  rule_id=fault.rule_id, gpu_key=key,
+                                  details=frozen_attrs({"pod_uid": pod.uid} if pod.uid else {})))
     # Never reset a GPU that still runs work: after the evictions took effect, the next pass resets it.
     uuid = fault.gpu.uuid if fault.gpu else ""
     wants_reset = (fault.action.resets and bool(uuid)

@@ -46,28 +46,46 @@ class OwedEvent:
     rule_id: str = ""
     gpu_key: str = ""
     pending_pod: str = ""
+    #: The uid of the pod the Event regards, when known (`kubectl describe pod` selects Events by it).
+    target_uid: str = ""
 
     @classmethod
-    def of(cls, step: Step, *, salt: str = "", pending_pod: str = "") -> OwedEvent:
+    def of(cls, step: Step, *, salt: str = "", pending_pod: str = "", target_uid: str = "") -> OwedEvent:
         reason = str(step.details.get("reason", "GpuHealth"))
         digest = hashlib.sha256(f"{step.target}|{reason}|{step.rule_id}|{step.gpu_key}|{step.reason}|{salt}"
                                 .encode()).hexdigest()[:20]
         return cls(digest, step.target, reason, str(step.details.get("type", "Warning")), step.reason,
-                   step.rule_id, step.gpu_key, pending_pod)
+                   step.rule_id, step.gpu_key, pending_pod, target_uid)
+
+    @classmethod
+    def for_eviction(cls, evict: Step, *, pending: bool) -> OwedEvent:
+        """The EvictedForGpuFault Event an EVICT step owes; `pending` holds it back until the pod is gone.
+
+        Salted with the pod's uid: a pod recreated under the same name and evicted again (a StatefulSet's, the
+        same fault on the same GPU within the Event's hour) gets an Event of its own, not a 409 on the last."""
+        uid = str(evict.details.get("pod_uid", ""))
+        event = Step(StepKind.EVENT, f"pod/{evict.target}", evict.reason, rule_id=evict.rule_id,
+                     gpu_key=evict.gpu_key, details=frozen_attrs({"reason": "EvictedForGpuFault", "type": "Warning"}))
+        return cls.of(event, salt=f"evicted:{uid}" if uid else "evicted", pending_pod=evict.target if pending else "",
+                      target_uid=uid)
 
     def step(self) -> Step:
+        details: dict[str, str] = {"reason": self.reason, "type": self.type, "event_id": self.id}
+        if self.target_uid:
+            details["target_uid"] = self.target_uid
         return Step(StepKind.EVENT, self.target, self.note, rule_id=self.rule_id, gpu_key=self.gpu_key,
-                    details=frozen_attrs({"reason": self.reason, "type": self.type, "event_id": self.id}))
+                    details=frozen_attrs(details))
 
     def to_dict(self) -> dict[str, str]:
         return {"id": self.id, "target": self.target, "reason": self.reason, "type": self.type, "note": self.note,
-                "rule_id": self.rule_id, "gpu_key": self.gpu_key, "pending_pod": self.pending_pod}
+                "rule_id": self.rule_id, "gpu_key": self.gpu_key, "pending_pod": self.pending_pod,
+                **({"target_uid": self.target_uid} if self.target_uid else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> OwedEvent:
         return cls(str(data["id"]), str(data["target"]), str(data["reason"]), str(data.get("type", "Warning")),
                    str(data.get("note", "")), str(data.get("rule_id", "")), str(data.get("gpu_key", "")),
-                   str(data.get("pending_pod", "")))
+                   str(data.get("pending_pod", "")), str(data.get("target_uid", "")))
 
 
 @dataclass(slots=True)

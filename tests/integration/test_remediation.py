@@ -60,6 +60,27 @@ def test_events_regard_the_node_and_the_evicted_pod(fake):
         assert len(event["note"]) <= 1024
 
 
+def test_the_eviction_event_names_the_evicted_pods_uid(fake):
+    """`kubectl describe pod` selects a pod's Events by its uid: the EvictedForGpuFault Event carries it."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    uid = next(p["metadata"]["uid"] for p in cluster.pods_on("n1") if p["metadata"]["name"] == "n1-trainer-3")
+    agent.fault(3)
+    [event] = [e for e in cluster.events() if e["reason"] == "EvictedForGpuFault"
+               and e["regarding"]["name"] == "n1-trainer-3"]
+    assert event["regarding"]["uid"] == uid
+
+
+def test_an_eviction_meant_for_an_earlier_incarnation_leaves_the_pod_of_that_name_running(fake):
+    """The eviction names the uid of the pod found on the GPU: a pod of the same name that is not that one
+    (recreated meanwhile) is refused by the API server (409) and left running; the eviction counts as done."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"))
+    result = agent.evictor.evict("ml", "n1-trainer-3", uid="an-earlier-incarnation")
+    assert result.outcome.value == "gone"
+    assert "n1-trainer-3" in running_pods(cluster, "n1")
+
+
 def test_repeated_events_are_folded_into_a_series(fake):
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"))

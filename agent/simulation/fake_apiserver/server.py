@@ -193,8 +193,10 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
             if sub == "eviction":
                 if method != "POST":
                     raise ApiError(405, "MethodNotAllowed", "eviction takes POST")
-                cluster.evict(namespace, name, grace_seconds=_asked_grace(
-                    (body or {}).get("deleteOptions") if isinstance(body, dict) else None, query))
+                options = (body or {}).get("deleteOptions") if isinstance(body, dict) else None
+                with cluster.lock:
+                    _check_preconditions(cluster.get(resource, namespace, name), options)
+                    cluster.evict(namespace, name, grace_seconds=_asked_grace(options, query))
                 return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                              "code": 201}
             if method == "GET" and not name:
