@@ -6,7 +6,7 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -177,6 +177,28 @@ class Config(_Section):
                 not self.sources.dcgm.hostengine:
             raise ValueError("remediation.diagnostic_command names {hostengine} but sources.dcgm.hostengine is empty")
         return self
+
+
+class PipelineOptions(TypedDict):
+    """The pipeline's remediation settings, as the configuration gives them (the daemon's and `simulate`'s)."""
+
+    max_faulty_gpus: int
+    replace_after_recoveries: int
+    reset_settle_seconds: float
+    reset_verify_seconds: float
+    recovery_window_days: float
+    diagnose: bool
+    repair_condition: bool
+    sync_seconds: float
+
+
+def pipeline_options(config: Config) -> PipelineOptions:
+    settings = config.remediation
+    return PipelineOptions(
+        max_faulty_gpus=settings.max_faulty_gpus, replace_after_recoveries=settings.replace_after_recoveries,
+        reset_settle_seconds=settings.reset_settle_seconds, reset_verify_seconds=settings.reset_verify_seconds,
+        recovery_window_days=settings.recovery_window_days, diagnose=bool(settings.diagnostic_command),
+        repair_condition=settings.accelerated_hardware_condition, sync_seconds=settings.node_sync_seconds)
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:

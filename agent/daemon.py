@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from agent.config import Config
+from agent.config import Config, pipeline_options
 from agent.discovery import DISABLED_IN_CONFIG, LOUD_WHEN_MISSING, SourceContext, SourceProbe, discover_sources
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
@@ -175,14 +175,7 @@ class Daemon:
             gate=cluster.gate if cluster else None,
             own_pod=cluster.own_pod if cluster else "",
             pods=cluster.pods.pods if cluster else None,
-            max_faulty_gpus=config.remediation.max_faulty_gpus,
-            replace_after_recoveries=config.remediation.replace_after_recoveries,
-            reset_settle_seconds=config.remediation.reset_settle_seconds,
-            reset_verify_seconds=config.remediation.reset_verify_seconds,
-            recovery_window_days=config.remediation.recovery_window_days,
-            diagnose=bool(config.remediation.diagnostic_command),
-            repair_condition=config.remediation.accelerated_hardware_condition,
-            sync_seconds=config.remediation.node_sync_seconds,
+            **pipeline_options(config),
             inline=False,
             on_released=self._forget_released,
             fleet=cluster.fleet if cluster else None,

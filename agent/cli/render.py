@@ -15,6 +15,7 @@ from agent.remediation import Mode
 
 if TYPE_CHECKING:
     from agent.simulate import SimulationReport, TimelineLine
+    from agent.simulate_fleet import FleetReport
 
 
 DEFAULT_REMEDIATION = RemediationConfig()
@@ -49,6 +50,42 @@ def render_report(report: SimulationReport) -> str:
         lines.append(f"active: {rule_id} on {key} ({fault.severity}, {fault.action}), "
                      f"{report.pipeline.occurrences(key, rule_id)} occurrence(s)")
     return "\n".join(lines)
+
+
+def render_fleet_report(report: FleetReport, mode: Mode, dry_run: bool) -> str:
+    """The fleet's totals, each correlation the controller announced, the holds left, then one line a node
+    that took anything or saw a fault."""
+    scenario, fleet = report.scenario, report.scenario.fleet
+    totals = report.totals()
+    lines = [f"scenario {scenario.name}: {' '.join(scenario.description.split())}",
+             f"fleet of {totals['nodes']} nodes; mode {mode}{' (dry-run)' if dry_run else ''}; fleet controller "
+             f"{'on' if fleet is None or fleet.controller else 'off (the quarantine brake alone)'}; "
+             "one fake cluster (real HTTP, real actuators), one agent per node", ""]
+    lines.append(f"nodes with a fault: {totals['nodes_faulted']}; tainted at any time: {totals['nodes_tainted_ever']}, "
+                 f"at the end: {totals['nodes_tainted_at_end']}; pods evicted: {totals['pods_evicted']}; "
+                 f"GPUs reset: {totals['gpus_reset']}; reboot requests: {totals['nodes_reboot_requested']}")
+    data = report.to_json()
+    for correlation in data["correlations"]:
+        lines.append(f"correlated at {correlation['at']:g}s ({correlation['after_first_fault_seconds']:g}s after the "
+                     f"first fault): {correlation['cause']}")
+    for hold in data["holds_at_end"]:
+        lines.append(f"hold {hold['id']} on {len(hold['nodes'])} nodes{' (spent)' if hold.get('spent') else ''}")
+    if data["events"]:
+        lines.append("events: " + ", ".join(f"{reason} x{count}" for reason, count in data["events"].items()))
+    lines.append("")
+    lines += [_fleet_node_line(row) for row in data["nodes"]
+              if row["first_fault_at"] is not None or row["tainted_ever"] or row["evicted"]]
+    return "\n".join(lines)
+
+
+def _fleet_node_line(row: dict[str, Any]) -> str:
+    took = [what for what, done in (
+        ("tainted", row["tainted_ever"]), ("untainted", row["tainted_ever"] and not row["tainted_at_end"]),
+        (f"{row['evicted']} pod(s) evicted", row["evicted"]), (f"{row['reset']} GPU(s) reset", row["reset"]),
+        ("reboot requested", row["reboot_requested"]), (f"{row['blocked']} step(s) blocked", row["blocked"]))
+        if done]
+    seen = f"first fault at {row['first_fault_at']:g}s; " if row["first_fault_at"] is not None else ""
+    return f"{row['node']}: {seen}{', '.join(took) or 'nothing taken'}"
 
 
 _STEP_NOTE = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from agent.cli.common import fail, open_journal, reporting_bad_input
-from agent.cli.render import render_report
+from agent.cli.render import render_fleet_report, render_report
 from agent.config import Config
 from agent.engine import builtin_rules_dir, load_rules
 from agent.logs import configure_logging
@@ -48,6 +48,16 @@ def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode:
     loaded = load_scenario(scenario)
     rules = load_rules(Path(rules_dir) if rules_dir else builtin_rules_dir())
     configure_logging("error", "auto")
+    if loaded.fleet is not None:
+        if local or journal_path:
+            fail([f"simulate: {scenario} is a fleet: it runs in a fake cluster, one agent and journal per node "
+                  "(no --local, no --journal)"])
+        from agent.simulate_fleet import simulate_fleet  # noqa: PLC0415 - brings the fake cluster
+
+        fleet = simulate_fleet(loaded, rules=rules, policy=GuardPolicy(mode=Mode(mode), dry_run=dry_run))
+        click.echo(json.dumps(fleet.to_json(), indent=2, default=str) if as_json else
+                   render_fleet_report(fleet, Mode(mode), dry_run))
+        return
     journal = open_journal(journal_path) if journal_path else None
     try:
         policy = GuardPolicy(mode=Mode(mode), dry_run=dry_run)

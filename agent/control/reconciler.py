@@ -100,7 +100,11 @@ class Reconciler:
             record = shared.record
             document = mirror_of(record.to_json())
             worth_mirroring = bool(record.faults or record.owed or record.node.to_json() != NodeState().to_json())
-        if observed is not None and (observed.record is not None or worth_mirroring) and \
+        # With the fleet view on, also a healthy node's, once (no record on the Node yet): its fleet summary, in
+        # the same patch, makes the node count in its groups (driver, model, fabric domain) before it faults,
+        # so a correlated cause's hold covers its healthy nodes too.
+        publishes = shared.fleet is not None
+        if observed is not None and (observed.record is not None or worth_mirroring or publishes) and \
                 not _same_record(observed.record, document) and \
                 not node_writes_refused(policy=self.runner.policy, cluster=ClusterView(opted_out=opted_out)):
             shared.store.safely("mirror_failed", self.runner.actuator.mirror, document)

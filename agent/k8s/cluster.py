@@ -40,6 +40,8 @@ class NodeHooks:
     facts: Callable[[], NodeFacts] = NodeFacts
     #: The GPU edge's reset, given the operand pauser this side builds (agent.gpu composes it above).
     reset_of: Callable[[OperandPauser], ResetRunner] | None = None
+    #: Seconds since the node booted (the fleet summary's boot window).
+    uptime: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 @dataclass(slots=True)
@@ -61,8 +63,10 @@ class ClusterSide:
 def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None = None, *,
                        on_stuck: Callable[[str], None],
                        on_budget: Callable[[int, int], None] = lambda in_use, limit: None,
-                       clock: Callable[[], float] = time.time) -> ClusterSide:
-    """Every part built once, in order, with what it reads from the node side: nothing is wired in later."""
+                       clock: Callable[[], float] = time.time,
+                       monotonic: Callable[[], float] = time.monotonic) -> ClusterSide:
+    """Every part built once, in order, with what it reads from the node side: nothing is wired in later.
+    `clock` is the wall clock (stamps people read), `monotonic` the one every interval is measured on."""
     settings = config.remediation
     hooks = node or NodeHooks()
     raw = RawApi(api_client)
@@ -74,11 +78,12 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
     own_pod = f"{os.environ.get('POD_NAMESPACE', settings.namespace)}/{os.environ.get('POD_NAME', '')}"
     operands = OperandPauser(writer, raw, labels=tuple(settings.reset_operand_labels),
                              wait_seconds=settings.reset_operand_wait_seconds)
-    fleet, summariser = fleet_side(raw, config, clock=clock, hooks=hooks)
+    fleet, summariser = fleet_side(raw, config, clock=clock, monotonic=monotonic, hooks=hooks)
     actuator = K8sActuator(
         writer=writer,
-        events=EventRecorder(raw, instance=f"{config.node_name}/{os.environ.get('POD_NAME', 'agent')}"),
-        evictor=Evictor(raw, deadline_seconds=settings.eviction_deadline_seconds),
+        events=EventRecorder(raw, instance=f"{config.node_name}/{os.environ.get('POD_NAME', 'agent')}",
+                             clock=monotonic),
+        evictor=Evictor(raw, deadline_seconds=settings.eviction_deadline_seconds, clock=monotonic),
         reset=hooks.reset_of(operands) if hooks.reset_of is not None else unwired_reset,
         reboot_sentinel=settings.reboot_sentinel_path,
         on_stuck=on_stuck,
@@ -90,7 +95,7 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
     )
     budget = LeaseBudget(raw, node_name=config.node_name, namespace=settings.namespace,
                          max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
-                         gpu_node_selector=settings.gpu_node_selector, clock=clock, monotonic=time.monotonic,
+                         gpu_node_selector=settings.gpu_node_selector, clock=clock, monotonic=monotonic,
                          on_usage=on_budget)
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
                      gpus_by_pod_uid=hooks.gpus_by_pod_uid, mig_parents=hooks.mig_parents,
@@ -99,6 +104,7 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
 
 
 def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time.time,
+               monotonic: Callable[[], float] = time.monotonic,
                hooks: NodeHooks | None = None) -> tuple[FleetGate | None, Summariser | None]:
     """The fleet view's reader and the summariser, when `fleet_holds` or the brake is on."""
     settings = config.remediation
@@ -108,10 +114,9 @@ def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time
     if not settings.fleet_holds and brake is None:
         return None, None
     gate = FleetGate(raw, namespace=settings.namespace, gpu_node_selector=settings.gpu_node_selector, brake=brake,
-                     holds=settings.fleet_holds, wall=clock)
+                     holds=settings.fleet_holds, clock=monotonic, wall=clock)
     hooks = hooks or NodeHooks()
-    return gate, Summariser(config.node_name, wall=clock, uptime=lambda: time.clock_gettime(time.CLOCK_BOOTTIME),
-                            pods=hooks.pods, facts=hooks.facts)
+    return gate, Summariser(config.node_name, wall=clock, uptime=hooks.uptime, pods=hooks.pods, facts=hooks.facts)
 
 
 def request_release(api_client: Any, node_name: str, gpu: str = "all") -> None:

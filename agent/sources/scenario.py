@@ -58,6 +58,23 @@ class ScenarioNode(_Strict):
     diagnostic: bool = False
 
 
+class ScenarioFleet(_Strict):
+    """Several nodes like `node`, each with its own agent, and the fleet controller (docs/scenarios.md)."""
+
+    nodes: int = Field(ge=2, le=500)
+    #: Node names: the prefix and the node's number from 0.
+    prefix: str = Field(default="gpu-", min_length=1)
+    #: The owner of every node's `one-per-gpu` pods (`namespace/Kind/name`): one job spanning the fleet.
+    workload: str = ""
+    #: Consecutive nodes per rack (the controller's rack label), per NVLink fabric domain; 0: none.
+    rack_size: int = Field(default=0, ge=0)
+    fabric_domain_size: int = Field(default=0, ge=0)
+    #: The NVIDIA driver of each node, in turn.
+    driver_versions: list[str] = Field(default_factory=lambda: ["570.86.15"], min_length=1)
+    #: The fleet controller runs (correlates and holds); false: the agents alone, with the quarantine brake.
+    controller: bool = True
+
+
 class ScenarioEvent(_Strict):
     """One timeline entry: an observation (maybe repeated), at a virtual time in seconds."""
 
@@ -70,6 +87,10 @@ class ScenarioEvent(_Strict):
     repeat: int = Field(default=1, ge=1, le=1_000_000)
     every: float = Field(default=0.0, ge=0)
     note: str = ""
+    #: In a fleet: the nodes it happens on (numbers, or ranges "FIRST-LAST"); absent: every node.
+    nodes: list[int | str] | None = None
+    #: In a fleet: seconds between one node's observation and the next node's.
+    stagger: float = Field(default=0.0, ge=0)
 
 
 class Scenario(_Strict):
@@ -80,28 +101,68 @@ class Scenario(_Strict):
     until: float | None = Field(default=None, ge=0)
     tick_seconds: float = Field(default=1.0, gt=0)
     boot_id: str = "boot-1"
+    fleet: ScenarioFleet | None = None
 
     @model_validator(mode="after")
-    def _gpus_exist(self) -> Scenario:
+    def _gpus_and_nodes_exist(self) -> Scenario:
         count = self.node.gpus if isinstance(self.node.gpus, int) else len(self.node.gpus)
         for position, event in enumerate(self.timeline):
             if event.gpu is not None and event.gpu >= count:
                 raise ValueError(f"timeline entry {position + 1}: gpu {event.gpu} but the node has {count} GPUs")
+            if (event.nodes is not None or event.stagger) and self.fleet is None:
+                raise ValueError(f"timeline entry {position + 1}: nodes and stagger need a fleet")
+            if event.nodes is not None and self.fleet is not None:
+                node_numbers(event.nodes, self.fleet.nodes, entry=position + 1)
         return self
 
     @property
     def end(self) -> float:
-        last = max(e.at + e.every * (e.repeat - 1) for e in self.timeline)
+        last = max(e.at + e.every * (e.repeat - 1) + e.stagger * (self._node_count(e) - 1) for e in self.timeline)
         return max(self.until or 0.0, last)
 
+    def _node_count(self, event: ScenarioEvent) -> int:
+        if self.fleet is None:
+            return 1
+        return len(node_numbers(event.nodes, self.fleet.nodes)) if event.nodes is not None else self.fleet.nodes
 
-def inventory(scenario: Scenario) -> NodeInventory:
-    """The node a scenario describes, with generated identities where it gives only a count."""
+
+def node_numbers(selected: list[int | str] | None, count: int, *, entry: int = 0) -> list[int]:
+    """The fleet's node numbers a timeline entry names (`[3, "10-19"]`), in order, each once; every node when
+    it names none. A number outside the fleet, or a range that is not FIRST-LAST, is a ValueError."""
+    if selected is None:
+        return list(range(count))
+    numbers: list[int] = []
+    for item in selected:
+        first, last = _node_range(item, entry)
+        if not 0 <= first <= last < count:
+            raise ValueError(f"timeline entry {entry}: nodes {item} but the fleet has nodes 0-{count - 1}")
+        numbers += [n for n in range(first, last + 1) if n not in numbers]
+    return numbers
+
+
+def _node_range(item: int | str, entry: int) -> tuple[int, int]:
+    if isinstance(item, int):
+        return item, item
+    first, dash, last = item.partition("-")
+    if not (dash and first.strip().isdigit() and last.strip().isdigit()):
+        raise ValueError(f"timeline entry {entry}: nodes {item!r} is neither a number nor a range FIRST-LAST")
+    return int(first), int(last)
+
+
+def inventory(scenario: Scenario, number: int | None = None) -> NodeInventory:
+    """The node a scenario describes (in a fleet, its node `number`), with generated identities where it gives
+    only a count."""
     node = scenario.node
+    owner, prefix, agent = "", "", "gpu-health-agent-x7k2p"
+    if scenario.fleet is not None and number is not None:
+        # One namespace across the fleet: each node's pods are named after it.
+        node = node.model_copy(update={"name": f"{scenario.fleet.prefix}{number}"})
+        owner, prefix, agent = scenario.fleet.workload, f"{node.name}-", f"gpu-health-agent-{node.name}"
     gpus = _gpus(node)
     if node.pods == "one-per-gpu":
-        pods = [PodRef("ml", f"trainer-{g.index}", _uid(node.name, f"pod{g.index}"), (g.uuid,)) for g in gpus]
-        pods.append(PodRef("gpu-health", "gpu-health-agent-x7k2p", _uid(node.name, "agent"), (), daemonset=True))
+        pods = [PodRef("ml", f"{prefix}trainer-{g.index}", _uid(node.name, f"pod{g.index}"), (g.uuid,), owner=owner)
+                for g in gpus]
+        pods.append(PodRef("gpu-health", agent, _uid(node.name, "agent"), (), daemonset=True))
     else:
         pods = [
             PodRef(p.namespace, p.name, p.uid or _uid(node.name, p.name),
@@ -146,6 +207,25 @@ def expand(scenario: Scenario, node: NodeInventory) -> list[TimedObservation]:
             timed.append(TimedObservation(position, Observation(event.signal, event.value, at, event.source,
                                                                 gpu, attrs)))
     return sorted(timed, key=lambda t: (t.observation.at, t.entry))
+
+
+def fleet_timeline(scenario: Scenario) -> list[tuple[int, TimedObservation]]:
+    """A fleet's observations in time order, each with its node's number: every node's boot record first,
+    each entry on the nodes it names, the k-th of them `stagger` * k seconds after the first (no fleet: the
+    one node, number 0)."""
+    count = scenario.fleet.nodes if scenario.fleet is not None else 1
+    nodes = [inventory(scenario, n) for n in range(count)]
+    boot = Observation(Signal.BOOT, 0, 0.0, "scenario", attrs=frozen_attrs({"boot_id": scenario.boot_id}))
+    timed = [(n, TimedObservation(-1, boot)) for n in range(count)]
+    for position, event in enumerate(scenario.timeline):
+        attrs = frozen_attrs(event.attrs)
+        for k, number in enumerate(node_numbers(event.nodes, count)):
+            gpu = nodes[number].gpus[event.gpu] if event.gpu is not None else None
+            for n in range(event.repeat):
+                at = event.at + k * event.stagger + n * event.every
+                timed.append((number, TimedObservation(position, Observation(event.signal, event.value, at,
+                                                                             event.source, gpu, attrs))))
+    return sorted(timed, key=lambda t: (t[1].observation.at, t[0], t[1].entry))
 
 
 def parse_scenario(text: str, *, origin: str) -> Scenario:

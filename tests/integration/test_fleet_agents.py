@@ -131,6 +131,21 @@ def test_each_agent_publishes_its_summary_with_the_mirrored_record(fake):
     assert summary.driver_version == "570.86.15" and summary.quarantined_since > 0
 
 
+@pytest.mark.fake_only  # on the real control plane node n0 carries the session's earlier tests' record
+def test_a_healthy_node_publishes_its_summary_once_then_writes_nothing(fake):
+    """With the fleet view on, a healthy node writes its record and summary at its first pass (so it counts
+    in its groups before it faults: a hold covers it too), and nothing more while it stays healthy."""
+    cluster, _ = fake
+    [agent] = agents(fake, count=1, fleet=True)
+    agent.settle(1.0)
+    summary = NodeSummary.from_json(cluster.node("n0")["metadata"]["annotations"][SUMMARY_ANNOTATION])
+    assert summary.faults == () and summary.driver_version == "570.86.15"
+    writes = cluster.faults.writes
+    for second in range(2, 300, 7):
+        agent.settle(float(second))
+    assert cluster.faults.writes == writes
+
+
 def test_a_dry_run_publishes_no_summary(fake):
     """The summary goes with the mirror: a dry run writes neither to the Node."""
     fleet = agents(fake, count=1, fleet=True, dry_run=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from agent.model import NodeInventory
@@ -13,12 +14,13 @@ _NAMESPACES = next(r for r in RESOURCES if r.plural == "namespaces")
 
 
 def populate(cluster: FakeCluster, node: NodeInventory, *, gpu_label: str = "nvidia.com/gpu.present",
-             dra: bool = False) -> None:
-    """The node (Ready, with its GPUs as capacity) and every pod of the inventory, Running and Ready. With `dra`
-    the GPUs are published in a ResourceSlice as NVIDIA's DRA driver does, and each pod holds its GPUs through
-    a ResourceClaim allocated and reserved for it, as the scheduler leaves it."""
+             dra: bool = False, labels: Mapping[str, str] | None = None) -> None:
+    """The node (Ready, with its GPUs as capacity, and `labels`) and every pod of the inventory, Running and
+    Ready. With `dra` the GPUs are published in a ResourceSlice as NVIDIA's DRA driver does, and each pod
+    holds its GPUs through a ResourceClaim allocated and reserved for it, as the scheduler leaves it."""
     cluster.add("nodes", {
-        "metadata": {"name": node.name, "labels": {gpu_label: "true", "kubernetes.io/hostname": node.name}},
+        "metadata": {"name": node.name, "labels": {gpu_label: "true", "kubernetes.io/hostname": node.name,
+                                                   **(labels or {})}},
         "spec": {},
         "status": {
             "capacity": {"nvidia.com/gpu": str(len(node.gpus)), "cpu": "192", "memory": "2Ti"},
