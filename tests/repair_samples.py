@@ -23,9 +23,11 @@ def load_sample(path: Path) -> dict[str, Any]:
 def unhealthy_conditions(sample: dict[str, Any]) -> list[tuple[str, str, object]]:
     """(type, status, wait) of each Node condition the object remediates on: Cluster API v1beta1
     spec.unhealthyConditions[].timeout, v1beta2 spec.checks.unhealthyNodeConditions[].timeoutSeconds,
-    medik8s spec.unhealthyConditions[].duration."""
-    spec = sample["spec"]
+    medik8s spec.unhealthyConditions[].duration. Empty where the object has none."""
+    spec = sample.get("spec", {})
     if sample["apiVersion"] == "cluster.x-k8s.io/v1beta2":
-        return [(c["type"], c["status"], c.get("timeoutSeconds")) for c in spec["checks"]["unhealthyNodeConditions"]]
-    wait = "timeout" if sample["kind"] == "MachineHealthCheck" else "duration"
-    return [(c["type"], c["status"], c.get(wait)) for c in spec["unhealthyConditions"]]
+        conditions, wait = spec.get("checks", {}).get("unhealthyNodeConditions", []), "timeoutSeconds"
+    else:
+        conditions = spec.get("unhealthyConditions", [])
+        wait = "timeout" if sample["kind"] == "MachineHealthCheck" else "duration"
+    return [(c.get("type"), c.get("status"), c.get(wait)) for c in conditions]

@@ -56,6 +56,7 @@ def test_the_tools_crd_accepts_the_sample_acting_on_the_agents_problem_condition
     created = json.loads(control_plane.kubectl("create", "--dry-run=server", "--validate=strict", "-o", "json",
                                                "-f", "-", input_text=yaml.safe_dump(sample)))
     conditions = unhealthy_conditions(created)
-    assert conditions and {kind for kind, _, _ in conditions} <= set(AGENT_CONDITIONS)
+    assert conditions, f"the object the server kept has no unhealthy conditions: {created['spec']}"
+    assert {kind for kind, _, _ in conditions} <= set(AGENT_CONDITIONS)
     for kind, status, wait in conditions:
         assert (status, bool(wait)) == ("False" if kind in POSITIVE_CONDITIONS else "True", True), kind
