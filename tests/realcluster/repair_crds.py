@@ -34,9 +34,9 @@ class CrdSource:
         return f"{self.module} {self.version}"
 
 
-def pinned(text: str | None = None) -> list[CrdSource]:
+def pinned() -> list[CrdSource]:
     """The pins file's lines: MODULE VERSION PATH, '#' comments."""
-    lines = (PINS.read_text() if text is None else text).splitlines()
+    lines = PINS.read_text().splitlines()
     return [CrdSource(*line.split()) for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
