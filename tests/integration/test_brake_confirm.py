@@ -18,7 +18,15 @@ from agent.k8s.raw import RawApi
 from agent.metrics import Metrics
 from agent.model import StepKind
 from agent.remediation import Mode
-from tests.k8s_helpers import Agent, gpu_node, make_agent, operator_client, operator_kubeconfig, restart
+from tests.k8s_helpers import (
+    Agent,
+    gpu_node,
+    make_agent,
+    operator_client,
+    operator_kubeconfig,
+    restart,
+    running_pods,
+)
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 #: One new quarantine per window, whatever else the cluster holds: the second node to fault always waits, on
@@ -111,6 +119,22 @@ def test_the_braked_gauge_says_whether_the_taint_waits_and_the_used_confirm_is_c
     second.settle(100.0)
     assert (waiting, registry.get_sample_value("gpu_health_quarantine_braked")) == (1.0, 0.0)
     assert registry.get_sample_value("gpu_health_brake_confirms_total", {"result": "used"}) == 1.0
+
+
+def test_a_confirm_lets_the_taint_through_but_no_eviction_past_a_spent_budget(fake, tmp_path):
+    """In remediate mode the first node holds the one budget slot: the confirmed node is tainted, and its
+    pods stay where they are, the evictions blocked by the budget as without a confirm."""
+    cluster, server = fake
+    clock = Clock()
+    first, second = (make_agent(cluster, server, gpu_node(name, gpus=2), mode=Mode.REMEDIATE, brake=BRAKE,
+                                fleet_clock=clock, max_nodes=1, max_percent=100) for name in ("brake-a", "brake-b"))
+    first.fault(0, xid=79, at=1.0)
+    second.fault(0, xid=79, at=1.0)
+    assert fleet_confirm(fake, tmp_path, "brake-b").exit_code == 0
+    steps = second.settle(100.0).actions
+    assert tainted(fake, "brake-b") and running_pods(cluster, "brake-b") >= {"brake-b-trainer-0"}
+    assert {(str(a.step.kind), a.message) for a in steps if a.step.kind is StepKind.EVICT} == {
+        ("evict", "cluster-wide disruption budget exhausted")}
 
 
 def test_a_confirm_found_with_nothing_waiting_is_removed_and_lets_no_later_taint_through(fake, tmp_path):
