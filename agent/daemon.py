@@ -216,7 +216,8 @@ class Daemon:
             gpus_by_pod_uid=(lambda: nvml.gpus_by_pod_uid(host_proc)) if nvml is not None else None,
             mig_parents=nvml.mig_parents if nvml is not None else None,
             pods=lambda: self.pipeline.inventory.pods,
-            facts=lambda: NodeFacts(driver_version=getattr(nvml, "driver_version", "")),
+            facts=lambda: NodeFacts(driver_version=getattr(nvml, "driver_version", ""),
+                                    fabric_domain=getattr(nvml, "fabric_domain", "")),
             reset_of=reset_of,
         )
 

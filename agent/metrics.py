@@ -108,6 +108,13 @@ class Metrics:
             registry=registry)
         self.budget_limit = Gauge(
             "gpu_health_budget_limit", "Slots of the cluster-wide disruption budget (last seen).", registry=registry)
+        self.quarantine_braked = Gauge(
+            "gpu_health_quarantine_braked", "1 while the quarantine brake keeps a new taint of this node waiting.",
+            registry=registry)
+        self.brake_confirms = Counter(
+            "gpu_health_brake_confirms_total",
+            "Operators' confirms of a braked taint consumed: used (it let the taint through), unused, expired.",
+            ["result"], registry=registry)
         self.evictions_stuck = Counter(
             "gpu_health_evictions_stuck_total", "Evictions still refused (429) at their deadline; never forced.",
             registry=registry)

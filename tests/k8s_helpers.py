@@ -128,13 +128,25 @@ def operator_client(server: Any) -> Any:
     return client_for(server.url) if isinstance(server, FakeApiServer) else server.operator_client()
 
 
+def operator_kubeconfig(server: Any, directory: Path) -> str:
+    """A kubeconfig file with the operator's credentials, for the CLI (`--kubeconfig`)."""
+    if not isinstance(server, FakeApiServer):
+        return str(server.plane.admin_kubeconfig)
+    import yaml
+
+    path = directory / "operator-kubeconfig"
+    path.write_text(yaml.safe_dump(server.kubeconfig()))
+    return str(path)
+
+
 def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                mode: Mode = Mode.REMEDIATE, populate_node: bool = True, max_nodes: int = 1,
                max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
                restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2,
                journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
                 api_client: Any = None, diagnose: Any = None, fleet: bool = False, brake: BrakePolicy | None = None,
-                fleet_clock: Any = None, driver: str = "570.86.15", seed: int | None = None) -> Agent:
+                fleet_clock: Any = None, driver: str = "570.86.15", seed: int | None = None,
+                metrics: Any = None) -> Agent:
     options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
                                                                "restore", "api_client"}}
     if populate_node:
@@ -174,7 +186,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                         actuator=actuator, journal=opened, pods=side.pods.pods,
                         gate=budget, own_pod=side.own_pod, clock=lambda: 0.0,
                         retry_seconds=retry_seconds, max_faulty_gpus=max_faulty_gpus, diagnose=diagnose is not None,
-                        fleet=side.fleet, rng=None if seed is None else random.Random(seed + 1))
+                        fleet=side.fleet, rng=None if seed is None else random.Random(seed + 1), metrics=metrics)
     if restore:
         pipeline.start()
     agent = Agent(inventory, pipeline, actuator, side, evictor, opened, cluster, server, options)

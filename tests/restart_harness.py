@@ -89,6 +89,9 @@ class _Labelled:
     def consume_release(self, value: str) -> None:
         self.tripwire.within("release", self.actuator.consume_release)(value)
 
+    def consume_confirm(self, value: str) -> None:
+        self.tripwire.within("confirm", self.actuator.consume_confirm)(value)
+
 
 def _label(method: str, path: str) -> str:
     if path.endswith("/eviction"):

@@ -6,11 +6,11 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 
+from agent.control.brake import BrakeWaits
 from agent.control.classifier import Classifier
 from agent.control.seams import Outcome
 from agent.control.shared import Shared
 from agent.control.steps import StepRunner
-from agent.fleet.node_side import fleet_view
 from agent.model import (
     NODE_KEY,
     Action,
@@ -54,6 +54,8 @@ class Reconciler:
         self._quiet_plan: tuple[tuple[object, ...], float] | None = None
         #: The release request last handled where the guard refuses Node writes (it stays on the Node).
         self._release_handled = ""
+        #: The quarantine brake's waits: their Event, an operator's confirm (agent/control/brake.py).
+        self.brake = BrakeWaits(shared, runner.actuator)
 
     def reconcile(self, now: float | None = None) -> Outcome:
         """One level-triggered pass: read the Node, converge it to the record, deliver owed Events. Returns
@@ -65,6 +67,7 @@ class Reconciler:
             runner.begin_pass()
             observed = self.observe_and_adopt(now)
             opted_out = observed.opted_out if observed is not None else False
+            self.brake.observed(observed.confirm if observed is not None else "")
             # The taint first: it keeps new work off the GPU and needs neither the pod list nor the Events.
             shared.new_verdict.clear()
             actions = self._taint_first(now, opted_out)
@@ -83,6 +86,8 @@ class Reconciler:
                     self.refresh_pods()
             actions += runner.deliver_owed(now, opted_out, self._taint_if_wanted)
             actions += self._taint_if_wanted(opted_out)
+            self.brake.end_pass(writes_refused=bool(node_writes_refused(
+                policy=runner.policy, cluster=ClusterView(opted_out=opted_out))))
             runner.hold_slot(observed, now, opted_out, first_pass=self._passes == 0)
             runner.forget_skips()
             self._mirror(observed, opted_out, bool(actions))
@@ -176,8 +181,7 @@ class Reconciler:
         with shared.lock:
             node, active = shared.record.node, list(shared.record.faults.values())
             quarantined = node.tainted or any(m.effect != "None" for m in node.device_taints.values())
-        shared.fleet_view = fleet_view(shared.fleet, node=shared.inventory.name, faults=active,
-                                       quarantined=quarantined)
+        shared.fleet_view = self.brake.view(active, quarantined=quarantined)
         with shared.lock:
             faults = shared.resolved_faults()
             if shared.record.node.tainted or not any(f.action.quarantines for f in faults.values()):

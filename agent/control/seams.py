@@ -28,6 +28,10 @@ class Actuator(Protocol):
         """Remove an operator's release request once it is in the durable record."""
         ...
 
+    def consume_confirm(self, value: str) -> None:
+        """Remove an operator's confirm of a braked taint once it is used, unused or expired."""
+        ...
+
 
 class ClusterGate(Protocol):
     """The cluster-wide disruption budget and pause: read once in a pass that has a disruptive step for the
@@ -64,6 +68,9 @@ class LocalActuator:
         return None
 
     def consume_release(self, value: str) -> None:
+        return None
+
+    def consume_confirm(self, value: str) -> None:
         return None
 
 

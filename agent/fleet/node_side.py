@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,10 +40,14 @@ class FleetReading:
 
 
 class FleetSource(Protocol):
-    """Reads the fleet view (agent.k8s.fleet_gate); `brake` None: no quarantine brake configured."""
+    """Reads the fleet view (agent.k8s.fleet_gate); `brake` None: no quarantine brake configured. `clock` is
+    the monotonic clock its readings are on, `wall` the node's wall clock."""
 
     @property
     def brake(self) -> BrakePolicy | None: ...
+
+    clock: Callable[[], float]
+    wall: Callable[[], float]
 
     def read(self, *, count: bool) -> FleetReading:
         """The holds, and with `count` the quarantine count; never raises (an error is in the reading)."""

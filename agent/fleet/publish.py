@@ -12,12 +12,12 @@ from agent.model import NODE_KEY, Action, FaultClass, PodRef, Severity
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
-    """What the record does not say: the driver, the fabric domain (NVML), the rack and zone (labels)."""
+    """What the record does not say: the driver version and the NVLink fabric domain, both from NVML. The rack
+    and zone are the Node's labels, which the fleet controller reads from its own metadata watch
+    (agent.fleetctl.view), so the agent does not publish them."""
 
     driver_version: str = ""
     fabric_domain: str = ""
-    rack: str = ""
-    zone: str = ""
 
 
 class Summariser:
@@ -50,7 +50,7 @@ class Summariser:
         models = sorted({str(g.get("model")) for g in _dicts(document.get("gpus")) if g.get("model")})
         facts = self.facts()
         return NodeSummary(node=self.node, gpu_model=",".join(models), driver_version=facts.driver_version,
-                           fabric_domain=facts.fabric_domain, rack=facts.rack, zone=facts.zone,
+                           fabric_domain=facts.fabric_domain,
                            boot_id=str(cursors.get("boot_id", "")) if isinstance(cursors, Mapping) else "",
                            uptime_seconds=max(0.0, self.uptime()),
                            workloads=tuple(sorted({p.owner for p in pods if p.owner})), faults=faults,

@@ -1,4 +1,5 @@
-"""`gpu-health-agent fleet run|hold|release|status`: the fleet controller and an operator's holds."""
+"""`gpu-health-agent fleet run|hold|release|status|confirm`: the fleet controller, an operator's holds and
+confirms of braked taints."""
 
 from __future__ import annotations
 
@@ -171,21 +172,23 @@ def _rule_class(rule_id: str, rules_dir: str | None) -> Any:
     return rule.fault_class
 
 
-def _selected(api: Any, nodes: tuple[str, ...], selector: str | None) -> list[str]:
+def _selected(api: Any, nodes: tuple[str, ...], selector: str | None, *, named: str = "--node NAME (repeatable)",
+              command: str = "") -> list[str]:
     from agent.k8s.watch import ListWatch, WatchOptions  # noqa: PLC0415
 
     if selector is None and not nodes:
-        raise InputError("name the nodes: --node NAME (repeatable) or --selector LABELS")
+        raise InputError(f"name the nodes: {named} or --selector LABELS", file=command)
     listed, _ = ListWatch(api, "/api/v1/nodes", WatchOptions(label_selector=selector or "",
                                                              metadata_only=True)).list_all()
     names = {str((n.get("metadata") or {}).get("name")) for n in listed}
     missing = sorted(set(nodes) - names)
     if missing:
-        raise InputError(f"--node: no such node: {', '.join(missing)}"
-                         + (f" (among those matching {selector!r})" if selector else ""))
+        option = f"{named.split(maxsplit=1)[0]}: " if named.startswith("-") else ""
+        raise InputError(f"{option}no such node: {', '.join(missing)}"
+                         + (f" (among those matching {selector!r})" if selector else ""), file=command)
     chosen = sorted(set(nodes) or names)
     if not chosen:
-        raise InputError(f"--selector {selector!r} matches no node")
+        raise InputError(f"--selector {selector!r} matches no node", file=command)
     return chosen
 
 
@@ -263,6 +266,30 @@ def release_command(hold_id: str, dry_run: bool, namespace: str | None, kubeconf
         return
     store.update(change)
     click.echo(f"released {hold_id}")
+
+
+@fleet.command(name="confirm")
+@click.argument("nodes", nargs=-1)
+@click.option("--selector", help="Or every node matching this label selector whose taint waits.")
+@click.option("--dry-run", is_flag=True, help="Print what would be written; write nothing.")
+@_kubeconfig_option
+@_guarded
+def confirm_command(nodes: tuple[str, ...], selector: str | None, dry_run: bool, kubeconfig: str | None) -> None:
+    """Let the taint the quarantine brake keeps waiting on these nodes through at their agents' next pass.
+    Nothing else: holds, the disruption budget and the mode decide as ever; unused, it expires."""
+    from agent.fleet.confirm import CONFIRM_SECONDS  # noqa: PLC0415
+    from agent.fleetctl.confirm import COMMAND, CONFIRM_ANNOTATION, confirm  # noqa: PLC0415
+
+    if nodes and selector is not None:
+        raise InputError("name the nodes or give --selector, not both", file=COMMAND)
+    api = _client(kubeconfig)
+    chosen = _selected(api, nodes, selector, named="NODE...", command=COMMAND)
+    for name, value in confirm(api, chosen, selected=selector is not None, dry_run=dry_run):
+        if dry_run:
+            click.echo(f"would annotate node {name} {CONFIRM_ANNOTATION}={value}")
+        else:
+            click.echo(f"node {name}: the taint waiting on the quarantine brake goes at its agent's next pass "
+                       f"(unused, the confirm expires in {CONFIRM_SECONDS / 60:.0f}m)")
 
 
 @fleet.command(name="status")

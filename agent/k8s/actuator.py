@@ -18,6 +18,7 @@ from agent.k8s.evictions import EvictionOutcome, Evictor
 from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import (
     CONDITION_REBOOT,
+    CONFIRM_ANNOTATION,
     REBOOT_ANNOTATION,
     RELEASE_ANNOTATION,
     REPLACE_ANNOTATION,
@@ -85,8 +86,15 @@ class K8sActuator:
 
     def consume_release(self, value: str) -> None:
         """Remove the release request, unless the operator wrote a new one meanwhile."""
-        if self.writer.read().annotations.get(RELEASE_ANNOTATION) == value:
-            self.writer.set_metadata(annotations={RELEASE_ANNOTATION: None})
+        self._consume(RELEASE_ANNOTATION, value)
+
+    def consume_confirm(self, value: str) -> None:
+        """Remove the operator's confirm of a braked taint, unless a new one was written meanwhile."""
+        self._consume(CONFIRM_ANNOTATION, value)
+
+    def _consume(self, annotation: str, value: str) -> None:
+        if self.writer.read().annotations.get(annotation) == value:
+            self.writer.set_metadata(annotations={annotation: None})
 
     def apply(self, step: Step) -> tuple[StepResult, str]:
         try:

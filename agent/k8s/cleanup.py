@@ -12,11 +12,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from agent.fleet.published import SUMMARY_ANNOTATION
 from agent.k8s.bodies import ConditionDirective, Node, NodePatch, as_node, as_node_list, as_pod_list
 from agent.k8s.budget import BUDGET_LEASE, PAUSE_LEASE, SLOT_LABEL
 from agent.k8s.errors import NotFound
 from agent.k8s.node import (
     AGENT_CONDITIONS,
+    CONFIRM_ANNOTATION,
     CORDONED_ANNOTATION,
     DISRUPTION_LABEL,
     REBOOT_ANNOTATION,
@@ -30,7 +32,7 @@ from agent.k8s.retry import on_conflict
 
 AGENT_LABELS = (REPLACEMENT_LABEL, DISRUPTION_LABEL)
 AGENT_ANNOTATIONS = (STATE_ANNOTATION, CORDONED_ANNOTATION, REBOOT_ANNOTATION, REPLACE_ANNOTATION,
-                     RELEASE_ANNOTATION)
+                     RELEASE_ANNOTATION, CONFIRM_ANNOTATION, SUMMARY_ANNOTATION)
 # DeviceTaintRules the agent creates carry this label; the API versions are tried newest first.
 MANAGED_BY = "app.kubernetes.io/managed-by=gpu-health-agent"
 DEVICE_TAINT_GROUP = "resource.k8s.io"

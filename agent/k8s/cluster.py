@@ -36,7 +36,7 @@ class NodeHooks:
     mig_parents: Callable[[], dict[str, str]] | None = None
     #: The node's pods as the agent last listed them (the fleet summary names their workloads).
     pods: Callable[[], Iterable[PodRef]] = tuple
-    #: The node's facts for the fleet summary (driver version).
+    #: The node's facts for the fleet summary (driver version, NVLink fabric domain).
     facts: Callable[[], NodeFacts] = NodeFacts
     #: The GPU edge's reset, given the operand pauser this side builds (agent.gpu composes it above).
     reset_of: Callable[[OperandPauser], ResetRunner] | None = None

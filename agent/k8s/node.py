@@ -26,6 +26,9 @@ CORDONED_ANNOTATION = f"{PREFIX}/cordoned"
 REBOOT_ANNOTATION = f"{PREFIX}/reboot-requested"
 REPLACE_ANNOTATION = f"{PREFIX}/replace-gpus"
 RELEASE_ANNOTATION = f"{PREFIX}/release"
+#: An operator's confirm of a taint the quarantine brake keeps waiting (`gpu-health-agent fleet confirm`):
+#: written by the operator, only ever removed by the agent (daemonset/admission-policy.yaml).
+CONFIRM_ANNOTATION = f"{PREFIX}/brake-confirm"
 REPLACEMENT_LABEL = f"{PREFIX}/needs-replacement"
 DISRUPTION_LABEL = f"{PREFIX}/disruption"
 CONDITION_REBOOT = "GpuRebootRequired"
@@ -59,6 +62,7 @@ class NodeView:
             conditions=conditions, tainted=self.taint_key in self.taint_keys,
             reboot_requested=REBOOT_ANNOTATION in self.annotations, replacement=replacement,
             record=saved_record(self), release=self.annotations.get(RELEASE_ANNOTATION, ""),
+            confirm=self.annotations.get(CONFIRM_ANNOTATION, ""),
             opted_out=bool(opt_out_label) and self.labels.get(opt_out_label) == "true",
             holds_slot=DISRUPTION_LABEL in self.labels)
 

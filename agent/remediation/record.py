@@ -226,7 +226,8 @@ def _dicts(value: object) -> list[Mapping[str, object]]:
 @dataclass(frozen=True, slots=True)
 class NodeObservation:
     """What one read of the real Node says: the agent's marks on it, the mirrored record, an operator's
-    release request, the opt-out label, and whether the node is labelled as holding a budget slot."""
+    release request and confirm of a braked taint, the opt-out label, and whether the node is labelled as
+    holding a budget slot."""
 
     conditions: Mapping[str, ConditionState]
     tainted: bool
@@ -240,6 +241,8 @@ class NodeObservation:
     device_taints: Mapping[DeviceRef, DeviceMark] | None = None
     #: What per-GPU isolation the cluster allows now; None when not read (node isolation, or unreadable).
     devices: DeviceIsolation | None = None
+    #: An operator's confirm of the taint the quarantine brake keeps waiting (agent.fleet.confirm); "" none.
+    confirm: str = ""
 
     def actual(self, facts: NodeState) -> NodeState:
         """The record's remediation facts with what the Node itself shows in place of the marks."""

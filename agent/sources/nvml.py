@@ -131,6 +131,12 @@ class NvmlSource:
             if isinstance(links, list):
                 gpu.links_seen_up.update(int(n) for n in links if isinstance(n, int))
 
+    @property
+    def fabric_domain(self) -> str:
+        """The NVLink fabric domain(s) of this node's GPUs as the last poll read them ("" on a PCIe-only node or
+        before the fabric was read; several, comma-separated, only on a node whose GPUs disagree)."""
+        return ",".join(sorted({str(d) for g in self.gpus if (d := g.readings.get("fabric_domain"))}))
+
     def mig_parents(self) -> dict[str, str]:
         """MIG device UUID -> the UUID of the GPU it is a slice of."""
         return {mig: gpu.ref.uuid for gpu in self.gpus for mig in gpu.mig_uuids}

@@ -4,6 +4,7 @@ and the GPU fabric (NVSwitch / NVL72 registration and health). Each appends its 
 from __future__ import annotations
 
 import ctypes
+import uuid
 from typing import Any
 
 from agent.model import AttrValue, Observation, Signal
@@ -127,8 +128,17 @@ def read_fabric(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observati
     summary = int(getattr(info, "healthSummary", 0))
     if summary:
         attrs["health_summary"] = FABRIC_SUMMARIES.get(summary, f"code {summary}")
-    gpu.readings.update(fabric_state=attrs["state_name"], fabric_status=attrs["status_text"], fabric_health_mask=mask)
+    gpu.readings.update(fabric_state=attrs["state_name"], fabric_status=attrs["status_text"], fabric_health_mask=mask,
+                        fabric_domain=fabric_domain(bytes(info.clusterUuid), int(info.cliqueId)))
     out.append(observation(gpu, Signal.GPU_FABRIC, state, now, extra=attrs))
+
+
+def fabric_domain(cluster_uuid: bytes, clique_id: int) -> str:
+    """The NVLink fabric domain a GPU is registered in, `<cluster UUID>/<clique id>` (what the fleet view
+    correlates on); "" while the GPU is not registered (NVML reports an all-zero cluster UUID)."""
+    if len(cluster_uuid) != 16 or not any(cluster_uuid):
+        return ""
+    return f"{uuid.UUID(bytes=cluster_uuid)}/{clique_id}"
 
 
 def _fabric_info(calls: NvmlCalls, gpu: GpuState) -> Any:

@@ -31,9 +31,12 @@
  * "ecc_mode": {"current": 1, "pending": 1} (default both on); with current 0 the ECC counters, remapped
  * rows and retired pages read NotSupported, as on a real GPU with ECC off. "memory_bus_width": bits
  * (default 5120, HBM3; null: NotSupported).
- * "fabric": {"state": 3, "status": 0, "health_mask": 0, "health_summary": 1, "clique_id": 1, "version": 3}
+ * "fabric": {"state": 3, "status": 0, "health_mask": 0, "health_summary": 1, "clique_id": 1, "version": 3,
+ *            "cluster_uuid": "c0c1c2c3c4c5c6c7c8c9cacbcccdcecf"}
  * answers nvmlDeviceGetGpuFabricInfoV (state 3 Completed; status an NVML return code); absent or null
- * is NotSupported (a PCIe-only GPU); "version": 2 is a driver that takes only the v2 struct.
+ * is NotSupported (a PCIe-only GPU); "version": 2 is a driver that takes only the v2 struct. The cluster
+ * UUID (32 hex digits, default c0..cf) is reported only once the registration completed (state 3): before
+ * it the GPU belongs to no fabric cluster and NVML's clusterUuid is all zero.
  * A call named in "hang" blocks until the state no longer names it.
  */
 #define _GNU_SOURCE
@@ -701,10 +704,17 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, fake_fabric_info_t
         LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     memset(info, 0, version == FAKE_FABRIC_V3 ? sizeof(*info) : offsetof(fake_fabric_info_t, healthSummary));
     info->version = version;
-    for (int i = 0; i < 16; i++) info->clusterUuid[i] = (unsigned char)(0xc0 + i);
     info->status = (nvmlReturn_t)jnum(fabric, "status", 0);
     info->cliqueId = (unsigned int)jnum(fabric, "clique_id", 1);
     info->state = (unsigned int)jnum(fabric, "state", 3);
+    if (info->state == 3) {
+        const char *hex = jstr(fabric, "cluster_uuid", "c0c1c2c3c4c5c6c7c8c9cacbcccdcecf");
+        for (int i = 0; i < 16; i++) {
+            unsigned int byte = 0;
+            if (strlen(hex) >= 32 && sscanf(hex + 2 * i, "%2x", &byte) == 1) info->clusterUuid[i] = (unsigned char)byte;
+            else info->clusterUuid[i] = (unsigned char)(0xc0 + i);
+        }
+    }
     info->healthMask = (unsigned int)jnum(fabric, "health_mask", 0);
     if (version == FAKE_FABRIC_V3) info->healthSummary = (unsigned char)jnum(fabric, "health_summary", 0);
     LEAVE(NVML_SUCCESS);

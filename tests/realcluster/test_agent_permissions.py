@@ -6,12 +6,15 @@ import ssl
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from kubernetes import client
 
+from agent.cli import main
 from agent.k8s.client import ApiClient, Credentials
 from agent.k8s.errors import Forbidden
-from agent.k8s.node import AGENT_CONDITIONS, NodeWriter
+from agent.k8s.node import AGENT_CONDITIONS, CONFIRM_ANNOTATION, NodeWriter
 from agent.k8s.raw import RawApi, api_path
+from agent.remediation.guard import BRAKED
 from tests.k8s_helpers import TAINT
 from tests.realcluster.backend import RealServer
 from tests.realcluster.controlplane import ControlPlane, wait_until
@@ -90,6 +93,38 @@ def test_an_agent_may_change_only_its_own_labels_and_annotations(control_plane, 
     assert writer.set_metadata(**{field: {"gpu-health-agent.io/needs-replacement": "true"}})
     with pytest.raises(Forbidden, match=rf"only {field} under gpu-health-agent\.io/"):
         writer.set_metadata(**{field: {"nvidia.com/gpu.present": "false"}})
+
+
+def test_an_agents_own_token_cannot_confirm_its_braked_taint(control_plane, two_nodes):
+    """gpu-health-agent.io/brake-confirm is the operator's: the agent may neither add nor change it."""
+    a, _ = two_nodes
+    writer = NodeWriter(agent_apis(control_plane, a), a, taint_key=TAINT)
+    with pytest.raises(Forbidden, match="never write one"):
+        writer.set_metadata(annotations={CONFIRM_ANNOTATION: "2026-12-02T10:00:00Z"})
+    control_plane.core.patch_node(a, {"metadata": {"annotations": {CONFIRM_ANNOTATION: "2026-12-02T10:00:00Z"}}})
+    with pytest.raises(Forbidden, match="never write one"):
+        writer.set_metadata(annotations={CONFIRM_ANNOTATION: "2026-12-02T11:00:00Z"})
+
+
+def test_fleet_confirm_run_with_the_agents_own_token_is_refused_in_one_line(control_plane, two_nodes):
+    """`gpu-health-agent fleet confirm` inside the agent's pod (its token) is denied: one line, exit 1."""
+    a, _ = two_nodes
+    control_plane.core.patch_node_status(a, {"status": {"conditions": [
+        {"type": "GpuFatalFault", "status": "True", "reason": "GpuFatalFault", "message": f"xid-79 ({BRAKED})"}]}})
+    result = CliRunner().invoke(main, ["fleet", "confirm", a, "--kubeconfig",
+                                       str(control_plane.agent_kubeconfig(a))])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "never write one" in result.output and len(result.output.strip().splitlines()) == 1
+    assert CONFIRM_ANNOTATION not in (node(control_plane, a).metadata.annotations or {})
+
+
+def test_an_agent_may_remove_the_confirm_an_operator_wrote(control_plane, two_nodes):
+    """The agent consumes the operator's confirm: removing it from its own node is allowed."""
+    a, _ = two_nodes
+    control_plane.core.patch_node(a, {"metadata": {"annotations": {CONFIRM_ANNOTATION: "2026-12-02T10:00:00Z"}}})
+    assert NodeWriter(agent_apis(control_plane, a), a, taint_key=TAINT).set_metadata(
+        annotations={CONFIRM_ANNOTATION: None})
+    assert CONFIRM_ANNOTATION not in (node(control_plane, a).metadata.annotations or {})
 
 
 def test_an_agent_may_not_change_conditions_it_does_not_own(control_plane, two_nodes):

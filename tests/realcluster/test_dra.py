@@ -262,6 +262,7 @@ class KilledBeforeMirror:
         self.apply = actuator.apply
         self.observe = actuator.observe
         self.consume_release = actuator.consume_release
+        self.consume_confirm = actuator.consume_confirm
 
     def mirror(self, document: Mapping[str, object]) -> None:
         raise RuntimeError("killed before the record reached the Node")
