@@ -154,7 +154,7 @@ def _node(scenario: Scenario, fleet: ScenarioFleet, number: int, cluster: FakeCl
     populate(cluster, node, labels=labels)
     facts = NodeFacts(driver_version=fleet.driver_versions[number % len(fleet.driver_versions)],
                       fabric_domain=f"fabric-{number // fleet.fabric_domain_size}" if fleet.fabric_domain_size
-                      else "", rack=labels.get(RACK_LABEL, ""))
+                      else "")
     config = base.model_copy(update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
     hooks = NodeHooks(pods=lambda: node.pods, facts=lambda: facts, reset_of=_simulated_reset,
                       uptime=lambda: UPTIME_AT_START + clock())
