@@ -289,3 +289,30 @@ def test_an_agent_deletes_its_kept_slot_once_the_window_has_passed(fake):
     agent.settle(100.0)
     assert slot() is None
     agent.close()
+
+
+def test_a_node_an_old_agent_disrupted_counts_against_the_rate_during_a_rolling_upgrade(fake):
+    """The shared Lease of an earlier version names a node its old agent disrupted: with rate 1 and slots free,
+    a new agent's take is refused by the rate bound."""
+    import json
+    fleet = Fleet(fake, 2)
+    old, new = fleet.names
+    gate = fleet.gate(new, rate=1)  # (on the real server its agent's identity comes with the namespace)
+    fleet.operator.create(LEASES, {"metadata": {"name": "gpu-health-disruption-budget", "annotations": {
+        "gpu-health-agent.io/holders": json.dumps({old: 1.0e9})}}, "spec": {}})
+    refused = gate.acquire()
+    assert (refused.held, refused.in_use, refused.recent) == (False, 1, 1)
+
+
+def test_two_nodes_racing_for_the_last_take_of_the_hour_do_not_both_get_it(fake):
+    """Rate 2, n1 done: n2 and n3 both write their slot before either ranks; the one created later (or in the
+    same second) yields, so at most one more node is disrupted within the hour."""
+    fleet = Fleet(fake, 3)
+    n1, n2, n3 = fleet.names
+    gates = {n: fleet.gate(n, rate=2) for n in fleet.names}
+    assert gates[n1].acquire().held
+    gates[n1].release()
+    gates[n2]._create_or_get()
+    gates[n3]._create_or_get()
+    granted = [gates[n2].acquire().held, gates[n3].acquire().held]
+    assert granted.count(True) <= 1
