@@ -97,8 +97,9 @@ def budget_request(method: str, path: str, body: bytes | None) -> bool:
 
 def _injecting(backend: Backend, fault: Callable[[int, str, str], BaseException | None],
                after: Callable[[int, str, str, bytes | None], BaseException | None]) -> None:
-    """Every agent's client: `fault` may refuse a request before it is sent, `after` fail it once the server
-    carried it out (the answer lost, or the agent killed); both see the agent's number (1 = the first)."""
+    """Every agent's client: `fault` may refuse a request (or a streamed list) before it is sent, `after` fail
+    it once the server carried it out (the answer lost, or the agent killed); both see the agent's number (1 =
+    the first)."""
     original = backend.client
     agents = [0]
 
@@ -124,7 +125,20 @@ def _injecting(backend: Backend, fault: Callable[[int, str, str], BaseException 
                 raise failed
             return answer
 
+        def stream(path: str, **kwargs: Any) -> Any:  # a list read as it comes (the GPU-node count)
+            refused = fault(number, "GET", path)
+            if refused is not None:
+                raise refused
+            answer = inner_stream(path, **kwargs)
+            failed = after(number, "GET", path, None)
+            if failed is not None:
+                answer.release_conn()
+                raise failed
+            return answer
+
+        inner_stream = api.stream
         api.request = request
+        api.stream = stream
         return api
 
     backend.client = client  # type: ignore[method-assign]

@@ -133,3 +133,14 @@ def test_the_rate_bound_never_blocks_the_taint_or_clearing():
 def test_no_rate_bound_is_no_bound():
     """rate 0: any number of recent takes lets a step through."""
     assert guard(dataclasses.replace(GateReading(), recent=100, rate=0))[0] is None
+
+
+def test_the_configured_rate_bound_reaches_the_budget_gate():
+    """remediation.budget_max_nodes_per_hour (default 3) is the gate's rate bound."""
+    from agent.config import load_config
+    from agent.k8s.client import client_for
+    from agent.k8s.cluster import build_cluster_side
+    config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_REMEDIATION__BUDGET_MAX_NODES_PER_HOUR": "5"})
+    side = build_cluster_side(client_for("http://127.0.0.1:9"), config, on_stuck=lambda pod: None)
+    assert side.gate.max_per_hour == 5
+    assert load_config(None, env={"NODE_NAME": "n1"}).remediation.budget_max_nodes_per_hour == 3
