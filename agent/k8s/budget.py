@@ -229,7 +229,8 @@ class LeaseBudget:
         #: no such list): a list made any time after the write ranks it, so the acquire that follows need not
         #: list again.
         self._listed: tuple[list[Slot], list[Slot]] | None = None
-        #: The take this process wrote (uid, leaseTransitions, when sent): every reader counts it from then on.
+        #: The take this process wrote (uid, leaseTransitions, when its answer came): every reader counts it
+        #: from then on or later.
         self._took: tuple[str, int, float] | None = None
         #: The slot's re-take reused that take (its own released slot within the window): carried forward once
         #: granted, so that readers count it a window from now.
@@ -308,8 +309,8 @@ class LeaseBudget:
                 sent = self.monotonic()
                 document, created = self._create_or_get()
                 own = Slot.of(document)
-                if created:
-                    self._took, self._carry = (own.uid, own.takes, sent), False
+                if created:  # dated when the answer came (the take landed no later): its hour ends no sooner
+                    self._took, self._carry = (own.uid, own.takes, self.monotonic()), False
                 else:  # there already (maybe an earlier process's): re-taken in place, ranked as new
                     self._keep = True
                     own = self._retake(document)
@@ -418,19 +419,17 @@ class LeaseBudget:
             body["spec"]["leaseTransitions"] = slot.takes + 1
         if slot.released:
             body["metadata"] = {"annotations": {RELEASED_ANNOTATION: None}}
-        sent = self.monotonic()
         self._patch(body)
         self._kept_from, self._carry = None, reused
         if reused:
             return dataclasses.replace(slot, released=False)
-        self._took = (slot.uid, slot.takes + 1, sent)
+        self._took = (slot.uid, slot.takes + 1, self.monotonic())
         return dataclasses.replace(slot, takes=slot.takes + 1, released=False)
 
     def _bump(self, own: Slot) -> None:
         """A reused take granted: counted as a take from now (a new leaseTransitions) by every reader."""
-        sent = self.monotonic()
         self._patch({"spec": {"leaseTransitions": own.takes + 1}})
-        self._took, self._carry = (own.uid, own.takes + 1, sent), False
+        self._took, self._carry = (own.uid, own.takes + 1, self.monotonic()), False
 
     def _renew(self) -> None:
         body = {"spec": {"renewTime": _micro(self.clock())}}
