@@ -106,14 +106,17 @@ def budget_rows(trials: int, fleet_nodes: int, fleet_hours: float) -> None:
             for seed in range(trials):
                 rows[label].append(flaky_trial(seed, directory=where / f"flaky-{len(rows)}-{seed}", **options))  # type: ignore[arg-type]
             print(f"  {label}: {trials} trials, {time.monotonic() - started:.0f}s", file=sys.stderr)
-        requests = budget_requests(where / "probe")
-        for killed in (False, True):
-            label = f"each budget request, then {'killed' if killed else 'answer lost'}"
-            for seed in range(trials):
-                rows[label].append(after_each_trial(seed, index=seed % requests + 1, killed=killed,
-                                                    directory=where / f"after-{killed}-{seed}"))
-            print(f"  {label}: {trials} trials over {requests} requests, {time.monotonic() - started:.0f}s",
-                  file=sys.stderr)
+        for per_hour in (0, RATE):
+            requests = budget_requests(where / f"probe-{per_hour}", per_hour)
+            for killed in (False, True):
+                label = f"each budget request, then {'killed' if killed else 'answer lost'}"
+                label += f" (rate bound {per_hour} an hour)" if per_hour else ""
+                for seed in range(trials):
+                    rows[label].append(after_each_trial(seed, index=seed % requests + 1, killed=killed,
+                                                        directory=where / f"after-{killed}-{per_hour}-{seed}",
+                                                        per_hour=per_hour))
+                print(f"  {label}: {trials} trials over {requests} requests, {time.monotonic() - started:.0f}s",
+                      file=sys.stderr)
         skewed = fleet(2, nodes=fleet_nodes, budget=2, hours=fleet_hours, skew_hours=6.0, directory=where / "skew")
         rated = fleet(2, nodes=fleet_nodes, budget=2, hours=fleet_hours, skew_hours=6.0, per_hour=RATE,
                       directory=where / "rate")
