@@ -239,6 +239,8 @@ class LeaseBudget:
         self._keep = False
         #: This node's released slot is kept from this monotonic time, and deleted a window after it.
         self._kept_from: float | None = None
+        #: The slot this process re-took was live (not released): one the rate bound alone refuses stays so.
+        self._retook_live = False
 
     @property
     def lingering(self) -> bool:
@@ -286,14 +288,19 @@ class LeaseBudget:
         ahead = ahead_of(own, live, retaken=not created)
         taken = ahead_of(own, recent, retaken=not created)
         others = len([s for s in live if s.name != self.slot])
-        self._written = None
+        written, self._written = self._written, None
         if ahead < self._limit and within_rate(taken, self.max_per_hour):
             if self._carry:  # the take this re-take reused is counted a window from now by every reader
                 self._bump(own)
-            self._granted, self._confirmed_at, self._keep = True, sent, True
+            self._granted, self._confirmed_at, self._keep, self._retook_live = True, sent, True, False
             self.on_usage(others + 1, self._limit)
             return GateReading(held=True, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
-        self._give_back()
+        if ahead < self._limit and self._retook_live:
+            # Refused by the rate alone, a slot that was live (a restarted agent of a disrupted node): it stays
+            # live, so the concurrency bound still counts the node, and the next acquire ranks it again.
+            self._written = written
+        else:
+            self._give_back()
         self.on_usage(others, self._limit)
         return GateReading(held=False, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
 
@@ -310,7 +317,7 @@ class LeaseBudget:
                 document, created = self._create_or_get()
                 own = Slot.of(document)
                 if created:  # dated when the answer came (the take landed no later): its hour ends no sooner
-                    self._took, self._carry = (own.uid, own.takes, self.monotonic()), False
+                    self._took, self._carry, self._retook_live = (own.uid, own.takes, self.monotonic()), False, False
                 else:  # there already (maybe an earlier process's): re-taken in place, ranked as new
                     self._keep = True
                     own = self._retake(document)
@@ -420,7 +427,7 @@ class LeaseBudget:
         if slot.released:
             body["metadata"] = {"annotations": {RELEASED_ANNOTATION: None}}
         self._patch(body)
-        self._kept_from, self._carry = None, reused
+        self._kept_from, self._carry, self._retook_live = None, reused, not slot.released
         if reused:
             return dataclasses.replace(slot, released=False)
         self._took = (slot.uid, slot.takes + 1, self.monotonic())
@@ -455,7 +462,7 @@ class LeaseBudget:
         took = self._took
         self._granted = False
         self.maybe_held = False
-        self._written, self._listed, self._carry = None, None, False
+        self._written, self._listed, self._carry, self._retook_live = None, None, False, False
         self._kept_from = took[2] if took is not None else self.monotonic()
 
     def _delete(self) -> None:
@@ -467,7 +474,7 @@ class LeaseBudget:
         self._granted = False
         self.maybe_held = False
         self._written, self._listed = None, None
-        self._took, self._carry, self._keep, self._kept_from = None, False, False, None
+        self._took, self._carry, self._keep, self._kept_from, self._retook_live = None, False, False, None, False
 
     def _patch(self, body: JsonDocument) -> None:
         """A merge patch of this node's slot. Only this agent writes it: a 409 (a conflict answered anyway) is

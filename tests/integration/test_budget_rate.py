@@ -316,3 +316,20 @@ def test_two_nodes_racing_for_the_last_take_of_the_hour_do_not_both_get_it(fake)
     gates[n3]._create_or_get()
     granted = [gates[n2].acquire().held, gates[n3].acquire().held]
     assert granted.count(True) <= 1
+
+
+def test_a_restarted_disrupted_node_refused_by_the_rate_alone_stays_counted_as_disrupted(fake):
+    """Rate 1: n1 disrupted for hours, n2 taken within the hour; n1's agent restarts and its re-take is refused
+    by the rate bound: n1's slot stays live (the concurrency bound still counts it), and n3 is refused."""
+    fleet = Fleet(fake, 3)
+    n1, n2, n3 = fleet.names
+    first, second = fleet.gate(n1, rate=1), fleet.gate(n2, rate=1)
+    assert first.acquire().held
+    assert not second.acquire().held
+    fleet.advance(HOUR + 1)
+    assert first.acquire().held  # the renewal
+    assert second.acquire().held
+    refused = fleet.gate(n1, rate=1).acquire()
+    assert (refused.held, refused.recent) == (False, 1)
+    assert fleet.held() == {slot_name(n1), slot_name(n2)}
+    assert not fleet.gate(n3, rate=1, max_nodes=2).acquire().held
