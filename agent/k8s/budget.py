@@ -148,10 +148,6 @@ class Takings:
         self._seen = seen
         return [s for s in listed if now - seen[s.name][1] < self.window]
 
-    def first_seen(self, name: str) -> float | None:
-        entry = self._seen.get(name)
-        return None if entry is None else entry[1]
-
 
 def within_rate(taken_ahead: int, max_per_window: int) -> bool:
     """Whether one more take fits the rate bound: fewer than the bound taken ahead of it (0: no bound)."""
