@@ -78,6 +78,9 @@ class RemediationConfig(_Section):
     cooldown_seconds: float = Field(default=300.0, ge=0)
     budget_max_nodes: int = Field(default=1, ge=0)
     budget_max_percent: float = Field(default=10.0, ge=0, le=100)
+    #: The rate bound beside the concurrency bound: at most this many nodes newly disrupted within an hour,
+    #: cluster-wide (0: off); docs/remediation.md argues the default.
+    budget_max_nodes_per_hour: int = Field(default=3, ge=0)
     eviction_deadline_seconds: float = Field(default=600.0, gt=0)
     #: One of RESET_COMMANDS only: the reset container runs it as root with CAP_SYS_ADMIN, so no other argv.
     reset_command: list[str] = Field(default_factory=lambda: list(RESET_COMMANDS[0]))

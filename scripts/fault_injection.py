@@ -4,7 +4,8 @@ I/O point (an API request once the server answered it, a write of the durable re
 starting a new one, then a fleet of agents under a budget of 2; prints the table of issue 11. Then the
 disruption budget's rows (issue 28): 503s at 10, 50 and 90 % and a 409 on every first write, a failure after
 each request of the budget path (answer lost, agent killed), a fleet whose clocks are each off by up to
-6 h, and one agent's own token turned on another's slot and the pause Lease (real control plane).
+6 h, the same fleet under the rate bound (3 nodes an hour; issue 24), and one agent's own token turned on
+another's slot and the pause Lease (real control plane).
 
 The agents run in this process against the fake API server over HTTP (tests/restart_harness.py,
 tests/budget_harness.py); a kill is a BaseException that nothing in the agent catches, so nothing after it
@@ -29,13 +30,15 @@ sys.path.insert(0, str(REPO))
 from agent.k8s import retry  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
 from tests.budget_harness import BudgetTrial, after_each_trial, budget_requests, flaky_trial  # noqa: E402
-from tests.restart_harness import SCENARIOS, TrialResult, fleet, kill_points, run_trial  # noqa: E402
+from tests.restart_harness import SCENARIOS, FleetResult, TrialResult, fleet, kill_points, run_trial  # noqa: E402
 
 #: The kill points of issue 11 (fault, eviction, reset, reboot request, release, clear) and the record's own
 #: writes: each gets the trials, spread over the scenarios that pass it.
 KILL_POINTS = ("fault", "evict", "reset_gpu", "reboot_request", "release", "untaint", "clear_reboot_request",
                "journal", "mirror", "event")
 
+#: The rate bound of the rate row (the shipped default).
+RATE = 3
 COLUMNS = ("trials", "wrong evictions", "double evictions", "faults lost", "re-quarantined", "Events missing",
            "Events twice")
 BUDGET_COLUMNS = ("trials", "fatal step > 10 s", "fatal step never", "wrong evictions", "double evictions",
@@ -103,15 +106,20 @@ def budget_rows(trials: int, fleet_nodes: int, fleet_hours: float) -> None:
             for seed in range(trials):
                 rows[label].append(flaky_trial(seed, directory=where / f"flaky-{len(rows)}-{seed}", **options))  # type: ignore[arg-type]
             print(f"  {label}: {trials} trials, {time.monotonic() - started:.0f}s", file=sys.stderr)
-        requests = budget_requests(where / "probe")
-        for killed in (False, True):
-            label = f"each budget request, then {'killed' if killed else 'answer lost'}"
-            for seed in range(trials):
-                rows[label].append(after_each_trial(seed, index=seed % requests + 1, killed=killed,
-                                                    directory=where / f"after-{killed}-{seed}"))
-            print(f"  {label}: {trials} trials over {requests} requests, {time.monotonic() - started:.0f}s",
-                  file=sys.stderr)
+        for per_hour in (0, RATE):
+            requests = budget_requests(where / f"probe-{per_hour}", per_hour)
+            for killed in (False, True):
+                label = f"each budget request, then {'killed' if killed else 'answer lost'}"
+                label += f" (rate bound {per_hour} an hour)" if per_hour else ""
+                for seed in range(trials):
+                    rows[label].append(after_each_trial(seed, index=seed % requests + 1, killed=killed,
+                                                        directory=where / f"after-{killed}-{per_hour}-{seed}",
+                                                        per_hour=per_hour))
+                print(f"  {label}: {trials} trials over {requests} requests, {time.monotonic() - started:.0f}s",
+                      file=sys.stderr)
         skewed = fleet(2, nodes=fleet_nodes, budget=2, hours=fleet_hours, skew_hours=6.0, directory=where / "skew")
+        rated = fleet(2, nodes=fleet_nodes, budget=2, hours=fleet_hours, skew_hours=6.0, per_hour=RATE,
+                      directory=where / "rate")
     print("\nThe disruption budget (issue 28)")
     width = max(len(name) for name in rows) + 2
     print("".join([f"{'':{width}}", *(f"{c:>18}" for c in BUDGET_COLUMNS)]))
@@ -134,8 +142,19 @@ def budget_rows(trials: int, fleet_nodes: int, fleet_hours: float) -> None:
     print(f"  samples {skewed.samples}; over budget: slots {skewed.over_budget_holders}, "
           f"nodes disrupted {skewed.over_budget_disrupted}; evictions not on a faulty GPU {skewed.wrong_evictions}, "
           f"double {skewed.double_evictions}; not remediated at the end {skewed.not_remediated}")
+    rate_row(skewed, rated, fleet_hours)
     token_row(trials)
     print(f"\n{time.monotonic() - started:.0f}s")
+
+
+def rate_row(unbounded: FleetResult, rated: FleetResult, fleet_hours: float) -> None:
+    """The same fleet (every node faulty within 5 minutes, clocks off by up to 6 h, agents killed) without
+    and with the rate bound: the most nodes first disrupted within any one hour."""
+    print(f"\nRate bound (issue 24), the same fleet, {rated.nodes} agents, budget {rated.budget}, {fleet_hours:g} h:")
+    for label, result in (("no rate bound", unbounded), (f"at most {rated.per_hour} an hour", rated)):
+        print(f"  {label}: most nodes newly disrupted within any hour {result.most_newly_disrupted_in_an_hour}; "
+              f"over the concurrency budget: slots {result.over_budget_holders}, nodes {result.over_budget_disrupted} "
+              f"of {result.samples} samples; {result.kills} kills; not remediated at the end {result.not_remediated}")
 
 
 def token_row(trials: int) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.k8s import retry
-from agent.k8s.budget import SLOT_LABEL, slot_name
+from agent.k8s.budget import RELEASED_ANNOTATION, SLOT_LABEL, slot_name
 from agent.k8s.errors import status_error
 from agent.simulation.fake_apiserver.resources import RESOURCES
 from tests.k8s_helpers import gpu_node
@@ -72,8 +72,11 @@ class BudgetTrial:
 
 
 def slots(backend: Backend) -> set[str]:
+    """The slots held: labelled as slots and not released (a released one, kept for the rate bound's hour,
+    disrupts nothing)."""
     return {lease["metadata"]["name"] for lease in backend.cluster.list_objects(LEASES, "gpu-health")
-            if (lease["metadata"].get("labels") or {}).get(SLOT_LABEL) == "true"}
+            if (lease["metadata"].get("labels") or {}).get(SLOT_LABEL) == "true"
+            and RELEASED_ANNOTATION not in (lease["metadata"].get("annotations") or {})}
 
 
 def _disrupted(world: World) -> bool:
@@ -97,8 +100,9 @@ def budget_request(method: str, path: str, body: bytes | None) -> bool:
 
 def _injecting(backend: Backend, fault: Callable[[int, str, str], BaseException | None],
                after: Callable[[int, str, str, bytes | None], BaseException | None]) -> None:
-    """Every agent's client: `fault` may refuse a request before it is sent, `after` fail it once the server
-    carried it out (the answer lost, or the agent killed); both see the agent's number (1 = the first)."""
+    """Every agent's client: `fault` may refuse a request (or a streamed list) before it is sent, `after` fail
+    it once the server carried it out (the answer lost, or the agent killed); both see the agent's number (1 =
+    the first)."""
     original = backend.client
     agents = [0]
 
@@ -124,19 +128,32 @@ def _injecting(backend: Backend, fault: Callable[[int, str, str], BaseException 
                 raise failed
             return answer
 
+        def stream(path: str, **kwargs: Any) -> Any:  # a list read as it comes (the GPU-node count)
+            refused = fault(number, "GET", path)
+            if refused is not None:
+                raise refused
+            answer = inner_stream(path, **kwargs)
+            failed = after(number, "GET", path, None)
+            if failed is not None:
+                answer.release_conn()
+                raise failed
+            return answer
+
+        inner_stream = api.stream
         api.request = request
+        api.stream = stream
         return api
 
     backend.client = client  # type: ignore[method-assign]
 
 
-def _world(seed: int, backend: Backend, directory: Path) -> World:
+def _world(seed: int, backend: Backend, directory: Path, per_hour: int = 0) -> World:
     """The trial's node and first agent; every random draw of the trial (the agents' jitter included) is
     seeded from `seed`, so a trial comes out the same whatever ran before it."""
     directory.mkdir(parents=True, exist_ok=True)
     retry.JITTER.seed(seed)
     world = World(backend, gpu_node(f"b{seed % 1000}"), directory / f"journal-{seed}.db", random.Random(seed),
-                  options={"seed": seed})
+                  options={"seed": seed, "max_per_hour": per_hour})
     while True:
         try:
             world.start_agent(first=world.agent is None)
@@ -186,7 +203,7 @@ def flaky_trial(seed: int, *, rate: float = 0.0, conflicts: bool = False, direct
     return _finish(world, fatal_at, leaks)
 
 
-def budget_requests(directory: Path) -> int:
+def budget_requests(directory: Path, per_hour: int = 0) -> int:
     """How many Lease requests the first agent makes in `after_each_trial`'s scenario with nothing failing."""
     backend = start_backend()
     seen = [0]
@@ -196,7 +213,7 @@ def budget_requests(directory: Path) -> int:
             seen[0] += 1
 
     _injecting(backend, lambda n, m, p: None, count)
-    world = _world(0, backend, directory)
+    world = _world(0, backend, directory, per_hour)
     _release_scenario(world)
     _finish(world, None, 0)
     return seen[0]
@@ -215,7 +232,7 @@ def _release_scenario(world: World) -> int:
     return leaks
 
 
-def after_each_trial(seed: int, *, index: int, killed: bool, directory: Path) -> BudgetTrial:
+def after_each_trial(seed: int, *, index: int, killed: bool, directory: Path, per_hour: int = 0) -> BudgetTrial:
     """Xid 79, eviction, reboot request, release, clear; the `index`-th Lease request of the first agent is
     carried out by the server and then fails: its answer lost (a 503 after the fact), or the agent killed."""
     backend = start_backend()
@@ -230,6 +247,6 @@ def after_each_trial(seed: int, *, index: int, killed: bool, directory: Path) ->
         return Killed(f"lease {method}") if killed else status_error(503, "Service Unavailable", "")
 
     _injecting(backend, lambda n, m, p: None, fail)
-    world = _world(seed, backend, directory)
+    world = _world(seed, backend, directory, per_hour)
     leaks = _release_scenario(world)
     return _finish(world, None, leaks)

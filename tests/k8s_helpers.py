@@ -141,7 +141,7 @@ def operator_kubeconfig(server: Any, directory: Path) -> str:
 
 def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                mode: Mode = Mode.REMEDIATE, populate_node: bool = True, max_nodes: int = 1,
-               max_percent: float = 10, deadline: float = 600.0, clock=None, reset=None,
+               max_percent: float = 10, max_per_hour: int = 0, deadline: float = 600.0, clock=None, reset=None,
                restore: bool = False, retry_seconds: float = 30.0, max_faulty_gpus: int = 2,
                journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
                 api_client: Any = None, diagnose: Any = None, fleet: bool = False, brake: BrakePolicy | None = None,
@@ -155,7 +155,8 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
     writer = NodeWriter(apis, inventory.name, taint_key=TAINT)
     evictor = Evictor(apis, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
-                         max_percent=max_percent, rng=None if seed is None else random.Random(seed),
+                         max_percent=max_percent, max_per_hour=max_per_hour,
+                         rng=None if seed is None else random.Random(seed),
                          **({"clock": budget_clock, "monotonic": budget_clock} if budget_clock else {}))
     stuck: list[str] = []
     actuator = K8sActuator(writer=writer, events=EventRecorder(apis, instance=f"{inventory.name}/test"),

@@ -527,14 +527,18 @@ class FleetResult:
     not_remediated: int
     blocked_requests_per_minute_max: float
     blocked_requests_per_minute_mean: float
+    #: The most nodes first disrupted (reboot requested) within any one hour of the run, and the rate bound.
+    most_newly_disrupted_in_an_hour: int = 0
+    per_hour: int = 0
 
 
 def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, step: float = 15.0,
-          kill_rate: float = 0.01, skew_hours: float = 0.0, directory: Path) -> FleetResult:
+          kill_rate: float = 0.01, skew_hours: float = 0.0, per_hour: int = 0, directory: Path) -> FleetResult:
     """Every node of a fleet gets a fatal fault at once; a budget of 2 lets two at a time evict and ask for a
     reboot; reboots come 30 to 180 minutes later (slots outlive their 2 h lifetime unless renewed); agents
     are killed at random I/O points and started again; each agent's clocks are off by up to `skew_hours`
-    either way (its own, drawn at random). Samples the slots and the Nodes at every step."""
+    either way (its own, drawn at random); `per_hour` is the budget's rate bound (0: none). Samples the slots
+    and the Nodes at every step."""
     rng = random.Random(seed)
     backend = start_backend()
     directory.mkdir(parents=True, exist_ok=True)
@@ -542,7 +546,8 @@ def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, st
     try:
         for index in range(nodes):
             world = World(backend, gpu_node(f"f{seed}-{index}"), directory / f"fleet-{seed}-{index}.db",
-                          random.Random(seed * 1000 + index), options={"max_nodes": budget, "max_percent": 0},
+                          random.Random(seed * 1000 + index), options={"max_nodes": budget, "max_percent": 0,
+                                                                       "max_per_hour": per_hour},
                           skew=random.Random(seed * 7919 + index).uniform(-skew_hours, skew_hours) * 3600.0)
             world.start_agent(first=True)
             worlds.append(world)
@@ -554,6 +559,7 @@ def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, st
         samples = over_holders = over_disrupted = kills = 0
         per_minute: list[float] = []
         window: dict[str, list[int]] = {w.name: [] for w in worlds}
+        first_disrupted: dict[str, float] = {}
         now = 0.0
         while now < hours * 3600:
             now += step
@@ -588,8 +594,11 @@ def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, st
             kills = sum(len(w.kills) for w in worlds)
             samples += 1
             holders = len(observer.holders())
-            disrupted = sum(1 for w in worlds if "gpu-health-agent.io/reboot-requested" in
-                            (backend.node(w.name)["metadata"].get("annotations") or {}))
+            requested = {w.name for w in worlds if "gpu-health-agent.io/reboot-requested" in
+                         (backend.node(w.name)["metadata"].get("annotations") or {})}
+            disrupted = len(requested)
+            for name in requested:
+                first_disrupted.setdefault(name, now)
             over_holders += holders > budget
             over_disrupted += disrupted > budget
         accepted = [pod for pod, code in backend.evictions() if code in {200, 201}]
@@ -602,12 +611,23 @@ def fleet(seed: int, *, nodes: int = 20, budget: int = 2, hours: float = 4.0, st
         return FleetResult(nodes, budget, samples, over_holders, over_disrupted,
                            sum(1 for pod in accepted if pod not in on_faulty),
                            sum(n - 1 for n in attempts.values() if n > 1), kills, not_remediated,
-                           max(per_minute, default=0.0), sum(per_minute) / len(per_minute) if per_minute else 0.0)
+                           max(per_minute, default=0.0), sum(per_minute) / len(per_minute) if per_minute else 0.0,
+                           most_within(sorted(first_disrupted.values()), 3600.0), per_hour)
     finally:
         for world in worlds:
             if world.agent is not None:
                 world.agent.close()
         backend.stop()
+
+
+def most_within(times: list[float], window: float) -> int:
+    """The most of the sorted `times` that fall within any one `window` (a sliding window)."""
+    most = start = 0
+    for end, at in enumerate(times):
+        while at - times[start] >= window:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
 
 
 def _blocked(world: World) -> bool:

@@ -40,6 +40,12 @@ class ClusterGate(Protocol):
     #: Whether a slot this gate wrote may still be on the server unconfirmed: the pipeline then gives it back.
     maybe_held: bool
 
+    @property
+    def lingering(self) -> bool:
+        """Whether a released slot is kept for the rate bound's window: the pipeline calls release until it is
+        gone."""
+        ...
+
     def read(self) -> GateReading:
         """The pause and the budget's live slots; raises when the cluster cannot be read."""
         ...
@@ -78,6 +84,7 @@ class LocalGate:
     """Local mode: a single node is its own cluster, so the budget is always there."""
 
     maybe_held = False
+    lingering = False
 
     def read(self) -> GateReading:
         return GateReading()

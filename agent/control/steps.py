@@ -224,7 +224,8 @@ class StepRunner:
                     self._holding = held
                     if not held:
                         self.shared.log.warning("slot_not_renewed", reason="budget spent while the node is disrupted")
-            elif not self.owes_disruption and (self._renewed_at is not None or self.gate.maybe_held or (
+            elif not self.owes_disruption and (self._renewed_at is not None or self.gate.maybe_held or
+                                               self.gate.lingering or (
                     observed is not None and (observed.holds_slot or first_pass))):
                 self.gate.release()  # a slot the record does not call for is given back, whatever wrote it
                 self._renewed_at = None

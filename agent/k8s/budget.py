@@ -20,11 +20,19 @@ Every request is retried on transient errors (bounded, jittered, under a deadlin
 have written but not confirmed as granted is remembered (`maybe_held`) until it is deleted, so the
 pipeline gives it back. A second Lease, written only by an operator, pauses all disruption cluster-wide.
 The node label `gpu-health-agent.io/disruption` is a view of the slot, set and repaired by `show`.
+
+The rate bound (at most `max_per_hour` nodes newly disrupted within `window_seconds`) is counted on the same
+Leases: a slot given back is kept, annotated as released, until its holder has seen a window pass, and each
+reader counts a slot's take (its uid and leaseTransitions, which every take changes and a release does not)
+until it has seen that take unchanged for a window on its own monotonic clock. A take is ranked on both
+bounds in the one list after its write; a node re-taking its own released slot within the window is that one
+take still (it counts once); a refused take of a slot that was there is released again, never deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -38,6 +46,7 @@ from agent.k8s.errors import Conflict, NotFound
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
+from agent.k8s.watch import ListWatch, WatchOptions
 from agent.remediation.guard import GateReading
 
 PAUSE_LEASE = "gpu-health-pause"
@@ -46,6 +55,8 @@ PAUSE_LEASE = "gpu-health-pause"
 #: until seen unchanged for a lifetime); no agent may write it any more, and cleanup removes it.
 BUDGET_LEASE = "gpu-health-disruption-budget"
 LEGACY_HOLDERS_ANNOTATION = "gpu-health-agent.io/holders"
+#: On a slot given back and kept for the rate bound's window (its value a stamp for people, never read).
+RELEASED_ANNOTATION = "gpu-health-agent.io/released"
 SLOT_PREFIX = "gpu-health-slot-"
 SLOT_LABEL = "gpu-health-agent.io/budget-slot"
 
@@ -77,13 +88,20 @@ class Slot:
     version: str
     #: The server's creationTimestamp in seconds since the epoch (None: unreadable, ranked first).
     created: float | None
+    #: spec.leaseTransitions: with the uid, which take of the slot this is (every take changes it).
+    takes: int = 0
+    #: Given back and kept only for the rate bound's window: no longer a node disrupted.
+    released: bool = False
 
     @classmethod
     def of(cls, lease: JsonDocument) -> Slot:
         meta = lease.get("metadata") or {}
-        return cls(str(meta.get("name", "")), str((lease.get("spec") or {}).get("holderIdentity") or ""),
+        spec = lease.get("spec") or {}
+        transitions = spec.get("leaseTransitions")
+        return cls(str(meta.get("name", "")), str(spec.get("holderIdentity") or ""),
                    str(meta.get("uid", "")), str(meta.get("resourceVersion", "")),
-                   _epoch(meta.get("creationTimestamp")))
+                   _epoch(meta.get("creationTimestamp")), transitions if isinstance(transitions, int) else 0,
+                   RELEASED_ANNOTATION in (meta.get("annotations") or {}))
 
 
 class Sightings:
@@ -105,6 +123,35 @@ class Sightings:
             seen[slot.name] = (key, before[1] if before is not None and before[0] == key else now)
         self._seen = seen  # a slot gone from the list is forgotten; seen again, it starts a new lifetime
         return [s for s in listed if s.name == own or now - seen[s.name][1] < self.ttl]
+
+
+class Takings:
+    """When this reader first saw each slot's current take (uid and leaseTransitions), on its own monotonic
+    clock: a take counts against the rate bound until this reader has seen it for a whole window. A take first
+    seen (a restarted reader) counts for a whole window from then; a renewal or a release is no new take."""
+
+    def __init__(self, window_seconds: float, monotonic: Callable[[], float]) -> None:
+        self.window = window_seconds
+        self.monotonic = monotonic
+        self._seen: dict[str, tuple[tuple[str, int], float]] = {}
+
+    def recent(self, slots: Iterable[Slot]) -> list[Slot]:
+        """The slots (held or released) whose take this reader first saw less than a window ago; a slot gone
+        from the list is forgotten (a refused take deleted, a released slot whose window passed)."""
+        now = self.monotonic()
+        seen: dict[str, tuple[tuple[str, int], float]] = {}
+        listed = list(slots)
+        for slot in listed:
+            key = (slot.uid, slot.takes)
+            before = self._seen.get(slot.name)
+            seen[slot.name] = (key, before[1] if before is not None and before[0] == key else now)
+        self._seen = seen
+        return [s for s in listed if now - seen[s.name][1] < self.window]
+
+
+def within_rate(taken_ahead: int, max_per_window: int) -> bool:
+    """Whether one more take fits the rate bound: fewer than the bound taken ahead of it (0: no bound)."""
+    return max_per_window <= 0 or taken_ahead < max_per_window
 
 
 def legacy_slots(lease: JsonDocument) -> list[Slot]:
@@ -132,6 +179,7 @@ class LeaseBudget:
     """ClusterGate for the pipeline: the pause Lease and this node's budget slot."""
 
     def __init__(self, raw: RawApi, *, node_name: str, namespace: str, max_nodes: int, max_percent: float,
+                 max_per_hour: int = 0, window_seconds: float = 3600.0,
                  gpu_node_selector: str = "nvidia.com/gpu.present=true", ttl_seconds: float = 7200.0,
                  count_seconds: float = 300.0, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
@@ -144,6 +192,9 @@ class LeaseBudget:
         self.namespace = namespace
         self.max_nodes = max_nodes
         self.max_percent = max_percent
+        #: The rate bound: at most this many nodes newly disrupted within `window` (0: no bound).
+        self.max_per_hour = max_per_hour
+        self.window = window_seconds
         self.selector = gpu_node_selector
         self.ttl = ttl_seconds
         self.count_seconds = count_seconds
@@ -155,6 +206,7 @@ class LeaseBudget:
         #: The retries' jitter (seedable: a seeded run draws the same waits whatever ran before it).
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self.sightings = Sightings(ttl_seconds, monotonic)
+        self.takings = Takings(window_seconds, monotonic)
         self._limit = 0
         self._counted_at: float | None = None
         #: This process confirmed its slot as granted (renewals then only renew) ...
@@ -169,27 +221,47 @@ class LeaseBudget:
         #: a later acquire goes on from the ranking (one list) instead of writing it again.
         self._written: tuple[Slot, bool] | None = None
         self._written_at = 0.0
-        #: The live slots as the gate's last reading listed them after that write (None: no such list): a list
-        #: made any time after the write ranks it, so the acquire that follows need not list again.
-        self._listed: list[Slot] | None = None
+        #: The live and the recently taken slots as the gate's last reading listed them after that write (None:
+        #: no such list): a list made any time after the write ranks it, so the acquire that follows need not
+        #: list again.
+        self._listed: tuple[list[Slot], list[Slot]] | None = None
+        #: The take this process wrote (uid, leaseTransitions, when its answer came): every reader counts it
+        #: from then on or later.
+        self._took: tuple[str, int, float] | None = None
+        #: The slot's re-take reused that take (its own released slot within the window): carried forward once
+        #: granted, so that readers count it a window from now.
+        self._carry = False
+        #: A slot given back is released, not deleted (the rate bound counts it): it was granted, or was there.
+        self._keep = False
+        #: This node's released slot is kept from this monotonic time, and deleted a window after it.
+        self._kept_from: float | None = None
+        #: The slot this process re-took was live (not released): one the rate bound alone refuses stays so.
+        self._retook_live = False
+
+    @property
+    def lingering(self) -> bool:
+        """A released slot of this node is kept for the rate bound's window (release deletes it once due)."""
+        return self._kept_from is not None
 
     # ---- reading ----
     def read(self) -> GateReading:
         """The pause Lease and the live slots, in one go (three requests at most, each retried)."""
         if self._paused():
-            return GateReading(paused=True, held=self._granted, limit=self._limit or 1)
-        slots = self._slots()
+            return GateReading(paused=True, held=self._granted, limit=self._limit or 1, rate=self.max_per_hour)
+        live, recent = self._list()
         if self._written is not None:
-            self._listed = slots
-        others = len([s for s in slots if s.name != self.slot])
-        own = next((s for s in slots if s.name == self.slot), None)
+            self._listed = live, recent
+        others = len([s for s in live if s.name != self.slot])
+        taken = len([s for s in recent if s.name != self.slot])
+        own = next((s for s in live if s.name == self.slot), None)
         if own is not None and self._confirmed():
-            return GateReading(held=True, in_use=others, limit=self._limit or 1)
+            return GateReading(held=True, in_use=others, limit=self._limit or 1, recent=taken, rate=self.max_per_hour)
         self._count_gpu_nodes()
         # A slot of ours this process has not confirmed counts as what it would rank re-taken: behind all.
-        held = own is not None and ahead_of(own, slots, retaken=True) < self._limit
-        self.on_usage(len(slots), self._limit)
-        return GateReading(held=held, in_use=others, limit=self._limit)
+        held = (own is not None and ahead_of(own, live, retaken=True) < self._limit and
+                within_rate(taken, self.max_per_hour))
+        self.on_usage(len(live), self._limit)
+        return GateReading(held=held, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
 
     def holders(self) -> dict[str, float]:
         """The live slots' holders, with the server's creation time (tests and the fleet observer)."""
@@ -201,52 +273,76 @@ class LeaseBudget:
         if self._confirmed():
             try:
                 self._renew()
-                return GateReading(held=True, limit=self._limit or 1)
+                return GateReading(held=True, limit=self._limit or 1, rate=self.max_per_hour)
             except NotFound:  # deleted under us (an operator): a new slot is ranked like any other
                 self._granted = False
         self._granted = False
-        own, created, sent, slots = self._written_and_listed()
+        if self._kept_due():
+            self._delete()  # its window passed: a new take is a new slot
+        own, created, sent, (live, recent) = self._written_and_listed()
         self._count_gpu_nodes()
-        ahead = ahead_of(own, slots, retaken=not created)
-        others = len([s for s in slots if s.name != self.slot])
-        self._written = None
-        if ahead < self._limit:
-            self._granted, self._confirmed_at = True, sent
+        ahead = ahead_of(own, live, retaken=not created)
+        taken = ahead_of(own, recent, retaken=not created)
+        others = len([s for s in live if s.name != self.slot])
+        written, self._written = self._written, None
+        if ahead < self._limit and within_rate(taken, self.max_per_hour):
+            if self._carry:  # the take this re-take reused is counted a window from now by every reader
+                self._bump(own)
+            self._granted, self._confirmed_at, self._keep, self._retook_live = True, sent, True, False
             self.on_usage(others + 1, self._limit)
-            return GateReading(held=True, in_use=others, limit=self._limit)
-        self._delete()
+            return GateReading(held=True, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
+        if ahead < self._limit and self._retook_live:
+            # Refused by the rate alone, a slot that was live (a restarted agent of a disrupted node): it stays
+            # live, so the concurrency bound still counts the node, and the next acquire ranks it again.
+            self._written = written
+        else:
+            self._give_back()
         self.on_usage(others, self._limit)
-        return GateReading(held=False, in_use=others, limit=self._limit)
+        return GateReading(held=False, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
 
-    def _written_and_listed(self) -> tuple[Slot, bool, float, list[Slot]]:
+    def _written_and_listed(self) -> tuple[Slot, bool, float, tuple[list[Slot], list[Slot]]]:
         """This node's slot written (or the one an earlier call wrote and could not rank, while the list still
-        shows it unchanged), whether it was created, when the write was sent, and the live slots listed after
-        it. Ranking by a list made any time after the write is the rule: every slot created later saw ours."""
+        shows it unchanged), whether it was created, when the write was sent, and the live and recently taken
+        slots listed after it. Ranking by a list made any time after the write is the rule: every slot created
+        later saw ours."""
         for _ in range(2):
             if self._written is not None and self.monotonic() - self._written_at >= self.ttl * self.confirm_fraction:
                 self._written = None  # unrenewed so long that other readers may have let it lapse: written again
             if self._written is None:
                 sent = self.monotonic()
                 document, created = self._create_or_get()
-                if not created:  # there already (maybe an earlier process's): re-taken in place, ranked as new
-                    self._retake(document)
-                self._written, self._written_at, self._listed = (Slot.of(document), created), sent, None
+                own = Slot.of(document)
+                if created:  # dated when the answer came (the take landed no later): its hour ends no sooner
+                    self._took, self._carry, self._retook_live = (own.uid, own.takes, self.monotonic()), False, False
+                else:  # there already (maybe an earlier process's): re-taken in place, ranked as new
+                    self._keep = True
+                    own = self._retake(document)
+                self._written, self._written_at, self._listed = (own, created), sent, None
             own, created = self._written
-            slots, self._listed = self._listed if self._listed is not None else self._slots(), None
-            listed = next((s for s in slots if s.name == own.name), None)
+            (live, recent), self._listed = self._listed if self._listed is not None else self._list(), None
+            listed = next((s for s in live if s.name == own.name), None)
             if listed is not None and listed.uid == own.uid:
-                return own, created, self._written_at, slots
+                return own, created, self._written_at, (live, recent)
             self._written = None  # deleted or replaced since (an operator): written again
         raise NotFound(f"budget slot {self.slot} gone each time it was written", status=404)
 
     def release(self) -> None:
-        """Give the slot back (clearing is never blocked, and a healthy node holds nothing)."""
+        """Give the slot back (clearing is never blocked, and a healthy node holds nothing): deleted, or with
+        the rate bound released and kept until its window has passed (then a later call deletes it)."""
+        if self._kept_from is not None:
+            if self._kept_due():
+                self._delete()
+            return
         if not (self._granted or self.maybe_held):
             try:  # nothing known of a slot here: look before writing (a restarted agent, a node never disrupted)
-                self._retried(lambda: self.raw.get(f"{self.leases}/{self.slot}"))
+                found = Slot.of(self._retried(lambda: self.raw.get(f"{self.leases}/{self.slot}")))
             except NotFound:
                 return
-        self._delete()
+            self._keep = True  # an earlier process's: it may have disrupted within the window
+            if found.released and self.max_per_hour > 0:
+                self._kept_from = self.monotonic()  # counted for a window from now, as every reader first seeing it
+                return
+        self._give_back()
 
     def show(self, holding: bool) -> None:
         """The node label as a view of the slot: set while holding, removed otherwise."""
@@ -263,21 +359,32 @@ class LeaseBudget:
         return True
 
     def _slots(self) -> list[Slot]:
-        """The live slots: the labelled slot Leases and the other nodes' entries in an earlier version's shared
-        Lease, in one list of the namespace's Leases (a handful: slots, the pause, the fleet's leader)."""
+        return self._list()[0]
+
+    def _list(self) -> tuple[list[Slot], list[Slot]]:
+        """The live slots and the recently taken ones, from one list of the namespace's Leases (a handful:
+        slots, the pause, the fleet's leader): the labelled slot Leases not released, and the other nodes'
+        entries in an earlier version's shared Lease (disrupted by an old agent: recent while they are live)."""
         listed = self._retried(lambda: self.raw.get(self.leases))
         slots: list[Slot] = []
+        legacy: list[Slot] = []
         for item in listed.get("items") or []:
             meta = item.get("metadata") or {}
             if (meta.get("labels") or {}).get(SLOT_LABEL) == "true":
                 slots.append(Slot.of(item))
             elif meta.get("name") == BUDGET_LEASE:
-                slots.extend(s for s in legacy_slots(item) if s.holder != self.node)
-        return self.sightings.live(slots, own=self.slot)
+                legacy.extend(s for s in legacy_slots(item) if s.holder != self.node)
+        live = self.sightings.live([s for s in slots if not s.released] + legacy, own=self.slot)
+        if self.max_per_hour <= 0:
+            return live, []
+        return live, self.takings.recent(slots) + [s for s in live if s in legacy]
 
     def _confirmed(self) -> bool:
         """This process granted its slot and wrote it recently enough that no reader can have let it lapse."""
         return self._granted and self.monotonic() - self._confirmed_at < self.ttl * self.confirm_fraction
+
+    def _kept_due(self) -> bool:
+        return self._kept_from is not None and self.monotonic() - self._kept_from >= self.window
 
     def _create_or_get(self) -> tuple[JsonDocument, bool]:
         """This node's slot, and whether this request created it (False: it was there, or a retried create
@@ -300,20 +407,59 @@ class LeaseBudget:
 
         return self._retried(create)
 
-    def _retake(self, lease: JsonDocument) -> None:
-        """Write an existing slot again so that it changes for every reader (leaseTransitions counts up, so
-        the write is never a no-op the server would not version), whatever its stamps say."""
-        transitions = (lease.get("spec") or {}).get("leaseTransitions")
+    def _retake(self, lease: JsonDocument) -> Slot:
+        """Write an existing slot again so that it changes for every reader, whatever its stamps say: a new
+        take (leaseTransitions counts up, so the write is never a no-op the server would not version), or, for
+        this node's released slot whose take this process wrote within the window, that take again (the
+        released mark removed is the change; it counts once)."""
+        slot = Slot.of(lease)
+        took = self._took
+        reused = (slot.released and took is not None and took[:2] == (slot.uid, slot.takes) and
+                  self.monotonic() - took[2] < self.window)
         now = _micro(self.clock())
-        body = {"spec": {"acquireTime": now, "renewTime": now,
-                         "leaseTransitions": (transitions if isinstance(transitions, int) else 0) + 1}}
+        body: JsonDocument = {"spec": {"acquireTime": now, "renewTime": now}}
+        if not reused:
+            body["spec"]["leaseTransitions"] = slot.takes + 1
+        if slot.released:
+            body["metadata"] = {"annotations": {RELEASED_ANNOTATION: None}}
         self._patch(body)
+        self._kept_from, self._carry, self._retook_live = None, reused, not slot.released
+        if reused:
+            return dataclasses.replace(slot, released=False)
+        self._took = (slot.uid, slot.takes + 1, self.monotonic())
+        return dataclasses.replace(slot, takes=slot.takes + 1, released=False)
+
+    def _bump(self, own: Slot) -> None:
+        """A reused take granted: counted as a take from now (a new leaseTransitions) by every reader."""
+        self._patch({"spec": {"leaseTransitions": own.takes + 1}})
+        self._took, self._carry = (own.uid, own.takes + 1, self.monotonic()), False
 
     def _renew(self) -> None:
         body = {"spec": {"renewTime": _micro(self.clock())}}
         sent = self.monotonic()
         self._patch(body)
         self._confirmed_at = sent
+
+    def _give_back(self) -> None:
+        """With the rate bound, a slot that was granted or was there already is released and kept (it counts
+        within the window); any other (a refused new slot) is deleted."""
+        if self.max_per_hour > 0 and self._keep:
+            self._release_kept()
+        else:
+            self._delete()
+
+    def _release_kept(self) -> None:
+        now = _micro(self.clock())
+        try:
+            self._patch({"metadata": {"annotations": {RELEASED_ANNOTATION: now}}, "spec": {"renewTime": now}})
+        except NotFound:  # deleted under us (an operator): nothing left to keep
+            self._delete()
+            return
+        took = self._took
+        self._granted = False
+        self.maybe_held = False
+        self._written, self._listed, self._carry, self._retook_live = None, None, False, False
+        self._kept_from = took[2] if took is not None else self.monotonic()
 
     def _delete(self) -> None:
         def delete() -> None:
@@ -324,6 +470,7 @@ class LeaseBudget:
         self._granted = False
         self.maybe_held = False
         self._written, self._listed = None, None
+        self._took, self._carry, self._keep, self._kept_from, self._retook_live = None, False, False, None, False
 
     def _patch(self, body: JsonDocument) -> None:
         """A merge patch of this node's slot. Only this agent writes it: a 409 (a conflict answered anyway) is
@@ -337,14 +484,15 @@ class LeaseBudget:
         return with_retries(func, deadline_seconds=self.deadline, rng=self.rng)
 
     def _count_gpu_nodes(self) -> None:
-        """A list call: made at most every few minutes, so a blocked node stays cheap for the API server."""
+        """A metadata-only list of the GPU nodes (names and labels, not whole Nodes), made at most every few
+        minutes, so a blocked node stays cheap for the API server."""
         now = self.monotonic()
         if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
             return
-        nodes = self._retried(lambda: self.raw.get(api_path("", "v1", "nodes"),
-                                                  query={"labelSelector": self.selector}))
-        self._limit = budget_limit(gpu_nodes=len(nodes.get("items") or []), max_nodes=self.max_nodes,
-                                   max_percent=self.max_percent)
+        listing = ListWatch(self.raw.api_client, api_path("", "v1", "nodes"),
+                            WatchOptions(label_selector=self.selector, metadata_only=True))
+        items, _ = self._retried(listing.list_all)
+        self._limit = budget_limit(gpu_nodes=len(items), max_nodes=self.max_nodes, max_percent=self.max_percent)
         self._counted_at = now
 
 

@@ -95,6 +95,7 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
     )
     budget = LeaseBudget(raw, node_name=config.node_name, namespace=settings.namespace,
                          max_nodes=settings.budget_max_nodes, max_percent=settings.budget_max_percent,
+                         max_per_hour=settings.budget_max_nodes_per_hour,
                          gpu_node_selector=settings.gpu_node_selector, clock=clock, monotonic=monotonic,
                          on_usage=on_budget)
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,

@@ -3,7 +3,7 @@ cluster budget, attempt caps.
 
 Pure: the caller passes what it knows of the cluster (opted out, and one reading of the cluster gate: the
 pause Lease and the budget's live slots) and the history of attempts; the guard never blocks clearing, and
-never lets a disruptive step past a pause, an unreadable gate or an exhausted budget. `needs_gate` says
+never lets a disruptive step past a pause, an unreadable gate, an exhausted budget or its rate bound. `needs_gate` says
 whether a step gets as far as the gate, so the caller reads the cluster only for a step that may use it.
 The fleet's word (agent.fleet.node_side.FleetView) comes as plain data: the faults a hold covers, which
 `held_back` plans as notify-only (conditions and Events stay, no taint, eviction, reset or reboot), and why
@@ -65,10 +65,19 @@ class GateReading:
     limit: int = 1
     #: Why the gate could not be read (after the retries); empty when it was.
     error: str = ""
+    #: The rate bound: other nodes newly disrupted within the window (ranked ahead of this node's take), and
+    #: the most there may be (0: no rate bound).
+    recent: int = 0
+    rate: int = 0
 
     @property
     def budget_available(self) -> bool:
         return self.held or self.in_use < self.limit
+
+    @property
+    def rate_available(self) -> bool:
+        """A held slot is no new disruption; a new take needs fewer than `rate` taken ahead of it."""
+        return self.held or self.rate <= 0 or self.recent < self.rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +164,9 @@ def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: At
         return Decision(step, StepResult.BLOCKED, f"cooldown: last {step.kind} on {step.target} too recent")
     if not gate.budget_available:
         return Decision(step, StepResult.BLOCKED, "cluster-wide disruption budget exhausted", by_gate=True)
+    if not gate.rate_available:
+        return Decision(step, StepResult.BLOCKED, f"cluster-wide disruption rate bound reached: {gate.recent} "
+                        f"nodes newly disrupted within the hour (at most {gate.rate})", by_gate=True)
     return Decision(step, None)
 
 

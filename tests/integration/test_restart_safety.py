@@ -36,6 +36,16 @@ def test_a_fleet_with_killed_agents_and_aging_slots_stays_within_its_budget(tmp_
     assert result.blocked_requests_per_minute_max <= 10, result
 
 
+def test_a_fleet_under_the_rate_bound_disrupts_at_most_its_rate_within_any_hour(tmp_path: Path):
+    """8 nodes faulty within 5 minutes, 2 slots, 3 an hour, clocks off by up to 6 h, agents killed: at most 3
+    nodes newly disrupted within any one hour, never more than 2 at once."""
+    result = fleet(5, nodes=8, budget=2, hours=2.5, step=30.0, kill_rate=0.01, skew_hours=6.0, per_hour=3,
+                   directory=tmp_path)
+    assert 0 < result.most_newly_disrupted_in_an_hour <= 3, result
+    assert (result.over_budget_holders, result.over_budget_disrupted) == (0, 0), result
+    assert (result.wrong_evictions, result.double_evictions) == (0, 0), result
+
+
 def test_an_agent_process_killed_with_sigkill_mid_remediation_is_finished_by_the_next(tmp_path: Path):
     """A real process, a real SIGKILL right after its first eviction: the next process repeats no eviction
     and no Event, keeps the node quarantined, and stops within 10 s of SIGTERM while the API server hangs."""
