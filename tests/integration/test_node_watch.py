@@ -113,3 +113,45 @@ def test_a_deleted_node_is_read_with_a_get(watched):
     with watched.cluster.lock:
         watched.cluster.delete(NODES, "", "n1")
     wait_for(lambda: watched.writer.seen.current() is None, "the watch to deliver the deletion")
+
+
+class Idle:
+    """A source that sees nothing."""
+
+    name = "idle"
+
+    def run(self, emit: object, stop: threading.Event) -> None:
+        stop.wait()
+
+
+def test_a_change_to_the_node_wakes_the_daemons_reconciler_long_before_its_next_pass(tmp_path):
+    """node_sync_seconds an hour: an operator's release annotation still brings a pass at once (the daemon
+    runs the watch and hands it the reconciler's wake)."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import load_config
+    from agent.daemon import Daemon
+    from agent.k8s.cluster import build_cluster_side
+    from tests.k8s_helpers import RULES
+
+    cluster = FakeCluster()
+    populate(cluster, gpu_node("n1"))
+    server = FakeApiServer(cluster).start()
+    config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db"),
+                                    "GPU_HEALTH_REMEDIATION__NODE_SYNC_SECONDS": "3600"})
+    side = build_cluster_side(client_for(server.url), config, on_stuck=lambda pod: None)
+    daemon = Daemon(config, rules=RULES, sources=[Idle()], registry=CollectorRegistry(), cluster=side)
+    stop = threading.Event()
+    thread = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: side.writer.seen.current() is not None, "the daemon's node watch to list the node")
+        wait_for(lambda: daemon.pipeline.due_at > 0, "the first pass")
+        due = daemon.pipeline.due_at
+        admin_annotate(cluster, RELEASE_ANNOTATION, "all@now")
+        wait_for(lambda: daemon.pipeline.due_at != due, "a pass woken by the watch")
+        assert RELEASE_ANNOTATION not in cluster.node("n1")["metadata"].get("annotations", {})
+    finally:
+        stop.set()
+        thread.join(15)
+        server.stop()
