@@ -3,11 +3,13 @@ change to what a pass reads counts as one."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from agent.k8s.bodies import Node, as_node
 from agent.k8s.node import AGENT_CONDITIONS, RELEASE_ANNOTATION
 from agent.k8s.node_cache import NodeCache, inputs_of, newer
+from agent.k8s.node_watch import NodeWatch
 
 
 def node(version: str, **changes: Any) -> Node:
@@ -126,3 +128,21 @@ def test_an_agent_condition_is_a_change_to_what_a_pass_reads():
     """The agent's own conditions (someone cleared one) wake the reconciler."""
     set_ = node("2", status={"conditions": [{"type": "GpuFatalFault", "status": "True", "reason": "x"}]})
     assert inputs_of(node("1"), AGENT_CONDITIONS) != inputs_of(set_, AGENT_CONDITIONS)
+
+
+def test_an_event_of_the_agents_own_write_delivered_before_its_answer_wakes_nothing():
+    """The watch delivers the write while the writer still waits for its answer: weighed after the answer
+    (the same version), it is no change of anyone else's, so no pass is woken for it."""
+    cache = NodeCache()
+    cache.offer(node("1"))
+    wakes: list[int] = []
+    watch = NodeWatch(None, "n1", cache)
+    watch._wake = lambda: wakes.append(1)  # what run() is handed by the daemon
+    written = node("2", spec={"taints": [{"key": "k", "effect": "NoSchedule"}]})
+    with cache.writing():
+        delivery = threading.Thread(target=watch._event, args=("MODIFIED", written))
+        delivery.start()
+        delivery.join(0.5)  # it waits for the answer (without that, it is weighed now, against node 1)
+        cache.offer(written)  # the write's answer
+    delivery.join(5)
+    assert wakes == []
