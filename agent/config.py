@@ -114,6 +114,9 @@ class RemediationConfig(_Section):
     gpu_node_selector: str = "nvidia.com/gpu.present=true"
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     node_sync_seconds: float = Field(default=30.0, gt=0)
+    # A watch of the agent's own Node feeds each pass (re-opened after this many seconds plus up to as many
+    # again); 0: no watch, a GET of the Node every pass (docs/fleet.md "API cost per agent").
+    node_watch_seconds: float = Field(default=1800.0, ge=0)
     kubeconfig: str = ""
     api_connect_timeout_seconds: float = Field(default=3.0, gt=0)
     api_read_timeout_seconds: float = Field(default=10.0, gt=0)

@@ -290,6 +290,12 @@ class Daemon:
             thread.start()
         reconciler = threading.Thread(target=self._reconcile_loop, args=(stop,), name="reconciler", daemon=True)
         reconciler.start()
+        node_watch = self.cluster.node_watch if self.cluster is not None else None
+        if node_watch is not None:  # a change to the Node's inputs (a release, the opt-out) wakes a pass
+            watcher = threading.Thread(target=node_watch.run, args=(stop, self.pipeline.wake.set),
+                                       name="node-watch", daemon=True)
+            self._threads.append(watcher)
+            watcher.start()
         next_reload = self.clock() + self.reload_seconds
         next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
         while not stop.is_set():
@@ -303,6 +309,8 @@ class Daemon:
                 self._safe_step("journal_prune_failed", self.journal.prune)
                 next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
         self.pipeline.wake.set()
+        if node_watch is not None:
+            node_watch.close()
         deadline = time.monotonic() + SHUTDOWN_SECONDS
         for thread in [*self._threads, reconciler]:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))

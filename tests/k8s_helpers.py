@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.node import NodeWriter
+from agent.k8s.node_cache import NodeCache
+from agent.k8s.node_watch import NodeWatch
 from agent.k8s.pods import PodFinder
 from agent.k8s.raw import RawApi
 from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal, frozen_attrs
@@ -53,6 +56,9 @@ class Agent:
     cluster: FakeCluster | None = None
     server: FakeApiServer | None = None
     options: dict[str, Any] | None = None
+    #: The watch of its Node (make_agent(node_watch=True)) on its own thread, and what stops it.
+    watch: NodeWatch | None = None
+    watch_stop: threading.Event | None = None
 
     def fault(self, gpu: int, xid: int = 79, at: float = 1.0):
         return self.pipeline.handle(Observation(Signal.XID, xid, at, "kmsg", self.inventory.gpus[gpu]), at)
@@ -69,6 +75,9 @@ class Agent:
         return self.pipeline.tick(now)
 
     def close(self) -> None:
+        if self.watch is not None and self.watch_stop is not None:
+            self.watch_stop.set()
+            self.watch.close()
         if self.journal is not None:
             self.journal.close()
 
@@ -146,13 +155,14 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
                 api_client: Any = None, diagnose: Any = None, fleet: bool = False, brake: BrakePolicy | None = None,
                 fleet_clock: Any = None, driver: str = "570.86.15", seed: int | None = None,
-                metrics: Any = None) -> Agent:
+                metrics: Any = None, node_watch: bool = False, fresh_seconds: float = 150.0) -> Agent:
     options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
                                                                "restore", "api_client"}}
     if populate_node:
         populate_any(cluster, inventory)
     apis = RawApi(api_client if api_client is not None else agent_client(server, inventory.name))
-    writer = NodeWriter(apis, inventory.name, taint_key=TAINT)
+    seen = NodeCache(fresh_seconds=fresh_seconds)
+    writer = NodeWriter(apis, inventory.name, taint_key=TAINT, seen=seen)
     evictor = Evictor(apis, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
                          max_percent=max_percent, max_per_hour=max_per_hour,
@@ -192,6 +202,10 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
         pipeline.start()
     agent = Agent(inventory, pipeline, actuator, side, evictor, opened, cluster, server, options)
     agent.stuck = stuck  # type: ignore[attr-defined]
+    if node_watch:  # as the daemon runs it: its own thread, a change to the Node's inputs wakes a pass
+        agent.watch, agent.watch_stop = NodeWatch(apis.api_client, inventory.name, seen), threading.Event()
+        threading.Thread(target=agent.watch.run, args=(agent.watch_stop, pipeline.wake.set), daemon=True,
+                         name=f"node-watch-{inventory.name}").start()
     return agent
 
 

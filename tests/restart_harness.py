@@ -80,7 +80,7 @@ class _Labelled:
     def apply(self, step: Any) -> Any:
         return self.tripwire.within(str(step.kind), self.actuator.apply)(step)
 
-    def observe(self) -> Any:
+    def observe(self, devices: bool = True) -> Any:
         return self.actuator.observe()
 
     def mirror(self, document: Any) -> None:

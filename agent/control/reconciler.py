@@ -56,6 +56,8 @@ class Reconciler:
         self._release_handled = ""
         #: The quarantine brake's waits: their Event, an operator's confirm (agent/control/brake.py).
         self.brake = BrakeWaits(shared, runner.actuator)
+        #: Whether the per-GPU isolation's view (published GPUs, the agent's DeviceTaintRules) was read once.
+        self._devices_read = False
 
     def reconcile(self, now: float | None = None) -> Outcome:
         """One level-triggered pass: read the Node, converge it to the record, deliver owed Events. Returns
@@ -194,9 +196,10 @@ class Reconciler:
     def observe_and_adopt(self, now: float) -> NodeObservation | None:
         """Read the Node; adopt its copy of the record where newer; take in an operator's release request."""
         shared, runner = self.shared, self.runner
-        observed = shared.store.safely("node_unreadable", runner.actuator.observe)
+        observed = shared.store.safely("node_unreadable", runner.actuator.observe, self._wants_devices())
         if not isinstance(observed, NodeObservation):
             return None
+        self._devices_read = self._devices_read or observed.devices is not None or observed.device_taints is not None
         with shared.lock:
             self._adopt(observed.record)
             shared.record.node = observed.actual(shared.record.node)
@@ -236,6 +239,13 @@ class Reconciler:
         shared.merge_gpus(shared.record.gpus)
         shared.save()
         shared.log.info("record_adopted_from_node", generation=adopted.generation, faults=len(shared.record.faults))
+
+    def _wants_devices(self) -> bool:
+        """The DRA reads (two lists a pass) only where they can matter: once at start (rules an earlier agent
+        left), then while a fault is active or a device mark is on the record; a healthy node makes none."""
+        with self.shared.lock:  # the source thread changes the record meanwhile
+            return not self._devices_read or bool(self.shared.record.faults) or \
+                bool(self.shared.record.node.device_taints)
 
     def _wants_pods(self) -> bool:
         with self.shared.lock:  # the source thread changes the record meanwhile

@@ -16,8 +16,9 @@ class Actuator(Protocol):
 
     def apply(self, step: Step) -> tuple[StepResult, str]: ...
 
-    def observe(self) -> NodeObservation | None:
-        """The real Node now; None where there is no cluster (local mode)."""
+    def observe(self, devices: bool = True) -> NodeObservation | None:
+        """The real Node now (with `devices`, the per-GPU isolation's too; without, the last view stands);
+        None where there is no cluster (local mode)."""
         ...
 
     def mirror(self, document: Mapping[str, object]) -> None:
@@ -67,7 +68,7 @@ class LocalActuator:
     def apply(self, step: Step) -> tuple[StepResult, str]:
         return StepResult.PLANNED, "local mode: no cluster to act on"
 
-    def observe(self) -> NodeObservation | None:
+    def observe(self, devices: bool = True) -> NodeObservation | None:
         return None
 
     def mirror(self, document: Mapping[str, object]) -> None:

@@ -67,11 +67,12 @@ class K8sActuator:
     #: The fleet summary of a mirrored record (agent.fleet.publish.Summariser); None: none is published.
     summarise: Callable[[Mapping[str, object]], str] | None = None
 
-    def observe(self) -> NodeObservation:
-        """One GET of the Node (the agent's marks, the mirrored record, a release request, the opt-out), and
-        with per-GPU isolation the node's published GPUs and the agent's DeviceTaintRules."""
+    def observe(self, devices: bool = True) -> NodeObservation:
+        """The Node (the agent's marks, the mirrored record, a release request, the opt-out) from the live
+        watch's cache or one GET, and with per-GPU isolation (when `devices`) the node's published GPUs and
+        the agent's DeviceTaintRules."""
         observed = self.writer.read().observation(opt_out_label=self.opt_out_label)
-        if self.devices is None:
+        if self.devices is None or not devices:
             return observed
         isolation, rules = self.devices.read()
         return dataclasses.replace(observed, devices=isolation, device_taints=rules)

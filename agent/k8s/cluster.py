@@ -19,6 +19,8 @@ from agent.k8s.evictions import Evictor
 from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter
+from agent.k8s.node_cache import NodeCache
+from agent.k8s.node_watch import NodeWatch
 from agent.k8s.operands import OperandPauser
 from agent.k8s.pods import PodFinder
 from agent.k8s.raw import RawApi
@@ -58,6 +60,8 @@ class ClusterSide:
     #: The fleet view's reader (holds, quarantine brake) and the summary the mirror publishes; None: off.
     fleet: FleetGate | None = None
     summariser: Summariser | None = None
+    #: Keeps the writer's Node current between passes (the daemon runs it on a thread); None: a GET a pass.
+    node_watch: NodeWatch | None = None
 
 
 def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None = None, *,
@@ -70,8 +74,11 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
     settings = config.remediation
     hooks = node or NodeHooks()
     raw = RawApi(api_client)
+    seen = NodeCache()
     writer = NodeWriter(raw, config.node_name, taint_key=settings.taint_key,
-                        taint_effect=settings.taint_effect, cordon=settings.cordon)
+                        taint_effect=settings.taint_effect, cordon=settings.cordon, seen=seen)
+    watch = NodeWatch(api_client, config.node_name, seen, watch_seconds=settings.node_watch_seconds) \
+        if settings.node_watch_seconds > 0 else None
     devices = DeviceIsolator(
         raw, node_name=config.node_name, taint_key=settings.taint_key, setting=settings.isolation,
         effect=settings.device_taint_effect, mark_degraded=settings.device_taint_degraded)
@@ -101,7 +108,7 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
                      gpus_by_pod_uid=hooks.gpus_by_pod_uid, mig_parents=hooks.mig_parents,
                      dra_gpus=devices.gpus_by_pod)
-    return ClusterSide(actuator, budget, pods, writer, own_pod, operands, fleet, summariser)
+    return ClusterSide(actuator, budget, pods, writer, own_pod, operands, fleet, summariser, watch)
 
 
 def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time.time,

@@ -1,9 +1,10 @@
 """The agent's own marks on its Node: conditions, its taint, its cordon, labels and the state annotation.
 
-Every write is compare-patch against the Node as last observed (the previous GET or the answer of the
-previous write), under that observation's resourceVersion: a 409 reads the Node again and retries, so a
-fault costs one PATCH and no GET. Nothing is written when a fresh read says the Node already is as it
-should be; taints and cordons the agent did not set are never touched.
+Every write is compare-patch against the Node as last observed (the previous GET, the answer of the
+previous write, or the watch's last event: agent.k8s.node_cache), under that observation's resourceVersion:
+a 409 reads the Node again and retries, so a fault costs one PATCH and no GET. Nothing is written when a
+fresh read (a GET, or the Node a live watch vouches for) says the Node already is as it should be; taints
+and cordons the agent did not set are never touched.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from agent.k8s.bodies import MetadataPatch, Node, NodeCondition, NodePatch, as_node
 from agent.k8s.errors import Conflict
+from agent.k8s.node_cache import NodeCache
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 from agent.remediation.record import NodeObservation
@@ -41,7 +43,7 @@ POSITIVE_CONDITIONS = frozenset({"AcceleratedHardwareReady"})
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """What the agent needs to know of its Node, read in one GET."""
+    """What the agent needs to know of its Node, read in one GET (or from a live watch's cache)."""
 
     name: str
     labels: dict[str, str]
@@ -75,7 +77,7 @@ class NodeWriter:
     """Reads and patches one Node; remembers the Node as the last read or write left it."""
 
     def __init__(self, raw: RawApi, node_name: str, *, taint_key: str, taint_effect: str = "NoSchedule",
-                 cordon: bool = False, deadline_seconds: float | None = None) -> None:
+                 cordon: bool = False, deadline_seconds: float | None = None, seen: NodeCache | None = None) -> None:
         self.raw = raw
         self.name = node_name
         self.taint_key = taint_key
@@ -83,11 +85,13 @@ class NodeWriter:
         self.cordon = cordon
         self.deadline = deadline_seconds
         self.path = api_path("", "v1", "nodes", name=node_name)
-        #: The Node as the last GET or PATCH answered it (None: not seen yet, or a write found it stale).
-        self._last: Node | None = None
+        #: The Node as the last GET, PATCH or watch event showed it; a live watch (agent.k8s.node_watch)
+        #: vouches that it is current.
+        self.seen = seen or NodeCache()
 
     def read(self) -> NodeView:
-        body = self._raw()
+        """The Node as a live watch keeps it, else with one GET."""
+        body = self.seen.current() or self._raw()
         meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
         return NodeView(
             name=self.name,
@@ -100,7 +104,7 @@ class NodeWriter:
 
     def _raw(self) -> Node:
         node = as_node(with_retries(lambda: self.raw.get(self.path), deadline_seconds=self.deadline))
-        self._last = node
+        self.seen.offer(node)
         return node
 
     # ---- conditions ----
@@ -177,23 +181,26 @@ class NodeWriter:
     def _write(self, build: PatchBuilder, *, status: bool = False) -> bool:
         """Patch what `build` asks of the Node as last observed, under its resourceVersion. No GET first: a
         stale observation answers 409, and the retry reads the Node again; an observation that says nothing
-        is to be done is confirmed by a fresh read before the writer says so (idempotent, never blind)."""
+        is to be done is confirmed by a fresh read (a GET, or the Node a live watch vouches for) before the
+        writer says so (idempotent, never blind)."""
         path = f"{self.path}/status" if status else self.path
 
         def attempt() -> bool:
-            node = self._last
+            node = self.seen.node
             patch = build(node) if node is not None else None
             if node is None or patch is None:
-                node = self._raw()
+                node = self.seen.current() if patch is None and node is not None else None
+                node = node or self._raw()
                 patch = build(node)
                 if patch is None:
                     return False
             patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
-            try:
-                self._last = as_node(self.raw.strategic_patch(path, patch))
-            except Conflict:
-                self._last = None  # changed since observed: the next attempt reads it again
-                raise
+            with self.seen.writing():
+                try:
+                    self.seen.offer(as_node(self.raw.strategic_patch(path, patch)))
+                except Conflict:
+                    self.seen.forget()  # changed since observed: the next attempt reads it again
+                    raise
             return True
 
         return bool(with_retries(lambda: on_conflict(attempt), deadline_seconds=self.deadline))

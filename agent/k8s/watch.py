@@ -134,11 +134,12 @@ class ListWatch:
 
     def run(self, stop: threading.Event, *, on_sync: Callable[[list[JsonDocument]], None],
             on_event: Callable[[str, JsonDocument], None], on_error: Callable[[K8sError], None] = lambda e: None,
-            sleep: Callable[[float], bool] | None = None) -> None:
-        """List, hand the whole set to `on_sync`, then watch and hand each change to `on_event`, resuming
-        from the last resourceVersion seen; relist on 410 (at once the first time, backing off when 410s come
-        again with no event between: a server that keeps too little history must not be relisted in a loop);
-        back off (bounded, jittered) on failures."""
+            sleep: Callable[[float], bool] | None = None, on_bookmark: Callable[[], None] = lambda: None,
+            on_expired: Callable[[], None] = lambda: None) -> None:
+        """List, hand the whole set to `on_sync`, then watch and hand each change to `on_event` (and say each
+        bookmark to `on_bookmark`), resuming from the last resourceVersion seen; relist on 410 (`on_expired`
+        first; at once the first time, backing off when 410s come again with no event between: a server that
+        keeps too little history must not be relisted in a loop); back off (bounded, jittered) on failures."""
         wait = sleep or stop.wait
         failures = expired = 0
         while not stop.is_set():
@@ -150,11 +151,14 @@ class ListWatch:
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
                     if kind != "BOOKMARK":
                         on_event(kind, obj)
+                    else:
+                        on_bookmark()
                     if version:
                         self.resource_version = version
                     failures = expired = 0
             except Expired:
                 self.resource_version = ""  # relist: what changed meanwhile is in the new list
+                on_expired()
                 expired += 1
                 if expired > 1:
                     wait(self._backoff(expired - 1))

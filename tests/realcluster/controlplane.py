@@ -449,11 +449,21 @@ def _kubeconfig(url: str, ca_file: Path, user: str, credentials: dict[str, str])
     }
 
 
-def audit_events(path: Path, *, user: str = AGENT_USER) -> list[dict[str, Any]]:
-    """The audit log's events for `user` (ResponseComplete stage only)."""
+def audit_events(path: Path, *, user: str = AGENT_USER,
+                 stages: tuple[str, ...] = ("ResponseComplete",)) -> list[dict[str, Any]]:
+    """The audit log's events for `user` (ResponseComplete stage only, unless `stages` says more)."""
     events = []
     for line in path.read_text().splitlines():
         event = json.loads(line)
-        if event.get("user", {}).get("username") == user and event.get("stage") == "ResponseComplete":
+        if event.get("user", {}).get("username") == user and event.get("stage") in stages:
             events.append(event)
     return events
+
+
+def audit_requests(path: Path, *, user: str = AGENT_USER) -> list[dict[str, Any]]:
+    """Every request `user` made, once each (by auditID), in order: those answered and the watches still open
+    (a long-running request is logged at ResponseStarted, and again when it ends)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for event in audit_events(path, user=user, stages=("ResponseStarted", "ResponseComplete")):
+        seen.setdefault(event["auditID"], event)
+    return list(seen.values())

@@ -12,10 +12,12 @@ from agent.k8s.cluster import request_release
 from agent.model import Observation, Signal
 from tests.k8s_helpers import TAINT, gpu_node, make_agent
 from tests.realcluster.backend import RealCluster, RealServer
-from tests.realcluster.controlplane import REPO, ControlPlane, audit_events
+from tests.realcluster.controlplane import REPO, ControlPlane, audit_events, wait_until
 
 RBAC = REPO / "daemonset" / "rbac.yaml"
 Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+#: A watch still open when the log is read shows only its ResponseStarted event.
+ANSWERED = ("ResponseStarted", "ResponseComplete")
 
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
@@ -46,8 +48,10 @@ def remediate_once(plane: ControlPlane) -> None:
     cluster, server = RealCluster(plane), RealServer(plane)
     name = plane.unique("rbac")
     inventory = gpu_node(name)
-    # Reads its node as after a restart; reads the fleet's holds and counts the quarantined for the brake.
-    agent = make_agent(cluster, server, inventory, restore=True, fleet=True, brake=BrakePolicy())
+    # Reads its node as after a restart, then through its watch; reads the fleet's holds and counts the
+    # quarantined for the brake.
+    agent = make_agent(cluster, server, inventory, restore=True, fleet=True, brake=BrakePolicy(), node_watch=True)
+    wait_until(lambda: agent.side.writer.seen.current() is not None, "the node watch to list and open")
     agent.side.pods.pods()
     agent.pipeline.handle(Observation(Signal.TEMPERATURE, 95, 1.0, "nvml", inventory.gpus[2],
                                       {"shutdown_c": 92, "slowdown_c": 90}), 1.0)
@@ -62,15 +66,16 @@ def remediate_once(plane: ControlPlane) -> None:
                                       {"shutdown_c": 92, "slowdown_c": 90}), 652.0)
     assert agent.pipeline.tick(1400.0).verdicts
     assert TAINT not in {t["key"] for t in cluster.node(name)["spec"].get("taints") or []}
+    agent.close()
     server.stop()
 
 
 def test_the_agent_uses_exactly_what_rbac_grants(control_plane):
     """Nothing used that is not granted (no 403 on the way), and nothing granted that a remediation does
     not use: rbac.yaml is the agent's footprint, read off the API server's audit log."""
-    start = len(audit_events(control_plane.audit_log))
+    start = len(audit_events(control_plane.audit_log, stages=ANSWERED))
     remediate_once(control_plane)
-    events = audit_events(control_plane.audit_log)[start:]
+    events = audit_events(control_plane.audit_log, stages=ANSWERED)[start:]
     denied = [(e["verb"], e["requestURI"]) for e in events if e["responseStatus"]["code"] == 403]
     assert denied == []
     assert used(events) - granted() == set(), "used but not granted"

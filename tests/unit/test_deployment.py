@@ -76,7 +76,7 @@ def test_rbac_grants_exactly_what_the_agent_does():
     grants = {(g, r): set(rule["verbs"]) for rule in cluster_role["rules"] for g in rule["apiGroups"]
               for r in rule["resources"]}
     # The real server's audit log decides this set: tests/realcluster/test_rbac_from_use.py.
-    assert grants == {("", "nodes"): {"get", "list", "patch"}, ("", "nodes/status"): {"patch"},
+    assert grants == {("", "nodes"): {"get", "list", "watch", "patch"}, ("", "nodes/status"): {"patch"},
                       ("", "pods"): {"list"}, ("", "pods/eviction"): {"create"},
                       ("events.k8s.io", "events"): {"create", "patch"}}
     [role] = [d for d in manifests("rbac.yaml") if d["kind"] == "Role"]

@@ -76,7 +76,7 @@ def test_a_restart_with_known_faults_logs_faults_restored(shipped_rules, tmp_pat
 
 
 class _NodeUnreadable(LocalActuator):
-    def observe(self) -> NodeObservation | None:
+    def observe(self, devices: bool = True) -> NodeObservation | None:
         raise ConnectionError("api server unreachable")
 
 

@@ -347,7 +347,7 @@ def test_a_skipped_eviction_is_journaled_again_once_it_changes(shipped_rules, tm
     class OptOut(LocalActuator):
         opted_out = True
 
-        def observe(self):
+        def observe(self, devices=True):
             return NodeObservation(conditions={}, tainted=False, reboot_requested=False, replacement=frozenset(),
                                    opted_out=self.opted_out)
 
@@ -385,7 +385,7 @@ def test_a_newer_cut_node_copy_never_takes_faults_the_journal_holds(shipped_rule
     assert cut["truncated"]["kept_faults"] < len(older["faults"])
 
     class CutCopy(LocalActuator):
-        def observe(self):
+        def observe(self, devices=True):
             return NodeObservation(conditions={}, tainted=False, reboot_requested=False, replacement=frozenset(),
                                    record=cut)
 
@@ -426,7 +426,7 @@ def test_a_noexecute_device_taint_is_journaled_before_the_next_step(shipped_rule
     seen: list[dict[str, object]] = []
 
     class DraNode(LocalActuator):
-        def observe(self):
+        def observe(self, devices=True):
             return NodeObservation({}, False, False, frozenset(), device_taints={},
                                    devices=DeviceIsolation({gpu(0).uuid: (device,)}, effect="NoExecute"))
 
