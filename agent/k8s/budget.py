@@ -37,7 +37,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -115,14 +115,25 @@ class Sightings:
     def live(self, slots: Iterable[Slot], *, own: str = "") -> list[Slot]:
         """The slots not seen unchanged for a whole lifetime; `own` (this node's) is live while it exists."""
         now = self.monotonic()
-        seen: dict[str, tuple[tuple[str, str], float]] = {}
         listed = list(slots)
-        for slot in listed:
-            key = (slot.uid, slot.version)
-            before = self._seen.get(slot.name)
-            seen[slot.name] = (key, before[1] if before is not None and before[0] == key else now)
-        self._seen = seen  # a slot gone from the list is forgotten; seen again, it starts a new lifetime
+        # A slot gone from the list is forgotten; seen again, it starts a new lifetime.
+        self._seen = seen = first_seen(self._seen, listed, lambda s: (s.uid, s.version), now)
         return [s for s in listed if s.name == own or now - seen[s.name][1] < self.ttl]
+
+
+K = TypeVar("K")
+
+
+def first_seen(before: Mapping[str, tuple[K, float]], slots: Iterable[Slot], key: Callable[[Slot], K],
+               now: float) -> dict[str, tuple[K, float]]:
+    """Each listed slot's `key` and when this reader first saw it with that key (kept from `before` while the
+    key is unchanged, else `now`); slots not listed are dropped."""
+    seen: dict[str, tuple[K, float]] = {}
+    for slot in slots:
+        value = key(slot)
+        earlier = before.get(slot.name)
+        seen[slot.name] = (value, earlier[1] if earlier is not None and earlier[0] == value else now)
+    return seen
 
 
 class Takings:
@@ -139,13 +150,8 @@ class Takings:
         """The slots (held or released) whose take this reader first saw less than a window ago; a slot gone
         from the list is forgotten (a refused take deleted, a released slot whose window passed)."""
         now = self.monotonic()
-        seen: dict[str, tuple[tuple[str, int], float]] = {}
         listed = list(slots)
-        for slot in listed:
-            key = (slot.uid, slot.takes)
-            before = self._seen.get(slot.name)
-            seen[slot.name] = (key, before[1] if before is not None and before[0] == key else now)
-        self._seen = seen
+        self._seen = seen = first_seen(self._seen, listed, lambda s: (s.uid, s.takes), now)
         return [s for s in listed if now - seen[s.name][1] < self.window]
 
 
