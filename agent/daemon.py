@@ -32,6 +32,7 @@ from agent.model import NodeInventory, Observation, Step, StepKind, Verdict, fro
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy
 from agent.remediation.record import OwedEvent
+from agent.sources.attribution import gpus_by_pod_uid
 from agent.sources.backlog import Backlog
 from agent.sources.base import Source
 from agent.sources.nvml import NvmlSource
@@ -213,7 +214,7 @@ class Daemon:
             return ResetProcedure(reset_executor_of(config), operands=operands, nvml=nvml)
 
         return NodeHooks(
-            gpus_by_pod_uid=(lambda: nvml.gpus_by_pod_uid(host_proc)) if nvml is not None else None,
+            gpus_by_pod_uid=(lambda: gpus_by_pod_uid(nvml.pids_by_gpu(), host_proc)) if nvml is not None else None,
             mig_parents=nvml.mig_parents if nvml is not None else None,
             pods=lambda: self.pipeline.inventory.pods,
             facts=lambda: NodeFacts(driver_version=getattr(nvml, "driver_version", ""),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agent.workloads import owner_key
 
-__all__ = ["PodAttribution", "owner_key", "parse_cgroup", "pod_of_pid", "workload_key"]
+__all__ = ["PodAttribution", "gpus_by_pod_uid", "owner_key", "parse_cgroup", "pod_of_pid", "workload_key"]
 
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _CONTAINER = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?\s*$")
@@ -48,6 +48,17 @@ def pod_of_pid(pid: int, proc_root: Path = Path("/proc")) -> PodAttribution | No
     except OSError:
         return None
     return parse_cgroup(text)
+
+
+def gpus_by_pod_uid(pids_by_gpu: Mapping[str, list[int]], proc_root: Path = Path("/proc")) -> dict[str, list[str]]:
+    """The GPUs' processes charged to their pods through /proc/<pid>/cgroup: pod UID -> GPU UUIDs."""
+    mapping: dict[str, list[str]] = {}
+    for uuid, pids in pids_by_gpu.items():
+        for pid in pids:
+            pod = pod_of_pid(pid, proc_root)
+            if pod is not None and uuid not in mapping.setdefault(pod.pod_uid, []):
+                mapping[pod.pod_uid].append(uuid)
+    return mapping
 
 
 def workload_key(*, pod: PodAttribution | None, owners: Mapping[str, str], process: str | None) -> str:

@@ -16,13 +16,11 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from agent.logs import get_logger
 from agent.model import GpuRef, Observation, Signal, frozen_attrs
 from agent.sources import nvml_links, nvml_probe, nvml_reads
-from agent.sources.attribution import pod_of_pid
 from agent.sources.base import Emit
 from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
 from agent.sources.node_memory import InMemory, NodeMemory
@@ -267,16 +265,6 @@ class NvmlSource:
     def pids_by_gpu(self) -> dict[str, list[int]]:
         """The compute processes each GPU ran at the last poll (for finding the pods on a faulty GPU)."""
         return {gpu.ref.uuid: list(gpu.readings.get("pids", [])) for gpu in self.gpus if gpu.ref.uuid}
-
-    def gpus_by_pod_uid(self, proc_root: Path = Path("/proc")) -> dict[str, list[str]]:
-        """Those processes charged to their pods through /proc/<pid>/cgroup: pod UID -> GPU UUIDs."""
-        mapping: dict[str, list[str]] = {}
-        for uuid, pids in self.pids_by_gpu().items():
-            for pid in pids:
-                pod = pod_of_pid(pid, proc_root)
-                if pod is not None and uuid not in mapping.setdefault(pod.pod_uid, []):
-                    mapping[pod.pod_uid].append(uuid)
-        return mapping
 
     # ---- the GPU reset's seam (agent/gpu/reset.py NvmlHandles) ----
     def processes_on(self, uuid: str) -> list[int]:

@@ -13,6 +13,7 @@ from agent.engine import builtin_rules_dir, load_rules
 from agent.model import NodeInventory, Signal
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode
+from agent.sources.attribution import gpus_by_pod_uid
 from agent.sources.nvml import NvmlSource, load_pynvml, probe_calls
 from tests.conftest import FAKE_NVML_DIR, eight_gpus, wait_for
 
@@ -284,7 +285,7 @@ def test_running_processes_are_charged_to_their_pods(fake_nvml, tmp_path: Path):
     try:
         nvml.poll()
         assert nvml.pids_by_gpu()["GPU-fa4e0000-0000-0000-0000-000000000006"] == [4242, 999999]
-        assert nvml.gpus_by_pod_uid(tmp_path) == {uid: ["GPU-fa4e0000-0000-0000-0000-000000000006"]}
+        assert gpus_by_pod_uid(nvml.pids_by_gpu(), tmp_path) == {uid: ["GPU-fa4e0000-0000-0000-0000-000000000006"]}
     finally:
         nvml.stop()
 
