@@ -56,6 +56,12 @@ def _one_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
+def _timeout(seconds: float) -> str:
+    """The grpc-timeout header: at most 8 digits, in milliseconds while they fit, else in seconds."""
+    millis = max(1, int(seconds * 1000))
+    return f"{millis}m" if millis <= 99_999_999 else f"{min(int(seconds), 99_999_999)}S"
+
+
 def unary_call(socket_path: str, method: str, request: bytes, *, timeout_seconds: float,
                max_response_bytes: int = 16 * 1024 * 1024) -> bytes:
     """The response message of `method` called with `request` (raises CallFailed, an OSError, on any failure)."""
@@ -129,7 +135,7 @@ class _Call:
         headers = hpack.encode([
             (":method", "POST"), (":scheme", "http"), (":path", method), (":authority", "localhost"),
             ("content-type", "application/grpc"), ("te", "trailers"),
-            ("grpc-timeout", f"{max(1, int(timeout_seconds * 1000))}m"), ("user-agent", "gpu-health-agent")])
+            ("grpc-timeout", _timeout(timeout_seconds)), ("user-agent", "gpu-health-agent")])
         message = b"\x00" + struct.pack(">I", len(request)) + request
         if len(headers) > MAX_FRAME or len(message) > 65535:
             raise ValueError("the request must fit one header frame and the initial window")

@@ -233,3 +233,10 @@ def test_pings_are_answered_and_settings_acknowledged(raw_server):
     assert done.wait(5)
     assert grpc_unary.frame(grpc_unary.SETTINGS, grpc_unary.ACK, 0) in received
     assert grpc_unary.frame(grpc_unary.PING, grpc_unary.ACK, 0, bytes.fromhex("02041010090e0707")) in received
+
+
+def test_the_deadline_sent_to_the_server_fits_grpc_timeouts_eight_digits():
+    """grpc-timeout is milliseconds while they fit 8 digits, then seconds (grpc-go refuses a longer one)."""
+    assert grpc_unary._timeout(5) == "5000m"
+    assert grpc_unary._timeout(0.0001) == "1m"
+    assert grpc_unary._timeout(200_000) == "200000S"
