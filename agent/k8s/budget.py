@@ -94,7 +94,7 @@ class Slot:
     takes: int = 0
     #: Given back and kept only for the rate bound's window: no longer a node disrupted.
     released: bool = False
-    #: The fleet unit its holder says it is disrupted with (agent.k8s.budget_units: counted only if published).
+    #: The fleet unit its holder says it is disrupted with, for people (the count reads the published units).
     unit: str = ""
 
     @classmethod

@@ -1,10 +1,11 @@
 """The disruption budget's units: the live slots of one published fleet unit count as one disruption.
 
 A node taken out with a fleet unit (agent.fleet.unit: a fabric fault confined to one fabric domain) takes
-its own slot as ever, annotated with the unit's id. A reader counts the slots of one unit as one, but only
-for a unit it has read as published in the holds ConfigMap and only for the slots of nodes that unit names:
-a slot claiming any other unit counts as its own node, so an agent that lies (or a unit that ended) gains
-nothing. The first slot of a unit takes a place; later slots of that unit join it.
+its own slot as ever, annotated with the unit's id for people (`kubectl get leases`). A reader counts the
+slots of one unit as one by what it has read published in the holds ConfigMap, never by what a slot says:
+the slots of the nodes a published unit names are that unit (also one taken before the unit was published);
+any other slot counts as its own node, whatever unit it claims, so an agent that lies (or a unit that
+ended) gains nothing. The first slot of a unit takes a place; later slots of that unit join it.
 """
 
 from __future__ import annotations
@@ -23,15 +24,13 @@ class SlotLike(Protocol):
     @property
     def holder(self) -> str: ...
 
-    @property
-    def unit(self) -> str: ...
-
 
 def counted_as(slot: SlotLike, units: Units) -> str:
-    """What the budget counts this slot as: its unit, when the reader has it published with this node in
-    it; else the slot itself."""
-    if slot.unit and slot.holder in units.get(slot.unit, frozenset()):
-        return "unit/" + slot.unit
+    """What the budget counts this slot as: the published unit that names its node (the first by id), else
+    the slot itself."""
+    for uid, nodes in sorted(units.items()):
+        if slot.holder in nodes:
+            return "unit/" + uid
     return slot.name
 
 

@@ -26,7 +26,7 @@ def test_a_later_slot_of_a_unit_joins_its_place():
     assert ahead_of(live[-1], live, units={UNIT: DOMAIN}) == 1
 
 
-def test_a_slot_claiming_an_unpublished_unit_counts_as_its_own_node():
+def test_slots_claiming_an_unpublished_unit_count_each_as_its_own_node():
     """The same 18 slots when the reader has no such unit published: 18 disruptions."""
     live = [slot(n, 1.0 + i, UNIT) for i, n in enumerate(sorted(DOMAIN))]
     assert distinct(live, {}) == 18
@@ -51,3 +51,9 @@ def test_a_unit_seen_live_counts_as_one_for_the_rate_window_after_it_ended():
     now[0] = 3700.0
     view.refresh()
     assert view.recent() == {}
+
+
+def test_a_slot_taken_before_its_unit_was_published_is_counted_with_the_unit():
+    """The published unit names the node: its slot without the annotation is the unit's too."""
+    live = [slot("d0", 1.0), slot("d1", 2.0, UNIT)]
+    assert distinct(live, {UNIT: DOMAIN}) == 1
