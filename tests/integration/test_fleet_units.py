@@ -95,3 +95,13 @@ def test_without_the_controller_the_domain_goes_node_by_node_under_the_brake_and
     domain_fault(fake, fleet, None)
     assert len(tainted(fake, fleet)) == 3
     assert len([a for a in fleet if disrupted(a)]) == 2
+
+
+@pytest.mark.fake_only
+def test_a_unit_is_announced_by_one_event_naming_the_domain(fake):
+    """One FleetCorrelation Event, action TakeOut, on the holds ConfigMap, naming the fabric domain and unit."""
+    fleet = remediating(fake)
+    domain_fault(fake, fleet, fleet_controller(fake))
+    [event] = [e for e in fake[0].events() if e.get("reason") == "FleetCorrelation"]
+    assert event["action"] == "TakeOut" and event["regarding"]["kind"] == "ConfigMap"
+    assert "the NVLink fabric domain fabric-1" in event["note"] and f"unit {UNIT}" in event["note"]
