@@ -11,8 +11,8 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
-from agent.fleet.unit import unit_ids
 from agent.fleet.published import HOLDS_CONFIGMAP
+from agent.fleet.unit import unit_ids
 from agent.fleetctl.metrics import FleetMetrics
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.store import HoldsStore

@@ -471,7 +471,8 @@ class LeaseBudget:
 
     def _renew(self) -> None:
         self.units.refresh()
-        body = {"metadata": {"annotations": self._unit_annotation(clear=True)}, "spec": {"renewTime": _micro(self.clock())}}
+        body = {"metadata": {"annotations": self._unit_annotation(clear=True)},
+                "spec": {"renewTime": _micro(self.clock())}}
         sent = self.monotonic()
         self._patch(body)
         self._confirmed_at = sent

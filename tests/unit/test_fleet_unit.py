@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from agent.fleet import (BrakePolicy, CorrelationPolicy, Hold, brake_allows, correlate, covering_hold,
-                         holds_from_json, holds_to_json, next_holds)
+from agent.fleet import (
+    BrakePolicy,
+    CorrelationPolicy,
+    Hold,
+    brake_allows,
+    correlate,
+    covering_hold,
+    holds_from_json,
+    holds_to_json,
+    next_holds,
+)
 from agent.fleet.unit import by_unit, live_units, unit_ids, unit_of_node
 from agent.model import FaultClass
 from tests.unit.test_fleet_correlate import fleet, with_fault
