@@ -11,8 +11,7 @@ from agent.fleet.unit import UNIT_ANNOTATION
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import client_for
 from agent.k8s.raw import RawApi
-from tests.integration.test_budget import LEASE_RESOURCE, Clock, slots
-from tests.k8s_helpers import gpu_node, populate_any, start_cluster
+from tests.integration.test_budget import LEASE_RESOURCE, Clock, slots, three_gpu_nodes
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 UNIT = "sxid-fatal/fabric-domain/fabric-1"
@@ -21,10 +20,7 @@ DOMAIN = frozenset(f"d{i}" for i in range(18))
 
 @pytest.fixture
 def cluster_and_server():
-    """The fake API server with three GPU nodes (the budget's limit counts GPU nodes)."""
-    cluster, server = start_cluster()
-    for name in ("n1", "n2", "n3"):
-        populate_any(cluster, gpu_node(name))
+    cluster, server = three_gpu_nodes()
     yield cluster, server
     server.stop()
 

@@ -3,8 +3,6 @@ fabric fault confined to one fabric domain as a unit, and an agent's reader find
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from agent.fleet import CorrelationPolicy, FaultSummary, NodeSummary
@@ -15,10 +13,9 @@ from agent.k8s.client import load_api_client
 from agent.k8s.events import EventRecorder
 from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.raw import RawApi
-from agent.k8s.watch import ListWatch, WatchOptions
 from agent.model import Action, FaultClass, Severity
 from tests.realcluster.controlplane import AGENT_NAMESPACE, ControlPlane, wait_until
-from tests.realcluster.test_fleet import Clock, fleet_client
+from tests.realcluster.test_fleet import Clock, fleet_client, watching
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 
@@ -45,21 +42,11 @@ def test_an_nvswitch_fault_of_one_domain_is_published_as_a_unit_of_the_whole_dom
     controller = FleetController(raw, settings, identity="fleet-unit-test", clock=clock,
                                  events=EventRecorder(raw, instance="fleet-unit-test", namespace=AGENT_NAMESPACE,
                                                       fold_seconds=0.0))
-    nodes = ListWatch(raw.api_client, "/api/v1/nodes", WatchOptions(metadata_only=True))
-    stop = threading.Event()
-    watcher = threading.Thread(target=nodes.run, daemon=True, kwargs={
-        "stop": stop, "on_sync": controller.on_sync, "on_event": controller.on_event})
-    watcher.start()
-    try:
-        wait_until(lambda: nodes.watches, "the watch")
+    with watching(controller, raw.api_client):
         for i, name in enumerate(names):
             publish(plane, name, domain, faulty=i < 4)
         wait_until(lambda: all(n in controller.view.summaries for n in names), "the summaries over the watch")
         controller.reconcile()
-    finally:
-        stop.set()
-        nodes.close()
-        watcher.join(timeout=30)
     published = plane.core.read_namespaced_config_map(HOLDS_CONFIGMAP, AGENT_NAMESPACE)
     [unit] = [h for h in decode(published.data, observed_at=0.0) if h.key == domain]
     assert unit.unit and unit.nodes == set(names)
