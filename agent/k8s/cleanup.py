@@ -14,7 +14,8 @@ from typing import Any
 
 from agent.fleet.published import SUMMARY_ANNOTATION
 from agent.k8s.bodies import ConditionDirective, Node, NodePatch, as_node, as_node_list, as_pod_list
-from agent.k8s.budget import BUDGET_LEASE, PAUSE_LEASE, SLOT_LABEL
+from agent.k8s.budget import PAUSE_LEASE
+from agent.k8s.budget_slots import BUDGET_LEASE, SLOT_LABEL
 from agent.k8s.errors import NotFound
 from agent.k8s.node import (
     AGENT_CONDITIONS,

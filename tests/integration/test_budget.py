@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.budget import SLOT_LABEL, LeaseBudget, slot_name
+from agent.k8s.budget import LeaseBudget
+from agent.k8s.budget_slots import SLOT_LABEL, slot_name
 from agent.k8s.client import client_for
 from agent.k8s.errors import K8sError, status_error
 from agent.k8s.node import DISRUPTION_LABEL

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.budget import RELEASED_ANNOTATION, SLOT_LABEL, LeaseBudget, slot_name
+from agent.k8s.budget import LeaseBudget
+from agent.k8s.budget_slots import RELEASED_ANNOTATION, SLOT_LABEL, slot_name
 from agent.k8s.raw import RawApi, api_path
 from agent.model import StepKind, StepResult
 from agent.simulation.fake_apiserver import FakeCluster

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.k8s.budget import PAUSE_LEASE, SLOT_LABEL, LeaseBudget, slot_name
+from agent.k8s.budget import PAUSE_LEASE, LeaseBudget
+from agent.k8s.budget_slots import SLOT_LABEL, slot_name
 from agent.k8s.errors import Forbidden
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from tests.realcluster.backend import RealServer

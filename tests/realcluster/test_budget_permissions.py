@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.k8s.budget import PAUSE_LEASE, slot_name
+from agent.k8s.budget import PAUSE_LEASE
+from agent.k8s.budget_slots import slot_name
 from agent.k8s.errors import Forbidden
 from tests.realcluster.budget_tokens import (
     LEASES,

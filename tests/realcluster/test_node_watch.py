@@ -12,7 +12,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from agent.config import load_config
-from agent.k8s.budget import LeaseBudget, slot_name
+from agent.k8s.budget import LeaseBudget
+from agent.k8s.budget_slots import slot_name
 from agent.k8s.cluster import ClusterSide, build_cluster_side, request_release
 from agent.model import Observation, Signal, StepResult
 from agent.pipeline import Pipeline

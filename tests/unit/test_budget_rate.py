@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from agent.k8s.budget import RELEASED_ANNOTATION, Slot, Takings, within_rate
+from agent.k8s.budget_slots import RELEASED_ANNOTATION, Slot, Takings, within_rate
 from agent.model import Step, StepKind, StepResult
 from agent.remediation import AttemptHistory, ClusterView, GateReading, GuardPolicy, Mode, decide
 

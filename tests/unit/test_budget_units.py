@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.k8s.budget import Slot, ahead_of
+from agent.k8s.budget_slots import Slot, ahead_of
 from agent.k8s.budget_units import UnitView, distinct
 
 UNIT = "nvlink-link-down/fabric-domain/fabric-1"
