@@ -129,6 +129,10 @@ class RemediationConfig(_Section):
     #: Read the fleet controller's holds (ConfigMap gpu-health-fleet-holds in `namespace`) and publish the
     #: node's fleet summary (docs/fleet.md).
     fleet_holds: bool = True
+    #: Where a fleet controller publishes holds, a node not yet quarantined waits this long after a holdable
+    #: fault (application, driver, interconnect, telemetry; never hardware) before acting on it, so the
+    #: controller sees its summary and a fleet-wide cause is held before any node acts (docs/fleet.md).
+    fleet_settle_seconds: float = Field(default=10.0, ge=0, le=120)
     #: The quarantine brake: at most this share of the GPU nodes (never fewer than min, never more than max)
     #: newly quarantined within the window; a window of 0 turns it off (docs/fleet.md argues the defaults).
     brake_max_share: float = Field(default=0.15, ge=0, le=1)

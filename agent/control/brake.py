@@ -35,6 +35,10 @@ class BrakeWaits:
         self._used = False
         #: A confirm consumed (or spent where the Node may not be written): never honoured again here.
         self._spent = ""
+        #: When this process first saw each active fault (gpu_key, rule_id), on the fleet clock: its settle.
+        self._first_seen: dict[tuple[str, str], float] = {}
+        #: When the settle of a holdable fault ends (the fleet clock), for the reconciler's next pass.
+        self.settle_until: float | None = None
 
     def observed(self, value: str) -> None:
         """The confirm annotation as the pass's read of the Node found it ("": none, or the Node unread)."""
@@ -51,7 +55,13 @@ class BrakeWaits:
         waiting taint (the node's and its devices' quarantine), and nothing else: holds, the budget, the mode
         and every other gate decide as ever."""
         shared = self.shared
-        view = fleet_view(shared.fleet, node=shared.inventory.name, faults=faults, quarantined=quarantined)
+        if shared.fleet is not None:
+            now = shared.fleet.clock()
+            self._first_seen = {(f.gpu_key, f.rule_id): self._first_seen.get((f.gpu_key, f.rule_id), now)
+                                for f in faults}
+        view = fleet_view(shared.fleet, node=shared.inventory.name, faults=faults, quarantined=quarantined,
+                          first_seen=self._first_seen)
+        self.settle_until = view.settle_until
         if view.brake and self._live():
             if not self._used:
                 shared.log.warning("brake_confirmed", brake=view.brake, confirm=self._confirm_value)

@@ -136,6 +136,9 @@ class Reconciler:
             due = min(due, soon)
         elif retry:
             due = min(due, max(runner.backoff_until, now + runner.retry_seconds * runner.rng.uniform(1.0, 1.25)))
+        fleet, settle_until = self.shared.fleet, self.brake.settle_until
+        if fleet is not None and settle_until is not None:  # a holdable fault's settle ends: act on its word then
+            due = min(due, now + max(0.0, settle_until - fleet.clock()))
         with self.shared.lock:  # the source thread changes the record meanwhile
             settled = next_settled(list(self.shared.record.faults.values()), self.shared.record.node,
                                    self.shared.options, now)

@@ -38,6 +38,9 @@ class FleetReading:
     gpu_nodes: int | None = None
     quarantined_at: Mapping[str, float] = field(default_factory=dict)
     error: str = ""
+    #: Whether a fleet controller publishes holds here (the holds object exists): only then does a new
+    #: quarantine of a holdable fault wait the settle for its word.
+    published: bool = False
 
 
 class FleetSource(Protocol):
@@ -47,11 +50,15 @@ class FleetSource(Protocol):
     @property
     def brake(self) -> BrakePolicy | None: ...
 
+    @property
+    def settle_seconds(self) -> float: ...
+
     clock: Callable[[], float]
     wall: Callable[[], float]
 
-    def read(self, *, count: bool) -> FleetReading:
-        """The holds, and with `count` the quarantine count; never raises (an error is in the reading)."""
+    def read(self, *, count: bool, fresh_after: float | None = None) -> FleetReading:
+        """The holds (read again when the last read was before `fresh_after`), and with `count` the quarantine
+        count; never raises (an error is in the reading)."""
         ...
 
 
@@ -62,6 +69,8 @@ class FleetView:
 
     held: Mapping[tuple[str, str], str] = field(default_factory=dict)
     brake: str = ""
+    #: When the first settle of a holdable fault ends (the source's clock): the pass to run then.
+    settle_until: float | None = None
 
 
 def acts(action: Action) -> bool:
@@ -69,11 +78,16 @@ def acts(action: Action) -> bool:
     return action.quarantines or action.resets
 
 
-def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultLike],
-               quarantined: bool) -> FleetView:
+def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultLike], quarantined: bool,
+               first_seen: Mapping[tuple[str, str], float] | None = None) -> FleetView:
     """The fleet's word on this node's faults, read only when it can change what the node does: a holdable
     fault that acts, or a new quarantine the brake counts. An unreadable view holds nothing and brakes
-    nothing (the node acts as it would without a fleet view)."""
+    nothing (the node acts as it would without a fleet view).
+
+    The settle: where a controller publishes holds, a node not yet quarantined takes no step for a holdable
+    fault until `settle_seconds` after it first saw the fault (`first_seen`, on the source's clock), and then
+    only on holds read after that: its summary reaches the controller first, so a fleet-wide cause is held
+    before any node acts on it, not undone after."""
     if source is None:
         return FleetView()
     faults = list(faults)
@@ -81,7 +95,12 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     wants_quarantine = not quarantined and source.brake is not None and any(f.action.quarantines for f in faults)
     if not holdable_acting and not wants_quarantine:
         return FleetView()
-    reading = source.read(count=wants_quarantine)
+    now = source.clock()
+    settle = source.settle_seconds if not quarantined and first_seen is not None else 0.0
+    ends = {(f.gpu_key, f.rule_id): (first_seen or {}).get((f.gpu_key, f.rule_id), now) + settle
+            for f in holdable_acting} if settle > 0 else {}
+    reading = source.read(count=wants_quarantine,
+                          fresh_after=max((end for end in ends.values() if end <= now), default=None))
     if reading.error:
         return FleetView()
     held: dict[tuple[str, str], str] = {}
@@ -90,11 +109,16 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
                              now=reading.now)
         if hold is not None:
             held[(fault.gpu_key, fault.rule_id)] = f"held by fleet hold {hold.id}: {hold.cause}"
+    waiting = {key: end for key, end in ends.items() if reading.published and key not in held and reading.now < end}
+    for key, end in waiting.items():
+        held[key] = (f"fleet settle: waits {settle:.0f} s for the fleet controller's word before acting "
+                     f"({end - reading.now:.0f} s left)")
+    settle_until = min(waiting.values(), default=None)
     still_quarantines = any(f.action.quarantines and (f.gpu_key, f.rule_id) not in held for f in faults)
     brake = ""
     if wants_quarantine and still_quarantines and source.brake is not None:
         brake = brake_refusal(reading, node=node, policy=source.brake)
-    return FleetView(held, brake)
+    return FleetView(held, brake, settle_until)
 
 
 def brake_refusal(reading: FleetReading, *, node: str, policy: BrakePolicy) -> str:

@@ -74,8 +74,10 @@ class HoldsStore:
             given = first.pop() if first else None
             before, version = given if given is not None else self.read()
             after = change(list(before))
-            changed = bool(after) if not version else not same_holds(before, after)
-            if changed:  # no object is created until there is a hold to publish
+            # The leader's first pass creates the object, holds or none: that it exists tells every agent a
+            # controller publishes here, so a node waits the settle for its word (agent.fleet.node_side).
+            changed = not version or not same_holds(before, after)
+            if changed:
                 with_retries(lambda: self.write(after, version))
             return before, after
 

@@ -24,12 +24,15 @@ class FleetGate:
 
     def __init__(self, raw: RawApi, *, namespace: str, gpu_node_selector: str, brake: BrakePolicy | None,
                  holds: bool = True, cache_seconds: float = 10.0, count_seconds: float = 10.0,
+                 settle_seconds: float = 0.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.raw = raw
         self.brake = brake
         self.holds = holds
         self.selector = gpu_node_selector
         self.cache_seconds = cache_seconds
+        #: How long a node not yet quarantined waits for the controller's word on a holdable fault (node_side).
+        self.settle_seconds = settle_seconds
         self.count_seconds = count_seconds
         self.clock = clock
         self.wall = wall
@@ -41,15 +44,16 @@ class FleetGate:
         self.lists = 0
         self._log = get_logger("agent.fleet_gate")
 
-    def read(self, *, count: bool) -> FleetReading:
+    def read(self, *, count: bool, fresh_after: float | None = None) -> FleetReading:
         now = self.clock()
         try:
-            holds = self._read_holds(now) if self.holds else ()
+            holds = self._read_holds(now, fresh_after) if self.holds else ()
             gpu_nodes, quarantined = self._count_quarantined(now) if count else (None, {})
         except (K8sError, InputError) as exc:
             self._log.warning("fleet_view_unreadable", error=str(exc))
             return FleetReading(now=now, error=f"{type(exc).__name__}: {exc}")
-        return FleetReading(holds, now, gpu_nodes, quarantined)
+        published = self.holds and self._holds is not None and bool(self._holds[1])
+        return FleetReading(holds, now, gpu_nodes, quarantined, published=published)
 
     def units(self) -> dict[str, frozenset[str]]:
         """The published units standing now (agent.fleet.unit), for the disruption budget's count; {} when
@@ -63,9 +67,11 @@ class FleetGate:
             self._log.warning("fleet_view_unreadable", error=str(exc))
             return {}
 
-    def _read_holds(self, now: float) -> tuple[Hold, ...]:
+    def _read_holds(self, now: float, fresh_after: float | None = None) -> tuple[Hold, ...]:
+        """The holds, cached for `cache_seconds` unless read before `fresh_after` (a settle that ended since)."""
         cached = self._holds
-        if cached is not None and now - cached[0] < self.cache_seconds:
+        if cached is not None and now - cached[0] < self.cache_seconds and \
+                (fresh_after is None or cached[0] >= fresh_after):
             return cached[2]
         self.reads += 1
         try:

@@ -89,6 +89,40 @@ def test_a_fleet_wide_cause_taints_no_node_while_the_fleet_controller_runs(fake,
     assert tainted(fake, fleet) == []
 
 
+@pytest.mark.parametrize("fault", [gsp_timeouts, links_down], ids=["xid-119-120-one-driver", "all-nvlinks-down"])
+def test_a_cause_that_reaches_every_node_at_once_is_held_before_any_node_acts(fake, fault):
+    """Every node sees the fault and passes before the controller has seen any summary: the settle keeps each
+    node's taint waiting until the controller's hold is there, so no node is tainted even for a moment."""
+    clock = Clock()
+    fleet = agents(fake, fleet=True, fleet_clock=clock, settle_seconds=10.0)
+    controller = fleet_controller(fake)
+    correlate(fake, controller)  # the leader's first pass: the holds object tells the agents it publishes
+    for agent in fleet:  # the fault on every node first, each node's pass at once (a summary, no taint)
+        fault(agent)
+        agent.settle(200.0)
+    assert tainted(fake, fleet) == []
+    correlate(fake, controller)  # the controller's pass on the summaries
+    clock.now += 10.0  # the settle ends
+    for agent in fleet:
+        agent.settle(400.0)
+    assert tainted(fake, fleet) == []
+
+
+def test_after_the_settle_a_fault_no_cause_explains_is_acted_on(fake):
+    """One node alone: the controller finds no cause, and the pass due when the settle ends quarantines it."""
+    clock = Clock()
+    fleet = agents(fake, fleet=True, fleet_clock=clock, settle_seconds=10.0)
+    controller = fleet_controller(fake)
+    correlate(fake, controller)
+    gsp_timeouts(fleet[0])
+    fleet[0].settle(200.0)
+    correlate(fake, controller)
+    assert tainted(fake, fleet) == []
+    clock.now += 10.0
+    fleet[0].settle(211.0)  # a pass is due when the settle ends, not only at the next node sync
+    assert tainted(fake, fleet) == ["n0"]
+
+
 #: The brake counts every GPU node of the cluster: the real control plane is shared by the session's tests
 #: (their nodes and quarantines), so its bound is checked on the fake alone.
 BRAKE_ON_THE_FAKE = pytest.mark.fake_only

@@ -28,10 +28,22 @@ class Source:
     brake: BrakePolicy | None = BRAKE
     error: str = ""
     reads: int = 0
+    settle_seconds: float = 0.0
+    published: bool = True
+    now: float = 100.0
+    fresh_after: list[float | None] = field(default_factory=list)
 
-    def read(self, *, count: bool) -> FleetReading:
+    def clock(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return self.now
+
+    def read(self, *, count: bool, fresh_after: float | None = None) -> FleetReading:
         self.reads += 1
-        return FleetReading(self.holds, 100.0, self.gpu_nodes if count else None, self.quarantined, self.error)
+        self.fresh_after.append(fresh_after)
+        return FleetReading(self.holds, self.now, self.gpu_nodes if count else None, self.quarantined, self.error,
+                            published=self.published)
 
 
 def hold(rule: str = "xid-119", nodes: tuple[str, ...] = ("n1",)) -> Hold:
@@ -161,3 +173,56 @@ def test_a_braked_fault_says_so_in_its_condition():
     """While the brake keeps the taint waiting, the quarantining fault's summary (its condition) says so."""
     faults = held_back({("GPU-0", "xid-48"): fault("xid-48", FaultClass.HARDWARE)}, {}, braked=True)
     assert faults[("GPU-0", "xid-48")].summary.endswith(f"({BRAKED})")
+
+
+SETTLE = 10.0
+
+
+def settling(**fields: object) -> Source:
+    return Source(settle_seconds=SETTLE, **fields)  # type: ignore[arg-type]
+
+
+def test_a_holdable_fault_waits_the_settle_before_it_acts():
+    """Where a controller publishes holds, a new driver fault is held back for the settle after it was first
+    seen, and the view says when the settle ends."""
+    view = fleet_view(settling(), node="n1", faults=[fault()], quarantined=False,
+                      first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held[("GPU-0", "xid-119")].startswith("fleet settle: waits 10 s")
+    assert view.settle_until == 105.0
+
+
+def test_after_the_settle_a_fault_acts_on_holds_read_since_it_ended():
+    """Once the settle is over the fault is no longer held back, and the holds are read afresh after its end."""
+    source = settling(now=106.0)
+    view = fleet_view(source, node="n1", faults=[fault()], quarantined=False,
+                      first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held == {} and view.settle_until is None
+    assert source.fresh_after == [105.0]
+
+
+def test_a_hold_read_after_the_settle_covers_the_fault():
+    """The controller's hold, published during the settle, is what the node then finds: held, not acted on."""
+    view = fleet_view(settling(now=106.0, holds=(hold(),)), node="n1", faults=[fault()], quarantined=False,
+                      first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held[("GPU-0", "xid-119")].startswith("held by fleet hold")
+
+
+def test_no_settle_where_no_controller_publishes_holds():
+    """Without a holds object (no fleet controller deployed) a fault acts at once."""
+    view = fleet_view(settling(published=False), node="n1", faults=[fault()], quarantined=False,
+                      first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held == {}
+
+
+def test_no_settle_for_a_hardware_fault():
+    """A node's own hardware evidence (fell off the bus) is never held back, settle or not."""
+    view = fleet_view(settling(), node="n1", faults=[fault("xid-79", FaultClass.HARDWARE, Action.REBOOT_NODE)],
+                      quarantined=False, first_seen={("GPU-0", "xid-79"): 99.0})
+    assert view.held == {}
+
+
+def test_no_settle_on_a_node_already_quarantined():
+    """A node already tainted (before a restart, for another fault) is not untainted by a settle."""
+    view = fleet_view(settling(), node="n1", faults=[fault()], quarantined=True,
+                      first_seen={("GPU-0", "xid-119"): 99.0})
+    assert view.held == {}
