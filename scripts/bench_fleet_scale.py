@@ -19,7 +19,8 @@ Rows, in the order run:
   (a) one Job on every agent node crash-loops: Xid 13, three pids per GPU, one SM location (GPC 0, TPC 1);
   (b) every NVLink of every GPU drops at once on every agent node (fake NVML), 60 s sustain;
   (d) fabric registration of every GPU fails (an NVSwitch fault) on the 18 nodes of one fabric domain;
-  (c)+(g) Xid 119 on every node of the other driver version, the controller SIGKILLed mid-storm and restarted;
+  (c)+(g) Xid 119 on every node of the other driver version, 0.2 s apart; the controller SIGKILLed half-way
+  (once its hold is published) and started again;
   (e) one node inside (c)'s hold: its GPU falls off the bus (Xid 79, hardware);
   (f) independent Xid 79s on the first driver's nodes, RATE a second;
   the controller's CPU and RSS after MORE kwok nodes join.
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -204,7 +206,7 @@ class Bench:
             "held_nodes": ",".join(str(len(h["nodes"])) for h in holds) or "0",
             "agent_req_per_s": self.audit.per_s(AGENT_USER, started),
             "controller_req_per_s": self.audit.per_s(FLEET_USER, started),
-            **extra}
+            "load1": round(os.getloadavg()[0], 1), **extra}
         row(name, **figures)
         return figures
 
@@ -367,16 +369,17 @@ def run(bench: Bench) -> None:
         controller_req_per_s=bench.audit.per_s(FLEET_USER, at0))
 
     bench.scenario("(a) one Job crash-loops: Xid 13 x3 pids", agents, crash_loop(agents, 13, XID13), rule="xid-13",
-                   settle=30, hold_timeout=30)
+                   settle=90, hold_timeout=80)
     bench.scenario("(b) every NVLink down", agents, lambda: [a.nvml(links_down=True) for a in agents],
-                   rule="nvlink-link-down", settle=100, hold_timeout=100)
+                   rule="nvlink-link-down", settle=130, hold_timeout=120)
     for agent in agents:
         agent.nvml()
     domain = [a for a in agents if a.number < DOMAIN_SIZE]
     slots_before = bench.slots()
     bench.scenario(f"(d) fabric fault in one domain of {len(domain)}", domain,
                    lambda: [a.nvml(fabric_status=999) for a in domain], rule="fabric-registration-failed",
-                   settle=40, hold_timeout=30, slots_before=slots_before, slots_after=bench.slots())
+                   settle=60, hold_timeout=50, budget_slots_before=slots_before)
+    row("  (d) budget slots held after (d)", slots=bench.slots())
     for agent in domain:
         agent.nvml()
 
@@ -384,15 +387,22 @@ def run(bench: Bench) -> None:
     before_kill: list[str] = []
 
     def gsp_storm() -> None:
+        """0.2 s apart; the controller is killed half-way, once its xid-119 hold is published (or at the end)."""
+        def kill() -> None:
+            before_kill.extend(h["id"] for h in bench.holds())
+            bench.kill_controller("fleet-b")
+
         for k, agent in enumerate(storm):
             agent.xid(119, BUS[0], "Timeout after 6s of waiting for RPC response from GPU0 GSP!")
-            if k == len(storm) // 2:
-                before_kill.extend(h["id"] for h in bench.holds())
-                bench.kill_controller("fleet-b")
-            time.sleep(0.1)
+            if k >= len(storm) // 2 and not before_kill and any(h["rule"] == "xid-119" for h in bench.holds()):
+                kill()
+            time.sleep(0.2)
+        if not before_kill:
+            bench.wait_hold("xid-119", 30)
+            kill()
 
     figures = bench.scenario(f"(c)+(g) Xid 119 on {DRIVERS[0]}, controller killed", storm, gsp_storm,
-                             rule="xid-119", settle=45, hold_timeout=45)
+                             rule="xid-119", settle=60, hold_timeout=55)
     ids = [h["id"] for h in bench.holds()]
     acted = [a.steps(0.0, "xid-119").get("taint", 0) for a in storm]
     row("  (g) holds across the kill", before_kill=len(before_kill), after=len(ids),
