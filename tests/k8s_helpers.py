@@ -155,6 +155,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
                 api_client: Any = None, diagnose: Any = None, fleet: bool = False, brake: BrakePolicy | None = None,
                 fleet_clock: Any = None, driver: str = "570.86.15", seed: int | None = None,
+                fabric_domain: str = "",
                 metrics: Any = None, node_watch: bool = False, fresh_seconds: float = 150.0) -> Agent:
     options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
                                                                "restore", "api_client"}}
@@ -191,7 +192,8 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                                clock=fleet_clock or time.monotonic, wall=wall)
         side.summariser = actuator.summarise = Summariser(
             inventory.name, wall=wall, uptime=lambda: 86400.0, pods=lambda: inventory.pods,
-            facts=lambda: NodeFacts(driver_version=driver))
+            facts=lambda: NodeFacts(driver_version=driver, fabric_domain=fabric_domain))
+        budget.units.read = side.fleet.units
     opened = Journal(journal) if journal is not None else None
     pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode, dry_run=dry_run),
                         actuator=actuator, journal=opened, pods=side.pods.pods,

@@ -53,7 +53,7 @@ def render_report(report: SimulationReport) -> str:
 
 
 def render_fleet_report(report: FleetReport, mode: Mode, dry_run: bool) -> str:
-    """The fleet's totals, each correlation the controller announced, the holds left, then one line a node
+    """The fleet's totals, each correlation the controller announced, the holds and units left, then one line a node
     that took anything or saw a fault."""
     scenario, fleet = report.scenario, report.scenario.fleet
     totals = report.totals()
@@ -69,7 +69,10 @@ def render_fleet_report(report: FleetReport, mode: Mode, dry_run: bool) -> str:
         lines.append(f"correlated at {correlation['at']:g}s ({correlation['after_first_fault_seconds']:g}s after the "
                      f"first fault): {correlation['cause']}")
     for hold in data["holds_at_end"]:
-        lines.append(f"hold {hold['id']} on {len(hold['nodes'])} nodes{' (spent)' if hold.get('spent') else ''}")
+        taken = " (taken out as one unit, counted as one node by the budget and the brake)" \
+            if hold.get("kind") == "unit" else ""
+        lines.append(f"{hold.get('kind', 'hold')} {hold['id']} on {len(hold['nodes'])} nodes{taken}"
+                     f"{' (spent)' if hold.get('spent') else ''}")
     if data["events"]:
         lines.append("events: " + ", ".join(f"{reason} x{count}" for reason, count in data["events"].items()))
     lines.append("")

@@ -8,7 +8,7 @@ its correlation stands and ends by itself a bounded time after it no longer does
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, replace
 
 from agent.errors import InputError
@@ -39,11 +39,18 @@ class Hold:
     by_operator: bool = False
     #: Renewed for its whole bound while the cause still stands: kept (covering nothing) so it does not restart.
     spent: bool = False
+    #: A unit (agent.fleet.unit), not a hold: its nodes are taken out together, counted as one disruption.
+    unit: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "unit" if self.unit else "hold"
 
     def to_json(self) -> dict[str, object]:
-        return {"id": self.id, "rule": self.rule_id, "class": str(self.fault_class), "dimension": str(self.dimension),
-                "key": self.key, "cause": self.cause, "nodes": sorted(self.nodes), "started": self.started_at,
-                "expires": self.expires_at, "operator": self.by_operator, "spent": self.spent}
+        return {"id": self.id, "kind": self.kind, "rule": self.rule_id, "class": str(self.fault_class),
+                "dimension": str(self.dimension), "key": self.key, "cause": self.cause, "nodes": sorted(self.nodes),
+                "started": self.started_at, "expires": self.expires_at, "operator": self.by_operator,
+                "spent": self.spent}
 
     @classmethod
     def from_json(cls, value: Mapping[str, object], *, source: str = "") -> Hold:
@@ -51,11 +58,14 @@ class Hold:
             nodes = value["nodes"]
             if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
                 raise TypeError("nodes is not a list of names")
+            kind = value.get("kind", "hold")  # absent: written before units existed, a hold
+            if kind not in ("hold", "unit"):
+                raise ValueError(f"kind {kind!r} is neither hold nor unit")
             return cls(id=str(value["id"]), rule_id=str(value["rule"]), fault_class=FaultClass(str(value["class"])),
                        dimension=Dimension(str(value["dimension"])), key=str(value["key"]), cause=str(value["cause"]),
                        nodes=frozenset(nodes), started_at=_seconds(value["started"]),
                        expires_at=_seconds(value["expires"]), by_operator=value.get("operator") is True,
-                       spent=value.get("spent") is True)
+                       spent=value.get("spent") is True, unit=kind == "unit")
         except (KeyError, ValueError, TypeError) as exc:
             raise InputError(f"hold is malformed: {exc}", file=source) from None
 
@@ -81,11 +91,14 @@ def holds_from_json(text: str, *, source: str = "") -> list[Hold]:
 
 
 def next_holds(previous: Mapping[str, Hold], correlations: Iterable[Correlation], *, now: float,
-               hold_seconds: float, max_hold_seconds: float) -> dict[str, Hold]:
+               hold_seconds: float, max_hold_seconds: float, units: Set[str] = frozenset()) -> dict[str, Hold]:
     """The holds after a pass: each holdable correlation starts or renews its hold (its scope grows with the
     group, never shrinks while it stands), renewal stops at `max_hold_seconds` after the start, and a hold
     whose correlation ended lives out its last renewal. A hold that reached its bound while the cause still
-    stands is kept as spent (covering nothing) until the cause ends, so it cannot start over."""
+    stands is kept as spent (covering nothing) until the cause ends, so it cannot start over. A correlation
+    whose id is in `units` (agent.fleet.unit.unit_ids) starts a unit instead; a unit stays one while its id is
+    in `units` and becomes a hold once it is not (the fault showed beyond its domain); a hold never becomes a
+    unit."""
     standing = {c.id: c for c in correlations if holdable(c.fault_class)}
     holds: dict[str, Hold] = {}
     for key, hold in previous.items():
@@ -97,20 +110,22 @@ def next_holds(previous: Mapping[str, Hold], correlations: Iterable[Correlation]
         held = holds.get(key)
         if held is None:
             holds[key] = Hold(key, correlation.rule_id, correlation.fault_class, correlation.dimension,
-                              correlation.key, correlation.cause, correlation.group, now, now + hold_seconds)
+                              correlation.key, correlation.cause, correlation.group, now, now + hold_seconds,
+                              unit=key in units)
         elif not (held.by_operator or held.spent):
             expires = min(held.started_at + max_hold_seconds, now + hold_seconds)
             holds[key] = replace(held, cause=correlation.cause, nodes=held.nodes | correlation.group,
-                                 expires_at=max(held.expires_at, expires))
+                                 expires_at=max(held.expires_at, expires), unit=held.unit and key in units)
     return holds
 
 
 def covering_hold(holds: Iterable[Hold], *, node: str, rule_id: str, fault_class: FaultClass,
                   now: float) -> Hold | None:
-    """The live hold that covers this node's fault, if any: never a hardware fault, never another rule."""
+    """The live hold that covers this node's fault, if any: never a hardware fault, never another rule, never
+    a unit (its nodes act)."""
     if not holdable(fault_class):
         return None
     for hold in holds:
-        if hold.rule_id == rule_id and node in hold.nodes and now < hold.expires_at:
+        if not hold.unit and hold.rule_id == rule_id and node in hold.nodes and now < hold.expires_at:
             return hold
     return None

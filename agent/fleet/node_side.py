@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agent.fleet.brake import BrakePolicy, brake_allows, brake_bound
+from agent.fleet.brake import BrakePolicy, brake_allows, brake_bound, newly_quarantined
 from agent.fleet.hold import Hold, covering_hold, holdable
+from agent.fleet.unit import by_unit, live_units
 from agent.model import Action, FaultClass
 
 
@@ -97,10 +98,13 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
 
 
 def brake_refusal(reading: FleetReading, *, node: str, policy: BrakePolicy) -> str:
-    """Why the brake keeps this node's new quarantine waiting, or "" when it may go ahead."""
+    """Why the brake keeps this node's new quarantine waiting, or "" when it may go ahead. The nodes of a
+    published unit count as one (the controller judged them one fabric fault)."""
+    units = by_unit(live_units(reading.holds, now=reading.now))
     if reading.gpu_nodes is None or brake_allows(node=node, quarantined_at=reading.quarantined_at,
-                                                 gpu_nodes=reading.gpu_nodes, now=reading.now, policy=policy):
+                                                 gpu_nodes=reading.gpu_nodes, now=reading.now, policy=policy,
+                                                 units=units):
         return ""
-    window = sum(1 for at in reading.quarantined_at.values() if 0.0 <= reading.now - at < policy.window_seconds)
+    window = newly_quarantined(reading.quarantined_at, now=reading.now, policy=policy, units=units)
     return (f"quarantine brake: {window} of {reading.gpu_nodes} GPU nodes newly quarantined within "
             f"{policy.window_seconds:.0f} s (bound {brake_bound(reading.gpu_nodes, policy)}); the taint waits")

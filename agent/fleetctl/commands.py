@@ -305,7 +305,8 @@ def status_command(output: str, namespace: str | None, kubeconfig: str | None) -
     store = HoldsStore(RawApi(_client(kubeconfig)), _namespace(namespace), writer="operator")
     holds, _ = store.read()
     now = store.clock()
-    rows: list[dict[str, Any]] = [{"id": h.id, "rule": h.rule_id, "state": _state(h, now), "nodes": sorted(h.nodes),
+    rows: list[dict[str, Any]] = [{"id": h.id, "kind": h.kind, "rule": h.rule_id, "state": _state(h, now),
+                                   "nodes": sorted(h.nodes),
              "remaining_seconds": max(0, round(h.expires_at - now)), "cause": h.cause} for h in holds]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
@@ -313,7 +314,7 @@ def status_command(output: str, namespace: str | None, kubeconfig: str | None) -
     if not rows:
         click.echo(f"no holds in {store.source}")
     for row in rows:
-        click.echo(f"{row['id']}  {row['state']}  {len(row['nodes'])} node(s)  "
+        click.echo(f"{row['id']}  {row['kind']}  {row['state']}  {len(row['nodes'])} node(s)  "
                    f"{row['remaining_seconds']}s left  {row['cause']}")
 
 

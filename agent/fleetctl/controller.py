@@ -12,6 +12,7 @@ from typing import Any
 from agent.errors import AgentError
 from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
 from agent.fleet.published import HOLDS_CONFIGMAP
+from agent.fleet.unit import unit_ids
 from agent.fleetctl.metrics import FleetMetrics
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.store import HoldsStore
@@ -75,7 +76,9 @@ class FleetController:
         now = self.clock()
         s = self.settings
         with self.lock:
-            correlations = correlate(self.view.summaries, self.view.sightings(), now=now, policy=s.policy)
+            sightings = self.view.sightings()
+            correlations = correlate(self.view.summaries, sightings, now=now, policy=s.policy)
+            units = unit_ids(correlations, sightings, now=now, policy=s.policy)
             self.metrics.nodes.labels("valid").set(len(self.view.summaries))
             self.metrics.nodes.labels("invalid").set(len(self.view.invalid))
             self.metrics.nodes.labels("none").set(len(self.view.nodes - set(self.view.summaries)
@@ -84,10 +87,10 @@ class FleetController:
         known = self._standing | {h.id for h in read[0]}
         fresh = [c for c in correlations if c.id not in known]
         for correlation in fresh:  # before the hold is written: a crash in between sends it once more, by name
-            self._announce(correlation)
+            self._announce(correlation, unit=correlation.id in units)
         before, after = self.store.update(lambda held: list(next_holds(
             {h.id: h for h in held}, correlations, now=now, hold_seconds=s.hold_seconds,
-            max_hold_seconds=s.max_hold_seconds).values()), read=read)
+            max_hold_seconds=s.max_hold_seconds, units=units).values()), read=read)
         for gone in {h.id for h in before} - {h.id for h in after}:
             log.info("fleet_hold_ended", hold=gone)
         self._standing = {c.id for c in correlations}
@@ -96,20 +99,25 @@ class FleetController:
         self.metrics.show(correlations, after, now=now)
         return fresh
 
-    def _announce(self, correlation: Correlation) -> None:
+    def _announce(self, correlation: Correlation, *, unit: bool = False) -> None:
         self.metrics.correlations.labels(correlation.rule_id, str(correlation.dimension)).inc()
         held = holdable(correlation.fault_class)
         note = (f"{correlation.cause}. "
-                + (f"The rule is held on these {len(correlation.group)} nodes for up to "
+                + (f"The fault is confined to this fabric domain: its {len(correlation.group)} nodes are taken "
+                   f"out as one unit (unit {correlation.id}): each node showing it is tainted and drained, the "
+                   "disruption budget and the quarantine brake count the domain as one node; "
+                   "`gpu-health-agent fleet release` ends it." if unit else
+                   f"The rule is held on these {len(correlation.group)} nodes for up to "
                    f"{self.settings.hold_seconds:.0f}s while the cause stands (hold {correlation.id}): "
                    "conditions and Events as ever, no taint, eviction, reset or reboot for it; "
                    "`gpu-health-agent fleet release` ends it." if held else
                    "A hardware fault is never held: each node acts on it as its own evidence."))
-        log.warning("fleet_correlation", hold=correlation.id, cause=correlation.cause)
+        log.warning("fleet_correlation", hold=correlation.id, cause=correlation.cause, unit=unit)
         digest = hashlib.sha256(f"{correlation.id}/{int(time.time() // 3600)}".encode()).hexdigest()[:16]
         try:
             self.events.record(regarding=self._regarding(correlation), reason=REASON,
-                               action="Hold" if held else "Correlate", note=note, event_id=digest)
+                               action="TakeOut" if unit else "Hold" if held else "Correlate", note=note,
+                               event_id=digest)
         except K8sError as exc:
             self.metrics.errors.labels("event").inc()
             log.warning("fleet_event_failed", hold=correlation.id, error=str(exc))

@@ -21,6 +21,8 @@ class FleetMetrics:
                            "reached their bound while the cause stands)", ["state", "origin"], registry=self.registry)
         self.held_nodes = Gauge("gpu_health_fleet_held_nodes", "Nodes covered by at least one live hold",
                                 registry=self.registry)
+        self.unit_nodes = Gauge("gpu_health_fleet_unit_nodes", "Nodes of live units (a fabric domain taken out "
+                                "as one disruption)", registry=self.registry)
         self.nodes = Gauge("gpu_health_fleet_nodes", "Nodes the controller sees, by summary state",
                            ["summary"], registry=self.registry)
         self.leader = Gauge("gpu_health_fleet_leader", "1 while this controller holds the leader Lease",
@@ -44,9 +46,13 @@ class FleetMetrics:
         for state in ("live", "spent"):
             for origin in ("correlated", "operator"):
                 self.holds.labels(state, origin).set(sum(
-                    1 for h in holds if (h.spent or now >= h.expires_at) == (state == "spent")
+                    1 for h in holds if (h.spent or now >= h.expires_at) == (state == "spent") and not h.unit
                     and h.by_operator == (origin == "operator")))
-        self.held_nodes.set(len({n for h in holds if not h.spent and now < h.expires_at for n in h.nodes}))
+            self.holds.labels(state, "unit").set(sum(
+                1 for h in holds if h.unit and (h.spent or now >= h.expires_at) == (state == "spent")))
+        live = [h for h in holds if not h.spent and now < h.expires_at]
+        self.held_nodes.set(len({n for h in live if not h.unit for n in h.nodes}))
+        self.unit_nodes.set(len({n for h in live if h.unit for n in h.nodes}))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
+from agent.fleet.unit import UNIT_ANNOTATION, unit_of_node
+from agent.k8s.budget_units import Units, UnitView, counted_as, distinct
 from agent.k8s.errors import Conflict, NotFound
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import JsonDocument, RawApi, api_path
@@ -92,16 +94,19 @@ class Slot:
     takes: int = 0
     #: Given back and kept only for the rate bound's window: no longer a node disrupted.
     released: bool = False
+    #: The fleet unit its holder says it is disrupted with, for people (the count reads the published units).
+    unit: str = ""
 
     @classmethod
     def of(cls, lease: JsonDocument) -> Slot:
         meta = lease.get("metadata") or {}
         spec = lease.get("spec") or {}
         transitions = spec.get("leaseTransitions")
+        annotations = meta.get("annotations") or {}
         return cls(str(meta.get("name", "")), str(spec.get("holderIdentity") or ""),
                    str(meta.get("uid", "")), str(meta.get("resourceVersion", "")),
                    _epoch(meta.get("creationTimestamp")), transitions if isinstance(transitions, int) else 0,
-                   RELEASED_ANNOTATION in (meta.get("annotations") or {}))
+                   RELEASED_ANNOTATION in annotations, str(annotations.get(UNIT_ANNOTATION) or ""))
 
 
 class Sightings:
@@ -174,11 +179,14 @@ def legacy_slots(lease: JsonDocument) -> list[Slot]:
             for node, stamp in sorted(holders.items())]
 
 
-def ahead_of(own: Slot, live: Iterable[Slot], *, retaken: bool = False) -> int:
+def ahead_of(own: Slot, live: Iterable[Slot], *, retaken: bool = False, units: Units | None = None) -> int:
     """Live slots created no later than `own` (ties and unreadable stamps count against it); a re-taken slot
-    ranks as taken now: every other live slot is ahead of it."""
-    return sum(1 for s in live if s.name != own.name and
-               (retaken or s.created is None or own.created is None or s.created <= own.created))
+    ranks as taken now: every other live slot is ahead of it. The slots of one published unit (`units`) are
+    one, and `own`'s unit is not ahead of it (a later slot of a unit joins its place)."""
+    units = units or {}
+    return distinct([s for s in live if s.name != own.name and
+                     (retaken or s.created is None or own.created is None or s.created <= own.created)],
+                    units, besides=counted_as(own, units))
 
 
 class LeaseBudget:
@@ -190,7 +198,7 @@ class LeaseBudget:
                  count_seconds: float = 300.0, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
                  on_usage: Callable[[int, int], None] = lambda in_use, limit: None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, units: Callable[[], Units] | None = None) -> None:
         self.raw = raw
         self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=namespace)
         self.node = node_name
@@ -213,6 +221,8 @@ class LeaseBudget:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self.sightings = Sightings(ttl_seconds, monotonic)
         self.takings = Takings(window_seconds, monotonic)
+        #: The fleet units as this node reads them published (agent.k8s.fleet_gate): their slots count as one.
+        self.units = UnitView(units, window_seconds=window_seconds, monotonic=monotonic)
         self._limit = 0
         self._counted_at: float | None = None
         #: This process confirmed its slot as granted (renewals then only renew) ...
@@ -257,17 +267,27 @@ class LeaseBudget:
         live, recent = self._list()
         if self._written is not None:
             self._listed = live, recent
-        others = len([s for s in live if s.name != self.slot])
-        taken = len([s for s in recent if s.name != self.slot])
         own = next((s for s in live if s.name == self.slot), None)
+        units = self.units.refresh()
+        others = self._others(own, live, units)
+        taken = self._others(own, recent, self.units.recent())
         if own is not None and self._confirmed():
             return GateReading(held=True, in_use=others, limit=self._limit or 1, recent=taken, rate=self.max_per_hour)
         self._count_gpu_nodes()
         # A slot of ours this process has not confirmed counts as what it would rank re-taken: behind all.
-        held = (own is not None and ahead_of(own, live, retaken=True) < self._limit and
+        held = (own is not None and ahead_of(own, live, retaken=True, units=units) < self._limit and
                 within_rate(taken, self.max_per_hour))
-        self.on_usage(len(live), self._limit)
+        self.on_usage(distinct(live, units), self._limit)
         return GateReading(held=held, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
+
+    def _others(self, own: Slot | None, slots: Iterable[Slot], units: Units) -> int:
+        """The disruptions besides this node's (its unit's slots are its own too)."""
+        mine = counted_as(own, units) if own is not None else self._unit_key(units)
+        return distinct([s for s in slots if s.name != self.slot], units, besides=mine)
+
+    def _unit_key(self, units: Units) -> str:
+        unit = unit_of_node(units, self.node)
+        return "unit/" + unit if unit else self.slot
 
     def holders(self) -> dict[str, float]:
         """The live slots' holders, with the server's creation time (tests and the fleet observer)."""
@@ -285,11 +305,12 @@ class LeaseBudget:
         self._granted = False
         if self._kept_due():
             self._delete()  # its window passed: a new take is a new slot
+        units = self.units.refresh()
         own, created, sent, (live, recent) = self._written_and_listed()
         self._count_gpu_nodes()
-        ahead = ahead_of(own, live, retaken=not created)
-        taken = ahead_of(own, recent, retaken=not created)
-        others = len([s for s in live if s.name != self.slot])
+        ahead = ahead_of(own, live, retaken=not created, units=units)
+        taken = ahead_of(own, recent, retaken=not created, units=self.units.recent())
+        others = self._others(own, live, units)
         written, self._written = self._written, None
         if ahead < self._limit and within_rate(taken, self.max_per_hour):
             if self._carry:  # the take this re-take reused is counted a window from now by every reader
@@ -395,7 +416,8 @@ class LeaseBudget:
     def _create_or_get(self) -> tuple[JsonDocument, bool]:
         """This node's slot, and whether this request created it (False: it was there, or a retried create
         landed; either way it is then re-taken, which only ever ranks it later)."""
-        body = {"metadata": {"name": self.slot, "namespace": self.namespace, "labels": {SLOT_LABEL: "true"}},
+        body = {"metadata": {"name": self.slot, "namespace": self.namespace, "labels": {SLOT_LABEL: "true"},
+                             "annotations": self._unit_annotation()},
                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.ttl),
                          "acquireTime": _micro(self.clock()), "renewTime": _micro(self.clock())}}
         self.maybe_held = True  # from here until the slot is confirmed or deleted
@@ -423,25 +445,34 @@ class LeaseBudget:
         reused = (slot.released and took is not None and took[:2] == (slot.uid, slot.takes) and
                   self.monotonic() - took[2] < self.window)
         now = _micro(self.clock())
-        body: JsonDocument = {"spec": {"acquireTime": now, "renewTime": now}}
+        body: JsonDocument = {"spec": {"acquireTime": now, "renewTime": now},
+                              "metadata": {"annotations": self._unit_annotation(clear=True)}}
         if not reused:
             body["spec"]["leaseTransitions"] = slot.takes + 1
         if slot.released:
-            body["metadata"] = {"annotations": {RELEASED_ANNOTATION: None}}
+            body["metadata"]["annotations"][RELEASED_ANNOTATION] = None
         self._patch(body)
         self._kept_from, self._carry, self._retook_live = None, reused, not slot.released
+        unit = unit_of_node(self.units.live, self.node)
         if reused:
-            return dataclasses.replace(slot, released=False)
+            return dataclasses.replace(slot, released=False, unit=unit)
         self._took = (slot.uid, slot.takes + 1, self.monotonic())
-        return dataclasses.replace(slot, takes=slot.takes + 1, released=False)
+        return dataclasses.replace(slot, takes=slot.takes + 1, released=False, unit=unit)
 
     def _bump(self, own: Slot) -> None:
         """A reused take granted: counted as a take from now (a new leaseTransitions) by every reader."""
         self._patch({"spec": {"leaseTransitions": own.takes + 1}})
         self._took, self._carry = (own.uid, own.takes + 1, self.monotonic()), False
 
+    def _unit_annotation(self, *, clear: bool = False) -> dict[str, str | None]:
+        """The slot's unit annotation: the published unit this node is taken out with (None: remove it)."""
+        unit = unit_of_node(self.units.live, self.node)
+        return {UNIT_ANNOTATION: unit} if unit else {UNIT_ANNOTATION: None} if clear else {}
+
     def _renew(self) -> None:
-        body = {"spec": {"renewTime": _micro(self.clock())}}
+        self.units.refresh()
+        body = {"metadata": {"annotations": self._unit_annotation(clear=True)},
+                "spec": {"renewTime": _micro(self.clock())}}
         sent = self.monotonic()
         self._patch(body)
         self._confirmed_at = sent

@@ -10,6 +10,7 @@ from agent.errors import InputError
 from agent.fleet import BrakePolicy, Hold, NodeSummary
 from agent.fleet.node_side import FleetReading
 from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode
+from agent.fleet.unit import live_units
 from agent.k8s.errors import K8sError, NotFound
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.watch import ListWatch, WatchOptions
@@ -49,6 +50,18 @@ class FleetGate:
             self._log.warning("fleet_view_unreadable", error=str(exc))
             return FleetReading(now=now, error=f"{type(exc).__name__}: {exc}")
         return FleetReading(holds, now, gpu_nodes, quarantined)
+
+    def units(self) -> dict[str, frozenset[str]]:
+        """The published units standing now (agent.fleet.unit), for the disruption budget's count; {} when
+        the holds are off or cannot be read (every slot then counts as its own node)."""
+        if not self.holds:
+            return {}
+        now = self.clock()
+        try:
+            return live_units(self._read_holds(now), now=now)
+        except (K8sError, InputError) as exc:
+            self._log.warning("fleet_view_unreadable", error=str(exc))
+            return {}
 
     def _read_holds(self, now: float) -> tuple[Hold, ...]:
         cached = self._holds

@@ -23,11 +23,17 @@ HOURS = 3600.0
 LEASE_RESOURCE = next(r for r in RESOURCES if r.plural == "leases")
 
 
-@pytest.fixture
-def fake():
+def three_gpu_nodes() -> tuple[Any, Any]:
+    """The fake API server with three GPU nodes (the budget's limit counts GPU nodes)."""
     cluster, server = start_cluster()
     for name in ("n1", "n2", "n3"):
         populate_any(cluster, gpu_node(name))
+    return cluster, server
+
+
+@pytest.fixture
+def fake():
+    cluster, server = three_gpu_nodes()
     yield cluster, server
     server.stop()
 

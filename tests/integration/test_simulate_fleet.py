@@ -97,12 +97,19 @@ def test_a_broken_gpu_of_its_own_is_quarantined_inside_a_hold():
     assert {h.id for h in report.holds} == {"xid-119/driver-version/575.51.03"}
 
 
-def test_links_down_on_one_fabric_domain_are_held_as_that_domains():
-    """Every NVLink down on the 18 nodes of fabric-0: the cause named is that domain, the hold covers its 18
-    nodes and no other, and no node ends tainted."""
+def test_links_down_on_one_fabric_domain_take_that_domain_out_as_one_unit():
+    """Every NVLink down on the 18 nodes of fabric-0: the cause named is that domain, one unit of its 18 nodes
+    and no other, and all 18 end tainted (the brake counting them as one), the other domain untouched."""
     report = run(load_scenario("fleet-nvlink-fabric-domain"))
     assert {(str(s.correlation.dimension), s.correlation.key) for s in report.correlations} == \
         {("fabric-domain", "fabric-0")}
-    [hold] = report.holds
-    assert hold.nodes == frozenset(f"gpu-{n}" for n in range(18))
+    [unit] = report.holds
+    assert unit.unit and unit.nodes == frozenset(f"gpu-{n}" for n in range(18))
+    assert [r["node"] for r in report.node_rows() if r["tainted_at_end"]] == [f"gpu-{n}" for n in range(18)]
+
+
+def test_links_down_on_every_fabric_domain_at_once_are_held_not_taken_out():
+    """Every NVLink down on all six domains (a fleet-wide event): holds only, no unit, no node ends tainted."""
+    report = run(load_scenario("fleet-nvlink-many-domains"))
+    assert report.holds and not any(h.unit for h in report.holds)
     assert report.totals()["nodes_tainted_at_end"] == 0

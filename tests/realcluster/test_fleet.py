@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -50,6 +51,23 @@ def fleet_client(plane: ControlPlane) -> Any:
     return load_api_client(kubeconfig=str(fleet_kubeconfig(plane)))[0]
 
 
+@contextlib.contextmanager
+def watching(controller: FleetController, api: Any) -> Iterator[ListWatch]:
+    """The controller's metadata-only watch of the Nodes on its own thread, open until the block ends."""
+    nodes = ListWatch(api, "/api/v1/nodes", WatchOptions(metadata_only=True))
+    stop = threading.Event()
+    watcher = threading.Thread(target=nodes.run, daemon=True, kwargs={
+        "stop": stop, "on_sync": controller.on_sync, "on_event": controller.on_event})
+    watcher.start()
+    try:
+        wait_until(lambda: nodes.watches, "the watch")
+        yield nodes
+    finally:
+        stop.set()
+        nodes.close()
+        watcher.join(timeout=30)
+
+
 def annotate(plane: ControlPlane, name: str, *rules: str) -> None:
     faults = tuple(FaultSummary(r, FaultClass.APPLICATION, Severity.FATAL, Action.QUARANTINE, owners=(JOB,))
                    for r in rules)
@@ -83,23 +101,13 @@ def test_the_fleet_controller_correlates_holds_and_uses_exactly_what_its_rbac_gr
     controller = FleetController(raw, settings, identity="fleet-test", clock=clock,
                                  events=EventRecorder(raw, instance="fleet-test", namespace=AGENT_NAMESPACE,
                                                       fold_seconds=0.0))
-    nodes = ListWatch(api, "/api/v1/nodes", WatchOptions(metadata_only=True))
-    stop = threading.Event()
-    watcher = threading.Thread(target=nodes.run, daemon=True, kwargs={
-        "stop": stop, "on_sync": controller.on_sync, "on_event": controller.on_event})
-    watcher.start()
-    try:
-        wait_until(lambda: nodes.watches, "the watch")
+    with watching(controller, api):
         for name in names:
             annotate(plane, name, "xid-13")
         wait_until(lambda: all(n in controller.view.summaries for n in names), "the summaries over the watch")
         assert len(controller.reconcile()) == 1  # creates the holds object
         clock.now += 120.0
         controller.reconcile()  # renews it: an update under the version read
-    finally:
-        stop.set()
-        nodes.close()
-        watcher.join(timeout=30)
     holds_object = plane.core.read_namespaced_config_map(HOLDS_CONFIGMAP, AGENT_NAMESPACE)
     [held] = decode(holds_object.data, observed_at=0.0)
     assert held.rule_id == "xid-13" and set(names) <= held.nodes
@@ -123,6 +131,7 @@ def test_a_standby_takes_the_lease_only_after_the_leader_stops_renewing(control_
     """Two candidates on the real Lease: B waits while A renews, and takes over a lease duration (on B's own
     clock) after A's last renewal; A's release hands over at once."""
     plane = control_plane
+    plane.ensure_namespace(AGENT_NAMESPACE)  # in a random order, this may be the session's first fleet test
     raw = RawApi(load_api_client(kubeconfig=str(plane.admin_kubeconfig))[0])
     name = plane.unique("lease")
     plane.forget("coordination.k8s.io", "leases", AGENT_NAMESPACE, name)

@@ -1,0 +1,59 @@
+"""Units: a fabric fault confined to one NVLink fabric domain takes that domain out as one disruption.
+
+Pure. A correlation becomes a unit when its best explanation is one fabric domain, its fault class is the
+fabric's (interconnect: NVLink down, fabric registration, NVSwitch SXids), and no node outside that domain
+shows the rule within the window: a fault on every domain at once (a fleet-wide or boot-time event) is held
+instead. Its nodes are not held: each quarantines and drains for the rule, and the disruption budget and the
+quarantine brake count the whole unit as one node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from agent.fleet.correlate import Correlation, CorrelationPolicy, Dimension, Sighting
+from agent.fleet.hold import Hold
+from agent.model import FaultClass
+
+#: The classes whose correlation by fabric domain is the fabric's own fault (rules/fabric.yaml, links.yaml,
+#: node.yaml's sxid-*).
+UNIT_CLASSES = frozenset({FaultClass.INTERCONNECT})
+#: The slot Lease annotation naming the unit a node is disrupted with (agent.k8s.budget).
+UNIT_ANNOTATION = "gpu-health-agent.io/fleet-unit"
+
+
+def confined(correlation: Correlation, sightings: Iterable[Sighting], *, now: float,
+             policy: CorrelationPolicy) -> bool:
+    """Whether the correlation is a fabric fault of its one domain: explained by the domain, of a unit class,
+    every recent sighting of the rule inside the domain, and not every one of them within its node's boot
+    window (a boot-time flap is held, never taken out)."""
+    if correlation.dimension is not Dimension.FABRIC_DOMAIN or correlation.fault_class not in UNIT_CLASSES:
+        return False
+    recent = [s for s in sightings if s.rule_id == correlation.rule_id and now - s.seen_at <= policy.window_seconds]
+    if any(s.node not in correlation.group for s in recent):
+        return False
+    at_boot = [s for s in recent if s.booted_at is not None
+               and 0.0 <= s.seen_at - s.booted_at <= policy.boot_window_seconds]
+    return len(at_boot) < len(recent)
+
+
+def unit_ids(correlations: Iterable[Correlation], sightings: Iterable[Sighting], *, now: float,
+             policy: CorrelationPolicy) -> frozenset[str]:
+    """The ids of the correlations that are units (agent.fleet.hold.next_holds takes them)."""
+    seen = list(sightings)
+    return frozenset(c.id for c in correlations if confined(c, seen, now=now, policy=policy))
+
+
+def live_units(holds: Iterable[Hold], *, now: float) -> dict[str, frozenset[str]]:
+    """The published units that stand (neither spent nor expired): each one's id and nodes."""
+    return {h.id: h.nodes for h in holds if h.unit and not h.spent and now < h.expires_at}
+
+
+def unit_of_node(units: Mapping[str, frozenset[str]], node: str) -> str:
+    """The unit this node is taken out with ("" when none; the first by id when several)."""
+    return next((uid for uid, nodes in sorted(units.items()) if node in nodes), "")
+
+
+def by_unit(units: Mapping[str, frozenset[str]]) -> dict[str, str]:
+    """Each node of a unit, with its unit's id: what the brake and the budget count as one."""
+    return {node: uid for uid, nodes in sorted(units.items(), reverse=True) for node in nodes}

@@ -1,0 +1,69 @@
+"""The disruption budget's units: the live slots of one published fleet unit count as one disruption.
+
+A node taken out with a fleet unit (agent.fleet.unit: a fabric fault confined to one fabric domain) takes
+its own slot as ever, annotated with the unit's id for people (`kubectl get leases`). A reader counts the
+slots of one unit as one by what it has read published in the holds ConfigMap, never by what a slot says:
+the slots of the nodes a published unit names are that unit (also one taken before the unit was published);
+any other slot counts as its own node, whatever unit it claims, so an agent that lies (or a unit that
+ended) gains nothing. The first slot of a unit takes a place; later slots of that unit join it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+Units = Mapping[str, frozenset[str]]
+
+
+class SlotLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def holder(self) -> str: ...
+
+
+def counted_as(slot: SlotLike, units: Units) -> str:
+    """What the budget counts this slot as: the published unit that names its node (the first by id), else
+    the slot itself."""
+    for uid, nodes in sorted(units.items()):
+        if slot.holder in nodes:
+            return "unit/" + uid
+    return slot.name
+
+
+def distinct(slots: Iterable[SlotLike], units: Units, *, besides: str = "") -> int:
+    """How many disruptions these slots are (a unit's slots one), not counting `besides` (a counted_as key)."""
+    return len({key for s in slots if (key := counted_as(s, units)) != besides})
+
+
+class UnitView:
+    """The published units as this node last read them (`read`, the fleet view's reader: never raises, {}
+    when it cannot read), and every unit seen within the rate bound's window (a unit that ended still
+    counts once for the takes of its hour; a restarted reader forgets it and counts per node: stricter)."""
+
+    def __init__(self, read: Callable[[], Units] | None, *, window_seconds: float,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.read = read
+        self.window = window_seconds
+        self.monotonic = monotonic
+        self._seen: dict[str, tuple[frozenset[str], float]] = {}
+        self.live: dict[str, frozenset[str]] = {}
+
+    def refresh(self) -> Units:
+        """Read the published units now (the reader caches): the live ones."""
+        if self.read is None:
+            return {}
+        now = self.monotonic()
+        self.live = dict(self.read())
+        for uid, nodes in self.live.items():
+            earlier = self._seen.get(uid)
+            self._seen[uid] = ((earlier[0] if earlier else frozenset()) | nodes, now)
+        self._seen = {uid: seen for uid, seen in self._seen.items() if now - seen[1] < self.window}
+        return self.live
+
+    def recent(self) -> Units:
+        """Every unit seen live within the window, with every node it named then."""
+        return {uid: nodes for uid, (nodes, _) in self._seen.items()}
