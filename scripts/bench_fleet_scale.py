@@ -148,9 +148,11 @@ class Bench:
         return found
 
     def slots(self) -> int:
+        """The budget slot Leases held now (a slot given back is kept, annotated, for the rate bound's hour)."""
         leases = self.plane.rest("GET", f"/apis/coordination.k8s.io/v1/namespaces/{AGENT_NAMESPACE}/leases")
         return sum(1 for lease in leases["items"] if lease["metadata"]["name"].startswith("gpu-health-slot-")
-                   and lease.get("spec", {}).get("holderIdentity"))
+                   and lease.get("spec", {}).get("holderIdentity")
+                   and "gpu-health-agent.io/released" not in (lease["metadata"].get("annotations") or {}))
 
     def steps(self, agents: Iterable[AgentProcess], since: float) -> dict[str, int]:
         total: dict[str, int] = {}
