@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes.client.exceptions import ApiException
 
 from agent.fleet import CorrelationPolicy, FaultSummary, NodeSummary
@@ -28,10 +27,10 @@ from tests.realcluster.controlplane import (
     FLEET_USER,
     REPO,
     ControlPlane,
-    _kubeconfig,
     audit_events,
     wait_until,
 )
+from tests.realcluster.fleetbed import fleet_kubeconfig
 from tests.realcluster.test_rbac_from_use import granted, used
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
@@ -49,16 +48,7 @@ class Clock:
 
 def fleet_client(plane: ControlPlane) -> Any:
     """An ApiClient on the fleet ServiceAccount's token, as the Deployment's pod would have."""
-    plane.apply_shipped_manifests()
-    rendered = plane.kubectl("kustomize", str(REPO / "daemonset" / "fleet"))
-    documents = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "Deployment"]
-    plane.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpu-health-tests", "-f", "-",
-                  input_text=yaml.safe_dump_all(documents))
-    token = plane.core.create_namespaced_service_account_token(
-        "gpu-health-fleet", AGENT_NAMESPACE, {"spec": {"expirationSeconds": 3600}}).status.token
-    path = plane.workdir / f"fleet-{plane.unique('token')}.kubeconfig"
-    path.write_text(yaml.safe_dump(_kubeconfig(plane.url, plane.ca_file, FLEET_USER, {"token": token})))
-    return load_api_client(kubeconfig=str(path))[0]
+    return load_api_client(kubeconfig=str(fleet_kubeconfig(plane)))[0]
 
 
 @contextlib.contextmanager
