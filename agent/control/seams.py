@@ -51,8 +51,9 @@ class ClusterGate(Protocol):
         """The pause and the budget's live slots; raises when the cluster cannot be read."""
         ...
 
-    def acquire(self) -> GateReading:
-        """Take or renew this node's slot; `held` False when the budget is spent (nothing is kept)."""
+    def acquire(self, rules: frozenset[str] = frozenset()) -> GateReading:
+        """Take or renew this node's slot for the faults of `rules`; `held` False when the budget is spent
+        (nothing is kept)."""
         ...
 
     def release(self) -> None: ...
@@ -90,7 +91,7 @@ class LocalGate:
     def read(self) -> GateReading:
         return GateReading()
 
-    def acquire(self) -> GateReading:
+    def acquire(self, rules: frozenset[str] = frozenset()) -> GateReading:
         return GateReading(held=True)
 
     def release(self) -> None:

@@ -124,7 +124,8 @@ class StepRunner:
         """Write the slot the guard allowed, then let the guard decide on what the write found."""
         before = cluster.gate or GateReading()
         try:
-            after = dataclasses.replace(self.gate.acquire(), paused=before.paused)
+            after = dataclasses.replace(self.gate.acquire(self._disrupting_rules() | {step.rule_id} - {""}),
+                                        paused=before.paused)
         except Exception as exc:  # noqa: BLE001 - isolation: an unreadable budget blocks, never crashes
             after = GateReading(error=f"{type(exc).__name__}: {exc}")
         self.gate_reading = after
@@ -133,6 +134,13 @@ class StepRunner:
             self._holding = True
         return decide(step, policy=self.policy, cluster=dataclasses.replace(cluster, gate=after),
                       history=self.history, now=now)
+
+    def _disrupting_rules(self) -> frozenset[str]:
+        """The rules of the node's active faults that take a disruptive step (what its slot is held for: the
+        budget counts a fleet unit's slot as the unit's only when that is the unit's rule alone)."""
+        with self.shared.lock:
+            return frozenset(f.rule_id for f in self.shared.record.faults.values()
+                             if f.action.quarantines or f.action.resets)
 
     def _apply(self, step: Step, now: float) -> tuple[StepResult, str]:
         if step.disruptive:
@@ -217,7 +225,7 @@ class StepRunner:
                 if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:
                     previous, self._renewed_at = self._renewed_at, now
                     try:
-                        held = self.gate.acquire().held
+                        held = self.gate.acquire(self._disrupting_rules()).held
                     except Exception:
                         self._renewed_at = previous  # a transient failure: the next pass tries again
                         raise

@@ -99,6 +99,8 @@ class LeaseBudget:
         self.takings = Takings(window_seconds, monotonic)
         #: The fleet units as this node reads them published (agent.k8s.fleet_gate): their slots count as one.
         self.units = UnitView(units, window_seconds=window_seconds, monotonic=monotonic)
+        #: The rules of the faults the node's slot is taken or renewed for (the last acquire's).
+        self._rules: frozenset[str] = frozenset()
         self._limit = 0
         self._counted_at: float | None = None
         #: This process confirmed its slot as granted (renewals then only renew) ...
@@ -162,16 +164,25 @@ class LeaseBudget:
         return distinct([s for s in slots if s.name != self.slot], units, besides=mine)
 
     def _unit_key(self, units: Units) -> str:
-        unit = unit_of_node(units, self.node)
+        unit = self._my_unit(units)
         return "unit/" + unit if unit else self.slot
+
+    def _my_unit(self, units: Units) -> str:
+        """The published unit this node's slot is taken for: one naming the node, whose rule is every rule the
+        node is disrupted for (`acquire`'s rules); "" when none, or the node is disrupted for another rule."""
+        unit = unit_of_node(units, self.node)
+        rule = unit.split("/", 1)[0]
+        return unit if unit and self._rules and self._rules <= {rule} else ""
 
     def holders(self) -> dict[str, float]:
         """The live slots' holders, with the server's creation time (tests and the fleet observer)."""
         return {s.holder or s.name: s.created or 0.0 for s in self._slots()}
 
     # ---- writing: only this node's slot ----
-    def acquire(self) -> GateReading:
-        """Take (or renew) this node's slot; `held` False when the budget is spent (the slot is given back)."""
+    def acquire(self, rules: frozenset[str] = frozenset()) -> GateReading:
+        """Take (or renew) this node's slot, for the faults of `rules`; `held` False when the budget is spent
+        (the slot is given back)."""
+        self._rules = rules
         if self._confirmed():
             try:
                 self._renew()
@@ -329,7 +340,7 @@ class LeaseBudget:
             body["metadata"]["annotations"][RELEASED_ANNOTATION] = None
         self._patch(body)
         self._kept_from, self._carry, self._retook_live = None, reused, not slot.released
-        unit = unit_of_node(self.units.live, self.node)
+        unit = self._my_unit(self.units.live)
         if reused:
             return dataclasses.replace(slot, released=False, unit=unit)
         self._took = (slot.uid, slot.takes + 1, self.monotonic())
@@ -342,7 +353,7 @@ class LeaseBudget:
 
     def _unit_annotation(self, *, clear: bool = False) -> dict[str, str | None]:
         """The slot's unit annotation: the published unit this node is taken out with (None: remove it)."""
-        unit = unit_of_node(self.units.live, self.node)
+        unit = self._my_unit(self.units.live)
         return {UNIT_ANNOTATION: unit} if unit else {UNIT_ANNOTATION: None} if clear else {}
 
     def _renew(self) -> None:

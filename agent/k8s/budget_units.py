@@ -1,11 +1,12 @@
 """The disruption budget's units: the live slots of one published fleet unit count as one disruption.
 
 A node taken out with a fleet unit (agent.fleet.unit: a fabric fault confined to one fabric domain) takes
-its own slot as ever, annotated with the unit's id for people (`kubectl get leases`). A reader counts the
-slots of one unit as one by what it has read published in the holds ConfigMap, never by what a slot says:
-the slots of the nodes a published unit names are that unit (also one taken before the unit was published);
-any other slot counts as its own node, whatever unit it claims, so an agent that lies (or a unit that
-ended) gains nothing. The first slot of a unit takes a place; later slots of that unit join it.
+its own slot as ever, annotated with the unit's id when it is disrupted for the unit's rule alone. A reader
+counts a slot as its unit's when it names the unit and the unit, as this reader read it published in the
+holds ConfigMap, names the slot's node; any other slot counts as its own node, whatever unit it claims: an
+agent that lies, a unit that ended, or a node of the unit disrupted for another rule as well (a GSP timeout
+beside the fabric fault) gains no shared place. The first slot of a unit takes a place; later slots of that
+unit join it.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ class SlotLike(Protocol):
     @property
     def holder(self) -> str: ...
 
+    @property
+    def unit(self) -> str: ...
+
 
 def counted_as(slot: SlotLike, units: Units) -> str:
-    """What the budget counts this slot as: the published unit that names its node (the first by id), else
-    the slot itself."""
-    for uid, nodes in sorted(units.items()):
-        if slot.holder in nodes:
-            return "unit/" + uid
-    return slot.name
+    """What the budget counts this slot as: the published unit it names, where that unit names its node, else
+    the slot itself (a slot taken for another rule on a unit's node is its own disruption)."""
+    nodes = units.get(slot.unit) if slot.unit else None
+    return "unit/" + slot.unit if nodes is not None and slot.holder in nodes else slot.name
 
 
 def distinct(slots: Iterable[SlotLike], units: Units, *, besides: str = "") -> int:

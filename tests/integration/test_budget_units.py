@@ -15,6 +15,7 @@ from tests.integration.test_budget import LEASE_RESOURCE, Clock, slots, three_gp
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 UNIT = "sxid-fatal/fabric-domain/fabric-1"
+FABRIC = frozenset({"sxid-fatal"})
 DOMAIN = frozenset(f"d{i}" for i in range(18))
 
 
@@ -35,7 +36,7 @@ def test_the_eighteen_nodes_of_a_published_unit_take_one_place_of_the_budget(clu
     third node waits."""
     cluster, server = cluster_and_server
     published = {UNIT: DOMAIN}
-    assert all(budget(server, node, published).acquire().held for node in sorted(DOMAIN))
+    assert all(budget(server, node, published).acquire(FABRIC).held for node in sorted(DOMAIN))
     assert budget(server, "x", published).acquire().held
     assert not budget(server, "y", published).acquire().held
     assert len(slots(cluster)) == 19
@@ -47,7 +48,7 @@ def test_the_eighteen_nodes_of_a_published_unit_take_one_place_of_the_budget(clu
 def test_the_nodes_of_a_unit_the_readers_have_not_read_published_go_two_at_a_time(cluster_and_server):
     """The same 18 nodes without the unit published: two slots granted, as node by node."""
     cluster, server = cluster_and_server
-    granted = [budget(server, node, {}).acquire().held for node in sorted(DOMAIN)]
+    granted = [budget(server, node, {}).acquire(FABRIC).held for node in sorted(DOMAIN)]
     assert len(slots(cluster)) == 2
     assert granted.count(True) == 2
 
@@ -56,6 +57,18 @@ def test_a_slot_claiming_a_unit_another_reader_has_not_published_counts_as_its_n
     """Two nodes that say they are of the unit: a reader without it published counts them as two."""
     cluster, server = cluster_and_server
     published = {UNIT: DOMAIN}
-    assert budget(server, "d0", published).acquire().held and budget(server, "d1", published).acquire().held
+    assert budget(server, "d0", published).acquire(FABRIC).held and \
+        budget(server, "d1", published).acquire(FABRIC).held
     assert not budget(server, "x", {}).acquire().held
     assert len(slots(cluster)) == 2
+
+
+def test_nodes_of_a_unit_disrupted_for_another_rule_too_take_places_of_their_own(cluster_and_server):
+    """Limit 2: nodes of the domain that are drained for a GSP timeout as well as the fabric fault are each
+    their own disruption, so only two of them are granted, not the whole domain on the unit's one place."""
+    cluster, server = cluster_and_server
+    published = {UNIT: DOMAIN}
+    granted = [budget(server, node, published).acquire(FABRIC | {"xid-119"}).held for node in sorted(DOMAIN)[:5]]
+    assert granted.count(True) == 2
+    assert not any((lease["metadata"].get("annotations") or {}).get(UNIT_ANNOTATION)
+                   for lease in cluster.list_objects(LEASE_RESOURCE, "gpu-health"))

@@ -12,7 +12,7 @@ from agent.fleet.unit import UNIT_ANNOTATION
 from agent.model import Observation, Signal, frozen_attrs
 from agent.remediation import Mode
 from tests.integration.test_budget import LEASE_RESOURCE
-from tests.integration.test_fleet_agents import BRAKE, correlate, fleet_controller
+from tests.integration.test_fleet_agents import BRAKE, Clock, correlate, fleet_controller
 from tests.k8s_helpers import Agent, gpu_node, make_agent
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
@@ -21,11 +21,16 @@ DOMAIN = [f"n{i}" for i in range(6)]  # fabric-1; every other node is on fabric-
 UNIT = "sxid-fatal/fabric-domain/fabric-1"
 
 
+#: The agents' fleet clock: the settle (10 s) ends when a test moves it.
+CLOCK = Clock()
+
+
 def remediating(fake: Any, *, controller: bool = True) -> list[Agent]:
-    """20 agents in remediate mode, a budget of 2 nodes at a time, the quarantine brake on (3 of 20 nodes)."""
+    """20 agents in remediate mode, a budget of 2 nodes at a time, the quarantine brake on (3 of 20 nodes),
+    each waiting the fleet settle for the controller's word."""
     cluster, server = fake
     return [make_agent(cluster, server, gpu_node(f"n{i}", gpus=2), mode=Mode.REMEDIATE, max_nodes=2,
-                       max_percent=0, fleet=controller, brake=BRAKE,
+                       max_percent=0, fleet=controller, brake=BRAKE, fleet_clock=CLOCK, settle_seconds=10.0,
                        fabric_domain="fabric-1" if i < 6 else "fabric-0")
             for i in range(FLEET)]
 
@@ -47,6 +52,7 @@ def domain_fault(fake: Any, fleet: list[Agent], controller: Any) -> None:
     for agent in fleet[:len(DOMAIN)]:
         nvswitch_fatal(agent)
         correlate(fake, controller)
+    CLOCK.now += 10.0  # the settle ends: the unit is published by then
     for at in (200.0, 400.0):
         for agent in fleet:
             agent.settle(at)
@@ -63,9 +69,8 @@ def tainted(fake: Any, fleet: list[Agent]) -> list[str]:
 
 @pytest.mark.fake_only  # the budget counts the session's other slots on the shared real control plane
 def test_an_nvswitch_fault_of_one_domain_takes_the_whole_domain_out_as_one_unit(fake):
-    """Six nodes of fabric-1, budget 2, brake 3: all six tainted and drained together, their slots and their
-    quarantines each counted as one (the two slots taken before the unit was published say so from their
-    renewal on)."""
+    """Six nodes of fabric-1, budget 2, brake 3: all six tainted and drained together, their slots (each naming
+    the unit) and their quarantines counted as one."""
     fleet = remediating(fake)
     domain_fault(fake, fleet, fleet_controller(fake))
     assert tainted(fake, fleet) == DOMAIN

@@ -53,7 +53,8 @@ def test_a_unit_seen_live_counts_as_one_for_the_rate_window_after_it_ended():
     assert view.recent() == {}
 
 
-def test_a_slot_taken_before_its_unit_was_published_is_counted_with_the_unit():
-    """The published unit names the node: its slot without the annotation is the unit's too."""
+def test_a_slot_of_a_unit_node_that_does_not_name_the_unit_counts_as_its_own_node():
+    """A node of the unit whose slot was taken for another rule as well (no unit annotation) is a disruption
+    of its own: a GSP timeout on a node of the domain does not ride on the fabric's shared place."""
     live = [slot("d0", 1.0), slot("d1", 2.0, UNIT)]
-    assert distinct(live, {UNIT: DOMAIN}) == 1
+    assert distinct(live, {UNIT: DOMAIN}) == 2

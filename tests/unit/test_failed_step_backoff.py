@@ -109,7 +109,7 @@ class CountingGate(LocalGate):
     def read(self) -> GateReading:
         return GateReading(held=self.holding)
 
-    def acquire(self) -> GateReading:
+    def acquire(self, rules: frozenset[str] = frozenset()) -> GateReading:
         self.acquires += 1
         self.holding = True
         return GateReading(held=True)

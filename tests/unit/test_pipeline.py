@@ -74,7 +74,7 @@ def test_a_blocked_step_is_retried_later(shipped_rules):
         def __init__(self):
             self.available = False
 
-        def acquire(self):
+        def acquire(self, rules=frozenset()):
             return GateReading(held=self.available)
 
         def read(self):
