@@ -1,4 +1,4 @@
-"""The kubelet's PodResources API (gRPC on a unix socket): which container holds which GPU.
+"""The kubelet's PodResources API (gRPC on a unix socket, agent.k8s.grpc_unary): which container holds which GPU.
 
 The messages are decoded by hand from their protobuf wire format (k8s.io/kubelet podresources/v1:
 ListPodResourcesResponse{pod_resources=1}, PodResources{name=1, namespace=2, containers=3},
@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent.k8s.grpc_unary import unary_call
+from agent.protowire import ProtobufError
 from agent.protowire import fields as _fields
 from agent.protowire import length_field as _field
 from agent.protowire import text as _text
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: The kubelet's own PodResources client allows answers up to 16 MiB (a node with many pods).
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
@@ -93,14 +97,12 @@ def encode_list_response(pods: list[PodDevices]) -> bytes:
 
 
 def list_pod_devices(socket_path: str = DEFAULT_SOCKET, *, timeout_seconds: float = 5.0) -> list[PodDevices]:
-    """Ask the kubelet which pod holds which device (raises OSError when it cannot be asked)."""
-    import grpc  # noqa: PLC0415 - grpc loads a large native module; only nodes with a kubelet need it
-
-    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
-        call = channel.unary_unary(LIST_METHOD, request_serializer=lambda _: b"",
-                                   response_deserializer=decode_list_response)
-        try:
-            result: list[PodDevices] = call(None, timeout=timeout_seconds)
-        except grpc.RpcError as exc:
-            raise OSError(f"kubelet PodResources at {socket_path}: {exc.code().name}") from None
-        return result
+    """Ask the kubelet which pod holds which device (raises OSError, one line, when it cannot be asked)."""
+    try:
+        answer = unary_call(socket_path, LIST_METHOD, b"", timeout_seconds=timeout_seconds,
+                            max_response_bytes=MAX_ANSWER_BYTES)
+        return decode_list_response(answer)
+    except ProtobufError as exc:
+        raise OSError(f"kubelet PodResources at {socket_path}: undecodable answer ({exc})") from None
+    except OSError as exc:
+        raise OSError(f"kubelet PodResources at {socket_path}: {exc}") from None
