@@ -1,6 +1,4 @@
-"""The agent installed on the real node, one install at a time: a test marked `shares_install` reuses the
-last install of its variant (mode, and kustomize base or chart) while its pod is still Ready; any other test,
-or another variant, gets a fresh one. Uninstalled as docs/operations.md says."""
+"""One agent install on the real node at a time; a `shares_install` test reuses its variant's last one."""
 
 from __future__ import annotations
 

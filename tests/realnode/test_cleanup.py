@@ -1,6 +1,4 @@
-"""`cleanup` on the real node as docs/operations.md says it is run: inside the agent's pod (`kubectl exec`,
-the agent's own token) it refuses while the agent runs, and forced, the running agent puts back what it
-removed; after the uninstall, with operator credentials, it removes every mark the agent left."""
+"""`cleanup` on the real node: refused, then undone by the agent, inside its pod; complete after the uninstall."""
 
 from __future__ import annotations
 
