@@ -82,6 +82,10 @@ class RemediationConfig(_Section):
     #: cluster-wide (0: off); docs/remediation.md argues the default.
     budget_max_nodes_per_hour: int = Field(default=3, ge=0)
     eviction_deadline_seconds: float = Field(default=600.0, gt=0)
+    #: How long a disruptive step the cluster refused (an eviction a PodDisruptionBudget holds, the budget's
+    #: slot taken, the gate closed) waits before it is tried again (jittered up to 25 % more); also the cap of
+    #: the failed-pass back-off. At most an hour: a refused eviction must be asked again before its deadline.
+    retry_seconds: float = Field(default=30.0, gt=0, le=3600)
     #: One of RESET_COMMANDS only: the reset container runs it as root with CAP_SYS_ADMIN, so no other argv.
     reset_command: list[str] = Field(default_factory=lambda: list(RESET_COMMANDS[0]))
     reset_timeout_seconds: float = Field(default=120.0, gt=0)
@@ -200,6 +204,7 @@ class PipelineOptions(TypedDict):
     diagnose: bool
     repair_condition: bool
     sync_seconds: float
+    retry_seconds: float
 
 
 def pipeline_options(config: Config) -> PipelineOptions:
@@ -208,7 +213,8 @@ def pipeline_options(config: Config) -> PipelineOptions:
         max_faulty_gpus=settings.max_faulty_gpus, replace_after_recoveries=settings.replace_after_recoveries,
         reset_settle_seconds=settings.reset_settle_seconds, reset_verify_seconds=settings.reset_verify_seconds,
         recovery_window_days=settings.recovery_window_days, diagnose=bool(settings.diagnostic_command),
-        repair_condition=settings.accelerated_hardware_condition, sync_seconds=settings.node_sync_seconds)
+        repair_condition=settings.accelerated_hardware_condition, sync_seconds=settings.node_sync_seconds,
+        retry_seconds=settings.retry_seconds)
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:

@@ -128,6 +128,8 @@ def main() -> None:
                        if line.startswith("VmRSS"))
             print(f"the agent's RSS in its pod (cluster mode, remediate, after {runs} faults): "
                   f"{int(rss) / 1024:.1f} MiB - target <= 64 MiB")
+            grpcio = "cygrpc" in Path(f"/proc/{pid}/maps").read_text()  # grpcio's native module, mapped once imported
+            print(f"grpcio loaded in the agent's process: {'yes' if grpcio else 'no'}")
         finally:
             if node is not None:
                 node.stop()

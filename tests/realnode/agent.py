@@ -19,8 +19,13 @@ from tests.realnode.runtime import REPO
 
 AGENT_NAMESPACE = "gpu-health"
 KMSG_DEVICE_DAEMONSET = "gpu-health-kmsg-device"
-# Where Debian's dynamic loader finds libnvidia-ml.so.1 in the image, as the NVIDIA runtime would put it.
 EVICTION_DEADLINE_SECONDS = 5
+# A refused eviction asked again after 2 s (remediation.retry_seconds; shipped 30 s), so a PDB's refusal
+# outlasts the deadline within seconds.
+RETRY_SECONDS = 2
+# The readiness probe every second (shipped 10 s): a new pod is Ready as soon as the agent serves /readyz.
+READINESS_PERIOD_SECONDS = 1
+# Where Debian's dynamic loader finds libnvidia-ml.so.1 in the image, as the NVIDIA runtime would put it.
 IMAGE_NVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 HELM = REPO / ".tools" / "bin" / "helm"  # scripts/build-helm
 HELM_RENDERED = "helm-rendered.yaml"
@@ -42,8 +47,9 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
     the API server's loopback address instead of the Service IP the kubelet injects (nothing serves it
     here); a free metrics port (on the host's network a fixed one could clash); imagePullPolicy Never (no
     registry: the image is imported); the fake libnvidia-ml and its state file mounted where the NVIDIA
-    container runtime would inject the real one; the mode under test; a short eviction deadline, so an
-    eviction a PodDisruptionBudget refuses is reported stuck within a test."""
+    container runtime would inject the real one; the mode under test; a short eviction deadline and retry
+    (remediation.retry_seconds), so an eviction a PodDisruptionBudget refuses is reported stuck within
+    seconds; the readiness probe every second, so a new pod is Ready as soon as it serves."""
     port = free_port()
     api_port = plane.url.rsplit(":", 1)[1]
     directory.mkdir(parents=True, exist_ok=True)
@@ -60,6 +66,7 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
                         {"name": "GPU_HEALTH_MODE", "value": mode},
                         {"name": "GPU_HEALTH_REMEDIATION__EVICTION_DEADLINE_SECONDS",
                          "value": str(EVICTION_DEADLINE_SECONDS)},
+                        {"name": "GPU_HEALTH_REMEDIATION__RETRY_SECONDS", "value": str(RETRY_SECONDS)},
                         {"name": "FAKE_NVML_STATE", "value": f"/run/fake-nvml/{nvml_state.name}"},
                         *({"name": k, "value": v} for k, v in (env or {}).items())],
                 "volumeMounts": [{"name": "fake-nvml-lib", "mountPath": IMAGE_NVML, "readOnly": True},
@@ -68,7 +75,9 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
                         {"name": "fake-nvml-state",
                          "hostPath": {"path": str(nvml_state.parent), "type": "Directory"}}]}}}}
     port_patch: list[dict[str, object]] = [
-        {"op": "replace", "path": "/spec/template/spec/containers/0/ports/0/containerPort", "value": port}]
+        {"op": "replace", "path": "/spec/template/spec/containers/0/ports/0/containerPort", "value": port},
+        {"op": "replace", "path": "/spec/template/spec/containers/0/readinessProbe/periodSeconds",
+         "value": READINESS_PERIOD_SECONDS}]
     if fast_liveness:
         port_patch += [{"op": "add", "path": f"/spec/template/spec/containers/0/livenessProbe/{key}", "value": value}
                        for key, value in FAST_LIVENESS.items()]

@@ -13,19 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from tests.conftest import FakeNvml, eight_gpus
 from tests.realcluster.controlplane import ControlPlane, ControlPlaneError
-from tests.realnode import agent
-from tests.realnode.node import AGENT_STATE, RealNode
-from tests.realnode.runtime import REPO, Containerd, NodeError, wait_until
+from tests.realnode.installs import Installs, grouped, print_agent_log
+from tests.realnode.node import RealNode
+from tests.realnode.runtime import REPO, Containerd, NodeError
 
 IMAGE_NAME = "ghcr.io/gpu-health-agent/gpu-health-agent"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 _TOOLS = ("containerd", "ctr", "runc", "mmdebstrap", "umoci")
 _LOGS: list[Path] = []
-REPAIR_CONDITION_ENV = {"GPU_HEALTH_REMEDIATION__ACCELERATED_HARDWARE_CONDITION": "true"}
 
 
 def _cannot_run() -> str:
@@ -76,6 +74,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     outcome = yield
     report = outcome.get_result()
     if report.failed:
+        item.realnode_failed = True  # type: ignore[attr-defined]  # its shared install is not reused
         for logs in _LOGS:
             for log in sorted(logs.glob("*.log")):
                 text = log.read_text(errors="replace").splitlines()[-25:]
@@ -141,55 +140,31 @@ def healthy_gpus(node_nvml: FakeNvml, real_node: RealNode) -> Iterator[FakeNvml]
     node_nvml.write(eight_gpus())
 
 
+@pytest.fixture(scope="session")
+def installs(real_node: RealNode, node_nvml: FakeNvml, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installs]:
+    """The one agent install on the node (installs.py); the last one uninstalled at the end."""
+    pool = Installs(real_node, node_nvml, tmp_path_factory)
+    yield pool
+    pool.release()
+
+
 @pytest.fixture
-def installed(request: pytest.FixtureRequest, real_node: RealNode, node_nvml: FakeNvml,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, int]]:
+def installed(request: pytest.FixtureRequest, installs: Installs) -> Iterator[tuple[str, Any, int]]:
     """The overlay applied (in the shipped mode, quarantine, unless parametrized "MODE",
     "MODE:fast-liveness", "MODE:repair-condition" or "MODE:helm" for the Helm chart), the agent's pod Ready
-    by the kubelet's probes; uninstalled after the test, so each test starts on a node without its marks."""
-    mode, _, variant = str(getattr(request, "param", "quarantine")).partition(":")
-    node_nvml.write(eight_gpus())
-    directory, port = agent.overlay(tmp_path_factory.mktemp(f"overlay-{mode}"), real_node.plane, node_nvml.path, mode,
-                                    fast_liveness=variant == "fast-liveness", helm=variant == "helm",
-                                    env=REPAIR_CONDITION_ENV if variant == "repair-condition" else None)
-    if variant == "helm":
-        agent.helm_install(real_node.plane, directory, mode)
+    by the kubelet's probes. A test marked `shares_install` may find it installed by the last test of its
+    variant; any other test's install is uninstalled after it, and so is a shared one after a failed test,
+    so each starts on a node without another test's marks."""
+    shared = request.node.get_closest_marker("shares_install") is not None
+    current = installs.get(str(getattr(request, "param", "quarantine")), shared=shared)
+    yield current.mode, current.pod, current.port  # the metrics port: where probes (and a test) reach it
+    if not shared or getattr(request.node, "realnode_failed", False):
+        installs.release()
     else:
-        agent.install(real_node.plane, directory)
-
-    def ready_pod() -> Any:
-        real_node.check_alive()
-        for pod in agent.agent_pods(real_node.plane):
-            conditions = pod.status.conditions or []
-            if pod.metadata.deletion_timestamp is None and any(
-                    c.type == "Ready" and c.status == "True" for c in conditions):
-                return pod
-        return None
-
-    try:
-        pod = wait_until(ready_pod, f"the agent's pod Ready on the real node ({mode})", timeout=120)
-    except Exception:
-        _print_agent_log(real_node)
-        raise
-    yield mode, pod, port  # the metrics port: where probes (and a test) reach it, on the host's network
-    _print_agent_log(real_node)
-    # Uninstalled as docs/operations.md says: the DaemonSet deleted, then `cleanup` with operator credentials
-    # removes the marks the agent left; the state hostPath wiped, so the next mode starts on a fresh node.
-    if variant == "helm":
-        agent.helm_uninstall(real_node.plane)
-    else:
-        real_node.plane.kubectl("delete", "daemonset", "-n", agent.AGENT_NAMESPACE, "gpu-health-agent", "--wait=false")
-    wait_until(lambda: not agent.agent_pods(real_node.plane), "the agent's pod gone", timeout=90)
-    done = subprocess.run([sys.executable, "-m", "agent", "cleanup", "--all-nodes",
-                           f"--kubeconfig={real_node.plane.admin_kubeconfig}"], capture_output=True, text=True,
-                          check=False, cwd=REPO)
-    assert done.returncode == 0, done.stdout + done.stderr
-    shutil.rmtree(AGENT_STATE, ignore_errors=True)
+        print_agent_log(installs.node)
 
 
-def _print_agent_log(node: RealNode) -> None:
-    for pod in agent.agent_pods(node.plane):
-        try:
-            print(node.plane.core.read_namespaced_pod_log(pod.metadata.name, agent.AGENT_NAMESPACE, tail_lines=40))
-        except ApiException as exc:
-            print(f"no log of {pod.metadata.name}: {exc.reason}")
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each variant's sharing tests one after another (after pytest-randomly's shuffle): one install each."""
+    items[:] = grouped(items, Path(__file__).parent)

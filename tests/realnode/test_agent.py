@@ -6,7 +6,6 @@ holding that GPU, which the kubelet then stops with SIGTERM; in `quarantine` mod
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from tests.realnode.runtime import wait_until
 from tests.realnode.test_node import GPU_UUIDS, given_devices, gpu_pod, stopped_by
 
 
+@pytest.mark.shares_install
 @pytest.mark.parametrize("installed", ["quarantine", "quarantine:helm"], indirect=True)
 def test_the_daemonset_pod_is_admitted_and_ready_by_its_probes(installed: tuple[str, Any, int], real_node: RealNode):
     """From the kustomize base or the Helm chart: the real DaemonSet controller made the pod on node 127.0.0.1,
@@ -49,6 +49,7 @@ def read_from_inside(node: RealNode, pod: Any) -> dict[str, list[str]]:
     return dict(json.loads(out))
 
 
+@pytest.mark.shares_install
 def test_pod_resources_are_read_from_inside_the_agents_pod(installed: tuple[str, Any, int], real_node: RealNode,
                                                             healthy_gpus: FakeNvml):
     """Through the DaemonSet's hostPath, the agent's decoder in its own pod names the GPUs a trainer holds."""
@@ -58,6 +59,7 @@ def test_pod_resources_are_read_from_inside_the_agents_pod(installed: tuple[str,
     assert read_from_inside(real_node, pod)["trainers/reader"] == given
 
 
+@pytest.mark.shares_install
 def test_mig_devices_are_read_from_inside_the_agents_pod_as_the_plugin_names_them(
         installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml):
     """GPU 0 in MIG mode: the plugin advertises its MIG devices' UUIDs instead of its own, and the agent's
@@ -77,6 +79,7 @@ def test_mig_devices_are_read_from_inside_the_agents_pod_as_the_plugin_names_the
         wait_until(lambda: real_node.allocatable_gpus() == 8, "eight GPUs allocatable again", timeout=30)
 
 
+@pytest.mark.shares_install
 def test_time_sliced_replicas_are_read_from_inside_the_agents_pod_as_their_gpus(
         installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml):
     """The plugin time-slicing each GPU twice ("UUID::N"): the agent's decoder in its pod names the GPUs
@@ -101,7 +104,7 @@ def test_a_fault_evicts_exactly_the_holder_in_remediate_mode_and_nobody_in_quara
         installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml, tmp_path: Path):
     """Xid 79 on the GPU one trainer holds: in remediate mode that trainer (only) is evicted and the kubelet
     stops its container with SIGTERM; in quarantine mode the node is tainted and both keep running."""
-    mode, _, _ = installed
+    mode, _, port = installed
     gpu_pod(real_node, "held", gpus=1)
     gpu_pod(real_node, "other", gpus=1)
     faulty = GPU_UUIDS.index(given_devices(real_node, "held")[0])
@@ -124,9 +127,10 @@ def test_a_fault_evicts_exactly_the_holder_in_remediate_mode_and_nobody_in_quara
 
         wait_until(evicted, "the holder evicted and its container stopped by SIGTERM", timeout=60)
     else:
-        # The taint shows the agent decided; give an eviction (it follows the taint in remediate mode within
-        # a second here) ample time to show, then none may have happened.
-        time.sleep(5)
+        # The taint shows the agent decided; the eviction it planned with it is recorded skipped (the mode's
+        # word, counted once): past that, none may have happened.
+        wait_until(lambda: agent.metric(agent.metrics(port), "gpu_health_remediation_steps_total", kind="evict",
+                                        result="skipped") >= 1, "the eviction recorded skipped", timeout=30)
         assert stopped_by(real_node, "held") == ""
         assert core.read_namespaced_pod("held", "trainers").metadata.deletion_timestamp is None
     pod = core.read_namespaced_pod("other", "trainers")
@@ -138,7 +142,6 @@ def _stuck_evictions(port: int) -> float:
     return agent.metric(agent.metrics(port), "gpu_health_evictions_stuck_total")
 
 
-@pytest.mark.timeout(300)  # the agent's retry a minute after the fault, on top of the install
 @pytest.mark.parametrize("installed", ["remediate"], indirect=True)
 def test_a_disruption_budget_that_forbids_the_eviction_keeps_the_holder_and_the_agent_reports_it_stuck(
         installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml):
@@ -148,8 +151,8 @@ def test_a_disruption_budget_that_forbids_the_eviction_keeps_the_holder_and_the_
     gpu_pod(real_node, "held", gpus=1)
     real_node.plane.add_pdb("trainers", "held", {"app": "held"}, min_available=1)
     agent.xid(healthy_gpus, GPU_UUIDS.index(given_devices(real_node, "held")[0]))
-    # The agent retries a refused eviction on its next pass (a minute later), past the 5 s deadline.
-    wait_until(lambda: _stuck_evictions(port) >= 1, "the agent to count the eviction stuck", timeout=150)
+    # The agent asks again every remediation.retry_seconds (the overlay's 2 s) until the 5 s deadline has passed.
+    wait_until(lambda: _stuck_evictions(port) >= 1, "the agent to count the eviction stuck", timeout=30)
     held = real_node.plane.core.read_namespaced_pod("held", "trainers")
     assert held.metadata.deletion_timestamp is None and held.status.phase == "Running"
     assert stopped_by(real_node, "held") == ""

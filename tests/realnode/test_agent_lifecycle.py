@@ -5,9 +5,11 @@ re-registered)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
-import time
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.conftest import FakeNvml, eight_gpus
 from tests.realnode import agent
-from tests.realnode.node import POD_RESOURCES, RealNode
+from tests.realnode.node import AGENT_STATE, NODE_NAME, POD_RESOURCES, RealNode
 from tests.realnode.runtime import wait_until
 from tests.realnode.test_node import GPU_UUIDS, given_devices, gpu_pod, stopped_by
 
@@ -50,6 +52,23 @@ def _eviction_events(node: RealNode, pod_uid: str) -> list[Any]:
     return [e for e in events if e.involved_object is not None and e.involved_object.uid == pod_uid]
 
 
+def _journaled_record(node: RealNode) -> dict[str, Any] | None:
+    """The node's record as the agent's journal on the state hostPath holds it (what a new process resumes
+    from); read-only, beside the running agent (SQLite in WAL mode)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{AGENT_STATE / 'journal.db'}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT value FROM cursors WHERE name = ?", (f"record:{NODE_NAME}",)).fetchone()
+    except sqlite3.Error:  # busy for a moment, or not there yet: asked again
+        return None
+    return dict(json.loads(row[0])) if row else None
+
+
+def _owed_eviction_events(node: RealNode) -> list[Any]:
+    """EvictedForGpuFault Events the journaled record still owes (not yet acknowledged as delivered)."""
+    record = _journaled_record(node) or {}
+    return [e for e in record.get("owed") or [] if e.get("reason") == "EvictedForGpuFault"]
+
+
 def _restarted_and_ready(node: RealNode) -> Any:
     node.check_alive()
     for pod in agent.agent_pods(node.plane):
@@ -73,7 +92,8 @@ def test_a_hung_agent_is_restarted_by_its_liveness_probe_and_does_not_act_again(
     wait_until(lambda: _eviction_events(real_node, held_uid), "the agent's EvictedForGpuFault Event", timeout=30)
     # Its delivery acknowledged in the journal: an agent killed between the two sends the Event again (Events
     # are delivered at least once).
-    time.sleep(3)
+    wait_until(lambda: _journaled_record(real_node) is not None and not _owed_eviction_events(real_node),
+               "the Event's delivery acknowledged in the journal", timeout=30)
     healthy_gpus.write(eight_gpus())  # NVML does not deliver an event again to a new process
     taints = _agent_taints(real_node)
     assert taints

@@ -21,6 +21,7 @@ def _agent_log(node: RealNode, pod: Any) -> str:
     return str(node.plane.core.read_namespaced_pod_log(pod.metadata.name, agent.AGENT_NAMESPACE, container="agent"))
 
 
+@pytest.mark.shares_install
 @pytest.mark.parametrize("installed", ["quarantine", "quarantine:helm"], indirect=True)
 def test_the_agents_pod_runs_the_kernel_log_source_through_the_kmsg_device_plugin(
         installed: tuple[str, Any, int], real_node: RealNode):
@@ -40,6 +41,7 @@ def test_the_agents_pod_runs_the_kernel_log_source_through_the_kmsg_device_plugi
     assert container.resources.limits[KMSG_RESOURCE] == "1"
 
 
+@pytest.mark.shares_install
 def test_a_fire_drill_run_inside_the_agents_pod_is_admitted_and_reported(
         installed: tuple[str, Any, int], real_node: RealNode, healthy_gpus: FakeNvml):
     """`kubectl exec ... gpu-health-agent drill`: the record goes through the host's kernel log to the agent,

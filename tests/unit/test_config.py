@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_config
+from agent.config import load_config, pipeline_options
 from agent.errors import ConfigError
 from agent.remediation import Mode
 
@@ -69,3 +69,14 @@ def test_a_diagnostic_naming_the_hostengine_needs_one_configured(tmp_path: Path)
     path.write_text('remediation: {diagnostic_command: [dcgmi, diag, --host, "{hostengine}"]}\n'
                     'sources: {dcgm: {hostengine: "10.0.0.5:5555"}}\n')
     assert load_config(path, env={}).sources.dcgm.hostengine == "10.0.0.5:5555"
+
+
+def test_the_retry_of_a_refused_step_is_a_setting_the_pipeline_gets():
+    """remediation.retry_seconds (default 30) reaches the pipeline's options; 0 and over an hour are refused."""
+    assert pipeline_options(load_config(None, env={}))["retry_seconds"] == 30.0
+    config = load_config(None, env={"GPU_HEALTH_REMEDIATION__RETRY_SECONDS": "2"})
+    assert pipeline_options(config)["retry_seconds"] == 2.0
+    for bad in ("0", "3601"):
+        with pytest.raises(ConfigError) as caught:
+            load_config(None, env={"GPU_HEALTH_REMEDIATION__RETRY_SECONDS": bad})
+        assert caught.value.field == "remediation.retry_seconds"
