@@ -124,3 +124,16 @@ def test_one_node_is_never_a_cause_whatever_the_policy_says():
     sightings = with_fault(summaries, ["n3", "n14"], "xid-119", FaultClass.DRIVER)
     policy = CorrelationPolicy(min_nodes=1, min_group=1, min_share=0.0)
     assert all(len(c.nodes) >= 2 for c in correlate(summaries, sightings, now=1.0, policy=policy))
+
+
+def test_a_job_whose_first_nodes_fill_a_fabric_domain_is_named_as_the_job():
+    """One job spans 40 nodes; its first 10 faulty nodes are the whole of one fabric domain (and rack): the job,
+    an application fault's first cause, is named, not the domain it happens to fill first."""
+    summaries = fleet()
+    for name, s in list(summaries.items()):
+        summaries[name] = NodeSummary(node=name, driver_version=s.driver_version, fabric_domain=s.fabric_domain,
+                                      rack=s.rack, workloads=("ml/Job/train",))
+    sightings = with_fault(summaries, [f"n{i}" for i in range(10)], "xid-13", FaultClass.APPLICATION,
+                           owner="ml/Job/train")
+    found = correlate(summaries, sightings, now=10.0, policy=POLICY)
+    assert [(c.dimension, c.key) for c in found] == [(Dimension.WORKLOAD, "ml/Job/train")]
