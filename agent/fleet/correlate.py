@@ -39,13 +39,13 @@ PREFERENCE: Mapping[FaultClass, tuple[Dimension, ...]] = {
     FaultClass.DRIVER: (Dimension.DRIVER_VERSION, Dimension.WORKLOAD, Dimension.BOOT_WINDOW,
                         Dimension.FABRIC_DOMAIN, Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE),
 }
-#: The classes whose cause is not a place (a job's bug, a driver's): the first dimension of the class's
+#: The class whose cause is not a place (a job's bug): the first dimension of the class's
 #: preference with a key that correlates names the cause (then the share, then the nodes). A place-bound
 #: cause (a switch, a link, a rack) is ranked by the share of its group first: the most specific place that
 #: shows it whole. (At 1,000 nodes, ranked by share, one job's crash loop on 100 nodes was first explained as
 #: the 18-node fabric domains its first nodes filled whole, before the job's own 100 had all faulted: ten
 #: holds and Events instead of one.)
-BY_PREFERENCE = frozenset({FaultClass.APPLICATION, FaultClass.DRIVER})
+BY_PREFERENCE = frozenset({FaultClass.APPLICATION})
 _DEFAULT_PREFERENCE = (Dimension.DRIVER_VERSION, Dimension.BOOT_WINDOW, Dimension.WORKLOAD, Dimension.FABRIC_DOMAIN,
                        Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE)
 _AT_BOOT = "at-boot"
@@ -117,7 +117,7 @@ def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting
               policy: CorrelationPolicy) -> list[Correlation]:
     """The causes that explain the recent sightings of each rule, best first: each pass takes the key that
     explains its nodes best (the largest share of its group, then the most nodes, then the fault class's
-    preference; for an application or driver fault the preference first: BY_PREFERENCE) and goes on with
+    preference; for an application fault the preference first: BY_PREFERENCE) and goes on with
     the nodes it did not explain; nodes no cause explains stay on their own."""
     recent: dict[tuple[str, FaultClass], dict[str, Sighting]] = {}
     for sighting in sightings:
@@ -152,6 +152,7 @@ def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sightin
             times = [sightings[n].seen_at for n in nodes]
             candidate = Correlation(rule_id, fault_class, dimension, key, frozenset(nodes), frozenset(group),
                                     min(times), max(times))
+            # A driver fault stays ranked by share: one rack whole beats 10 of a driver version's 25 nodes.
             score = (-rank, candidate.share, len(nodes)) if fault_class in BY_PREFERENCE else \
                 (candidate.share, len(nodes), -rank)
             if best is None or score > best[0]:

@@ -137,3 +137,16 @@ def test_a_job_whose_first_nodes_fill_a_fabric_domain_is_named_as_the_job():
                            owner="ml/Job/train")
     found = correlate(summaries, sightings, now=10.0, policy=POLICY)
     assert [(c.dimension, c.key) for c in found] == [(Dimension.WORKLOAD, "ml/Job/train")]
+
+
+def test_a_driver_fault_on_one_whole_rack_is_named_as_the_rack_not_its_driver_version():
+    """GSP timeouts on all ten nodes of rack-0, which run the driver half the fleet runs: the rack (10 of 10) is
+    the cause, and the hold's scope is its ten nodes, not the driver version's 25."""
+    summaries = fleet()
+    for i in range(10):
+        s = summaries[f"n{i}"]
+        summaries[f"n{i}"] = NodeSummary(node=s.node, driver_version="575.51.03", fabric_domain=s.fabric_domain,
+                                         rack=s.rack)
+    sightings = with_fault(summaries, [f"n{i}" for i in range(10)], "xid-119", FaultClass.DRIVER)
+    [found] = correlate(summaries, sightings, now=10.0, policy=POLICY)
+    assert found.dimension in {Dimension.RACK, Dimension.FABRIC_DOMAIN} and len(found.group) == 10
