@@ -35,14 +35,17 @@ def brake_allows(*, node: str, quarantined_at: Mapping[str, float], gpu_nodes: i
     clock): yes when it is already counted in the window, or the window has room. The nodes of one published
     unit (`units`: node to unit id, agent.fleet.unit.by_unit) count as one: the first takes a place, the
     others join it."""
-    units = units or {}
-    window = {units.get(name, name) for name, at in quarantined_at.items() if 0.0 <= now - at < policy.window_seconds}
-    return units.get(node, node) in window or len(window) < brake_bound(gpu_nodes, policy)
+    window = _window(quarantined_at, now=now, policy=policy, units=units or {})
+    return (units or {}).get(node, node) in window or len(window) < brake_bound(gpu_nodes, policy)
 
 
 def newly_quarantined(quarantined_at: Mapping[str, float], *, now: float, policy: BrakePolicy,
                       units: Mapping[str, str] | None = None) -> int:
     """How many nodes the brake counts as newly quarantined within its window (a unit as one)."""
-    units = units or {}
-    return len({units.get(name, name) for name, at in quarantined_at.items()
-                if 0.0 <= now - at < policy.window_seconds})
+    return len(_window(quarantined_at, now=now, policy=policy, units=units or {}))
+
+
+def _window(quarantined_at: Mapping[str, float], *, now: float, policy: BrakePolicy,
+            units: Mapping[str, str]) -> set[str]:
+    """The nodes (a unit by its id) newly quarantined within the window."""
+    return {units.get(name, name) for name, at in quarantined_at.items() if 0.0 <= now - at < policy.window_seconds}

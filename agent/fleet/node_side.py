@@ -97,8 +97,8 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
         return FleetView()
     now = source.clock()
     settle = source.settle_seconds if not quarantined and first_seen is not None else 0.0
-    ends = {(f.gpu_key, f.rule_id): (first_seen or {}).get((f.gpu_key, f.rule_id), now) + settle
-            for f in holdable_acting} if settle > 0 else {}
+    ends = {(f.gpu_key, f.rule_id): first_seen.get((f.gpu_key, f.rule_id), now) + settle
+            for f in holdable_acting} if first_seen is not None and settle > 0 else {}
     reading = source.read(count=wants_quarantine,
                           fresh_after=max((end for end in ends.values() if end <= now), default=None))
     if reading.error:

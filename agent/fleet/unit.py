@@ -51,7 +51,7 @@ def live_units(holds: Iterable[Hold], *, now: float) -> dict[str, frozenset[str]
 
 def unit_of_node(units: Mapping[str, frozenset[str]], node: str) -> str:
     """The unit this node is taken out with ("" when none; the first by id when several)."""
-    return next((uid for uid, nodes in sorted(units.items()) if node in nodes), "")
+    return by_unit(units).get(node, "")
 
 
 def by_unit(units: Mapping[str, frozenset[str]]) -> dict[str, str]:
