@@ -124,7 +124,7 @@ class StepRunner:
         """Write the slot the guard allowed, then let the guard decide on what the write found."""
         before = cluster.gate or GateReading()
         try:
-            after = dataclasses.replace(self.gate.acquire(self._disrupting_rules() | {step.rule_id} - {""}),
+            after = dataclasses.replace(self.gate.acquire((self._disrupting_rules() | {step.rule_id}) - {""}),
                                         paused=before.paused)
         except Exception as exc:  # noqa: BLE001 - isolation: an unreadable budget blocks, never crashes
             after = GateReading(error=f"{type(exc).__name__}: {exc}")
