@@ -34,6 +34,8 @@ def denied_by_policy(raw: RawApi, kind: str, name: str) -> bool:
         create(raw, kind, name)
     except Forbidden as exc:
         return POLICY in str(exc)
+    except Conflict:  # AlreadyExists comes from storage, after admission: the policy is not enforced yet
+        return False
     return False
 
 
