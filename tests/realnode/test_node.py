@@ -4,6 +4,7 @@ the plugin reports unhealthy leaves allocatable and is not given to a new pod.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.conftest import FakeNvml, eight_gpus
 from tests.realnode.conftest import IMAGE_NAME
 from tests.realnode.node import NODE_NAME, POD_RESOURCES, RealNode
-from tests.realnode.runtime import wait_until
+from tests.realnode.runtime import NodeError, wait_until
 
 GPU_UUIDS = [gpu["uuid"] for gpu in eight_gpus()["gpus"]]  # type: ignore[index, union-attr]
 
@@ -23,6 +24,10 @@ def gpu_pod(node: RealNode, name: str, gpus: int = 1) -> dict[str, Any]:
     plane = node.plane
     plane.ensure_namespace("trainers")
     (signals_dir(node) / name).unlink(missing_ok=True)  # a pod of this name in an earlier test
+    # An earlier test's pods are deleted at once in the API, but the kubelet holds their GPUs until their
+    # containers stop; a pod admitted before then fails for want of devices (UnexpectedAdmissionError).
+    wait_until(lambda: not stale_trainers(node), "the kubelet to stop the containers of deleted trainer pods",
+               timeout=60)
     reference = next(n for n in node.containerd.ctr("images", "list", "--quiet").stdout.split()
                      if n.startswith(IMAGE_NAME + ":"))
     pod = plane.core.create_namespaced_pod("trainers", {
@@ -47,6 +52,21 @@ def gpu_pod(node: RealNode, name: str, gpus: int = 1) -> dict[str, Any]:
     return dict(plane.admin.sanitize_for_serialization(pod))
 
 
+def stale_trainers(node: RealNode) -> list[str]:
+    """Running containers of trainer pods the API server no longer has (deleted, not yet stopped)."""
+    live = {pod.metadata.uid for pod in node.plane.core.list_namespaced_pod("trainers").items}
+    listing = node.containerd.ctr("tasks", "list").stdout.splitlines()[1:]  # TASK PID STATUS
+    running = {fields[0] for fields in (line.split() for line in listing) if fields[-1:] == ["RUNNING"]}
+    trainers = node.containerd.ctr("containers", "list", "--quiet",
+                                   'labels."io.kubernetes.pod.namespace"==trainers').stdout.split()
+    stale = []
+    for container in (c for c in trainers if c in running):
+        info = json.loads(node.containerd.ctr("containers", "info", container).stdout or "{}")
+        if info.get("Labels", {}).get("io.kubernetes.pod.uid") not in live:
+            stale.append(container)
+    return stale
+
+
 def signals_dir(node: RealNode) -> Path:
     """Where a trainer pod writes the signal that stopped it (a hostPath: it outlives the container)."""
     return node.dir / "trainer-signals"
@@ -58,8 +78,11 @@ def stopped_by(node: RealNode, name: str) -> str:
 
 
 def running(node: RealNode, name: str) -> bool:
+    """Running; a pod the kubelet failed (it never runs again, restartPolicy Never) ends the wait with why."""
     node.check_alive()
     pod = node.plane.core.read_namespaced_pod(name, "trainers")
+    if pod.status.phase == "Failed":
+        raise NodeError(f"the kubelet failed pod trainers/{name}: {pod.status.reason}: {pod.status.message}")
     return bool(pod.status.phase == "Running")
 
 
