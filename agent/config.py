@@ -137,6 +137,9 @@ class RemediationConfig(_Section):
     #: fault (application, driver, interconnect, telemetry; never hardware) before acting on it, so the
     #: controller sees its summary and a fleet-wide cause is held before any node acts (docs/fleet.md).
     fleet_settle_seconds: float = Field(default=10.0, ge=0, le=120)
+    #: Past the settle, while the fleet controller is alive and has not yet heard of the fault (it publishes
+    #: what it heard with the holds), the node waits on for its word, until this long after it first saw it.
+    fleet_settle_max_seconds: float = Field(default=60.0, ge=0, le=600)
     #: The quarantine brake: at most this share of the GPU nodes (never fewer than min, never more than max)
     #: newly quarantined within the window; a window of 0 turns it off (docs/fleet.md argues the defaults).
     brake_max_share: float = Field(default=0.15, ge=0, le=1)

@@ -155,7 +155,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                journal: Path | None = None, dry_run: bool = False, budget_clock: Any = None,
                 api_client: Any = None, diagnose: Any = None, fleet: bool = False, brake: BrakePolicy | None = None,
                 fleet_clock: Any = None, driver: str = "570.86.15", seed: int | None = None,
-                fabric_domain: str = "", settle_seconds: float = 0.0,
+                fabric_domain: str = "", settle_seconds: float = 0.0, settle_max_seconds: float = 0.0,
                 metrics: Any = None, node_watch: bool = False, fresh_seconds: float = 150.0) -> Agent:
     options = {k: v for k, v in locals().items() if k not in {"cluster", "server", "inventory", "populate_node",
                                                                "restore", "api_client"}}
@@ -189,7 +189,8 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
         wall = fleet_clock or (lambda: 1.0)
         side.fleet = FleetGate(apis, namespace="gpu-health", gpu_node_selector="nvidia.com/gpu.present=true",
                                brake=brake, holds=fleet, cache_seconds=0.0, count_seconds=0.0,
-                               clock=fleet_clock or time.monotonic, wall=wall, settle_seconds=settle_seconds)
+                               clock=fleet_clock or time.monotonic, wall=wall, settle_seconds=settle_seconds,
+                               settle_max_seconds=settle_max_seconds)
         side.summariser = actuator.summarise = Summariser(
             inventory.name, wall=wall, uptime=lambda: 86400.0, pods=lambda: inventory.pods,
             facts=lambda: NodeFacts(driver_version=driver, fabric_domain=fabric_domain))

@@ -41,6 +41,13 @@ class FleetReading:
     #: Whether a fleet controller publishes holds here (the holds object exists): only then does a new
     #: quarantine of a holdable fault wait the settle for its word.
     published: bool = False
+    #: What the controller heard of ({rule: nodes}), in the pass that wrote the holds read, and whether its
+    #: promise to write again still stands by the reader's wall clock (False: gone, or an older controller).
+    heard: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    controller_alive: bool = False
+    #: The controller gave its word and its promise lapsed (uninstalled, or down longer than three ticks):
+    #: nobody is there to hear of a fault, so a node does not wait the settle for it.
+    controller_gone: bool = False
 
 
 class FleetSource(Protocol):
@@ -52,6 +59,9 @@ class FleetSource(Protocol):
 
     @property
     def settle_seconds(self) -> float: ...
+
+    @property
+    def settle_max_seconds(self) -> float: ...
 
     clock: Callable[[], float]
     wall: Callable[[], float]
@@ -73,6 +83,10 @@ class FleetView:
     settle_until: float | None = None
 
 
+#: How often a node past its settle, waiting to be heard, reads the holds again (at most 10 reads a minute).
+HEARD_REREAD_SECONDS = 6.0
+
+
 def acts(action: Action) -> bool:
     """Whether a fault with this action takes a taint, an eviction, a reset or a reboot request."""
     return action.quarantines or action.resets
@@ -87,7 +101,10 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     The settle: where a controller publishes holds, a node not yet quarantined takes no step for a holdable
     fault until `settle_seconds` after it first saw the fault (`first_seen`, on the source's clock), and then
     only on holds read after that: its summary reaches the controller first, so a fleet-wide cause is held
-    before any node acts on it, not undone after."""
+    before any node acts on it, not undone after. Past the settle, while the controller is alive and has not
+    yet heard of the fault (a loaded API server delivers summaries late), the node keeps waiting for that
+    word, reading again every HEARD_REREAD_SECONDS, until `settle_max_seconds` after it first saw it; a
+    controller whose promise to write again lapsed is gone, and no node waits for it at all."""
     if source is None:
         return FleetView()
     faults = list(faults)
@@ -97,22 +114,35 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
         return FleetView()
     now = source.clock()
     settle = source.settle_seconds if not quarantined and first_seen is not None else 0.0
-    ends = {(f.gpu_key, f.rule_id): first_seen.get((f.gpu_key, f.rule_id), now) + settle
+    seen = {(f.gpu_key, f.rule_id): first_seen.get((f.gpu_key, f.rule_id), now)
             for f in holdable_acting} if first_seen is not None and settle > 0 else {}
-    reading = source.read(count=wants_quarantine,
-                          fresh_after=max((end for end in ends.values() if end <= now), default=None))
+    ends = {key: at + settle for key, at in seen.items()}
+    limits = {key: at + max(settle, source.settle_max_seconds) for key, at in seen.items()}
+    fresh = [end if now >= limits[key] else max(end, now - HEARD_REREAD_SECONDS)
+             for key, end in ends.items() if end <= now]
+    reading = source.read(count=wants_quarantine, fresh_after=max(fresh, default=None))
     if reading.error:
         return FleetView()
+    rules = {(f.gpu_key, f.rule_id): f.rule_id for f in holdable_acting}
     held: dict[tuple[str, str], str] = {}
     for fault in holdable_acting:
         hold = covering_hold(reading.holds, node=node, rule_id=fault.rule_id, fault_class=fault.fault_class,
                              now=reading.now)
         if hold is not None:
             held[(fault.gpu_key, fault.rule_id)] = f"held by fleet hold {hold.id}: {hold.cause}"
-    waiting = {key: end for key, end in ends.items() if reading.published and key not in held and reading.now < end}
-    for key, end in waiting.items():
-        held[key] = (f"fleet settle: waits {settle:.0f} s for the fleet controller's word before acting "
-                     f"({end - reading.now:.0f} s left)")
+    waiting: dict[tuple[str, str], float] = {}
+    for key, end in ends.items():
+        if not reading.published or reading.controller_gone or key in held:
+            continue
+        if reading.now < end:
+            waiting[key] = end
+            held[key] = (f"fleet settle: waits {settle:.0f} s for the fleet controller's word before acting "
+                         f"({end - reading.now:.0f} s left)")
+        elif reading.controller_alive and reading.now < limits[key] and \
+                node not in reading.heard.get(rules[key], frozenset()):
+            waiting[key] = min(limits[key], reading.now + HEARD_REREAD_SECONDS)
+            held[key] = (f"fleet settle: the fleet controller has not heard of this fault yet; waits for its "
+                         f"word up to {limits[key] - reading.now:.0f} s more")
     settle_until = min(waiting.values(), default=None)
     still_quarantines = any(f.action.quarantines and (f.gpu_key, f.rule_id) not in held for f in faults)
     brake = ""

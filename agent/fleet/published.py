@@ -8,10 +8,16 @@ where `observed_at` is when it first saw that resourceVersion. A reader that fir
 restarted controller or agent) may also cut the placement short by how long ago its own wall clock says the
 version was written: wall clocks can only shorten a hold (toward acting as without one), never lengthen
 it. Pure: the I/O is agent.fleetctl.store's.
+
+The controller also publishes what it has heard: for each holdable rule, the nodes whose summary showing it
+the pass that wrote this version correlated (HEARD_KEY), and until when, by its wall clock, it promises to
+write again (ALIVE_KEY). A node past its settle that its controller has not heard of yet keeps waiting for
+that word, bounded (agent.fleet.node_side); an operator's write carries both over unchanged.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
@@ -26,6 +32,10 @@ LEASE_NAME = "gpu-health-fleet-controller"
 HOLDS_KEY = "holds.json"
 WRITTEN_KEY = "written"
 WRITER_KEY = "writer"
+#: What the controller has heard ({rule: [node, ...]}, holdable rules only) and its wall clock's promise of
+#: the next write (a reader past it counts the controller gone and waits for no word).
+HEARD_KEY = "heard.json"
+ALIVE_KEY = "controller-alive-until"
 
 
 def encode(holds: Iterable[Hold], *, now: float, wall: float, writer: str) -> dict[str, str]:
@@ -67,3 +77,27 @@ def same_holds(left: Iterable[Hold], right: Iterable[Hold], *, slack: float = 1.
         if abs(x.started_at - y.started_at) > slack or abs(x.expires_at - y.expires_at) > slack:
             return False
     return True
+
+
+def encode_heard(heard: Mapping[str, Iterable[str]], *, alive_until: float) -> dict[str, str]:
+    """The controller's word: the nodes it heard of per rule (sorted, so an unchanged view is the same text),
+    and its wall clock's promise of the next write."""
+    text = json.dumps({rule: sorted(set(nodes)) for rule, nodes in sorted(heard.items()) if nodes},
+                      separators=(",", ":"))
+    return {HEARD_KEY: text, ALIVE_KEY: f"{alive_until:.3f}"}
+
+
+def decode_heard(data: Mapping[str, str] | None, *, source: str = "") -> tuple[dict[str, frozenset[str]], float]:
+    """({rule: nodes heard}, alive_until by the writer's wall clock); ({}, 0.0) when the controller wrote none
+    (an older controller, or none yet); a malformed word is an InputError naming `source`."""
+    if not data or not data.get(HEARD_KEY):
+        return {}, 0.0
+    try:
+        parsed = json.loads(data[HEARD_KEY])
+        alive_until = float(data.get(ALIVE_KEY, ""))
+    except ValueError as exc:
+        raise InputError(f"{HEARD_KEY} or {ALIVE_KEY} is unreadable: {exc}", file=source) from None
+    if not isinstance(parsed, dict) or not all(
+            isinstance(nodes, list) and all(isinstance(n, str) for n in nodes) for nodes in parsed.values()):
+        raise InputError(f"{HEARD_KEY} is not a map of rule to node names", file=source)
+    return {str(rule): frozenset(nodes) for rule, nodes in parsed.items()}, alive_until

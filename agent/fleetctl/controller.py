@@ -1,5 +1,6 @@
 """The fleet controller: while it leads, it correlates the nodes' summaries on every change (and at a
-bounded tick), publishes the holds that follow, and announces each new correlation with one Event."""
+bounded tick), publishes the holds that follow with the faults it heard of, and announces each new
+correlation with one Event."""
 
 from __future__ import annotations
 
@@ -83,6 +84,10 @@ class FleetController:
             self.metrics.nodes.labels("invalid").set(len(self.view.invalid))
             self.metrics.nodes.labels("none").set(len(self.view.nodes - set(self.view.summaries)
                                                       - set(self.view.invalid)))
+            heard: dict[str, set[str]] = {}
+            for sighting in sightings:  # the word a settling node waits for: this pass correlated its fault
+                if holdable(sighting.fault_class):
+                    heard.setdefault(sighting.rule_id, set()).add(sighting.node)
         read = self.store.read()
         known = self._standing | {h.id for h in read[0]}
         fresh = [c for c in correlations if c.id not in known]
@@ -90,7 +95,8 @@ class FleetController:
             self._announce(correlation, unit=correlation.id in units)
         before, after = self.store.update(lambda held: list(next_holds(
             {h.id: h for h in held}, correlations, now=now, hold_seconds=s.hold_seconds,
-            max_hold_seconds=s.max_hold_seconds, units=units).values()), read=read)
+            max_hold_seconds=s.max_hold_seconds, units=units).values()), read=read, heard=heard,
+            alive_seconds=3 * s.tick_seconds)
         for gone in {h.id for h in before} - {h.id for h in after}:
             log.info("fleet_hold_ended", hold=gone)
         self._standing = {c.id for c in correlations}

@@ -1,5 +1,7 @@
 """The holds ConfigMap, read and written: every write is read-compare-write under the resourceVersion it
-read, so the controller and an operator's `fleet hold|release` never overwrite each other's change."""
+read, so the controller and an operator's `fleet hold|release` never overwrite each other's change. The
+controller's word (what it heard, and its promise to write again) goes with its writes; an operator's write
+carries the last word it read over unchanged."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from agent.fleet import Hold
-from agent.fleet.published import HOLDS_CONFIGMAP, decode, encode, same_holds
+from agent.fleet.published import ALIVE_KEY, HEARD_KEY, HOLDS_CONFIGMAP, decode, encode, encode_heard, same_holds
 from agent.k8s.errors import NotFound
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
@@ -25,6 +27,10 @@ class HoldsStore:
         self.wall = wall
         self.path = api_path("", "v1", "configmaps", namespace=namespace, name=HOLDS_CONFIGMAP)
         self._placed: tuple[str, list[Hold]] | None = None
+        #: The controller's word in the object last read (HEARD_KEY, ALIVE_KEY), as text.
+        self._word: dict[str, str] = {}
+        #: When this process last wrote (its monotonic clock); None before its first write.
+        self.written_at: float | None = None
         self.writes = 0
 
     @property
@@ -39,35 +45,49 @@ class HoldsStore:
         except NotFound:
             return [], ""
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        data = obj.get("data") or {}
+        self._word = {key: str(data[key]) for key in (HEARD_KEY, ALIVE_KEY) if key in data}
         if self._placed is not None and self._placed[0] == version:
             return list(self._placed[1]), version
         holds = decode(obj.get("data"), observed_at=self.clock(), wall=self.wall(), source=self.source)
         self._placed = (version, holds)
         return list(holds), version
 
-    def write(self, holds: list[Hold], version: str) -> str:
-        """Publish `holds` over the version read (create it when there was none); Conflict when it moved."""
+    def heard_text(self) -> str:
+        """What the object last read says the controller heard (its text; "" for none)."""
+        return self._word.get(HEARD_KEY, "")
+
+    def write(self, holds: list[Hold], version: str, *, word: dict[str, str] | None = None) -> str:
+        """Publish `holds` over the version read (create it when there was none), with the controller's `word`
+        (agent.fleet.published.encode_heard), or without one the word last read; Conflict when it moved."""
+        data = encode(holds, now=self.clock(), wall=self.wall(), writer=self.writer)
+        data.update(self._word if word is None else word)
         body: JsonDocument = {
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": HOLDS_CONFIGMAP, "namespace": self.namespace,
                          "labels": {"app.kubernetes.io/name": "gpu-health-agent",
                                     "app.kubernetes.io/component": "fleet"}},
-            "data": encode(holds, now=self.clock(), wall=self.wall(), writer=self.writer)}
+            "data": data}
         if version:
             body["metadata"]["resourceVersion"] = version
             written = self.raw.request("PUT", self.path, body=body)
         else:
             written = self.raw.create(api_path("", "v1", "configmaps", namespace=self.namespace), body)
         self.writes += 1
+        self.written_at = self.clock()
+        if word is not None:
+            self._word = dict(word)
         new_version = str((written.get("metadata") or {}).get("resourceVersion") or "")
         self._placed = (new_version, list(holds))
         return new_version
 
     def update(self, change: Callable[[list[Hold]], list[Hold]], *,
-               read: tuple[list[Hold], str] | None = None) -> tuple[list[Hold], list[Hold]]:
+               read: tuple[list[Hold], str] | None = None, heard: dict[str, set[str]] | None = None,
+               alive_seconds: float = 0.0) -> tuple[list[Hold], list[Hold]]:
         """(before, after): read (or start from `read`, what the caller just read), apply `change`, write only
         when it changed something; a 409 reads again and re-applies the change (so an operator's edit in
-        between is kept)."""
+        between is kept). The controller passes what it `heard`: a change in it is a change too, and so is
+        its promise to write again within `alive_seconds` coming due (a write at least every third of it)."""
         first = [read]
 
         def attempt() -> tuple[list[Hold], list[Hold]]:
@@ -76,9 +96,14 @@ class HoldsStore:
             after = change(list(before))
             # The leader's first pass creates the object, holds or none: that it exists tells every agent a
             # controller publishes here, so a node waits the settle for its word (agent.fleet.node_side).
-            changed = not version or not same_holds(before, after)
+            word = None
+            if heard is not None:
+                word = encode_heard(heard, alive_until=self.wall() + alive_seconds)
+            changed = not version or not same_holds(before, after) or (word is not None and (
+                word[HEARD_KEY] != self.heard_text() or self.written_at is None
+                or self.clock() - self.written_at >= alive_seconds / 3))
             if changed:
-                with_retries(lambda: self.write(after, version))
+                with_retries(lambda: self.write(after, version, word=word))
             return before, after
 
         return on_conflict(attempt)

@@ -123,7 +123,8 @@ def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time
         return None, None
     gate = FleetGate(raw, namespace=settings.namespace, gpu_node_selector=settings.gpu_node_selector, brake=brake,
                      holds=settings.fleet_holds, clock=monotonic, wall=clock,
-                     settle_seconds=settings.fleet_settle_seconds if settings.fleet_holds else 0.0)
+                     settle_seconds=settings.fleet_settle_seconds if settings.fleet_holds else 0.0,
+                     settle_max_seconds=settings.fleet_settle_max_seconds if settings.fleet_holds else 0.0)
     hooks = hooks or NodeHooks()
     return gate, Summariser(config.node_name, wall=clock, uptime=hooks.uptime, pods=hooks.pods, facts=hooks.facts)
 

@@ -1,5 +1,6 @@
-"""The agent's reader of the fleet view: the holds ConfigMap by name, and for the quarantine brake the GPU
-nodes' published summaries from one metadata-only list; both cached, so a blocked node stays cheap."""
+"""The agent's reader of the fleet view: the holds ConfigMap by name (with the controller's word on what it
+heard), and for the quarantine brake the GPU nodes' published summaries from one metadata-only list; both
+cached, so a blocked node stays cheap."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from agent.errors import InputError
 from agent.fleet import BrakePolicy, Hold, NodeSummary
 from agent.fleet.node_side import FleetReading
-from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode
+from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode, decode_heard
 from agent.fleet.unit import live_units
 from agent.k8s.errors import K8sError, NotFound
 from agent.k8s.raw import RawApi, api_path
@@ -24,7 +25,7 @@ class FleetGate:
 
     def __init__(self, raw: RawApi, *, namespace: str, gpu_node_selector: str, brake: BrakePolicy | None,
                  holds: bool = True, cache_seconds: float = 10.0, count_seconds: float = 10.0,
-                 settle_seconds: float = 0.0,
+                 settle_seconds: float = 0.0, settle_max_seconds: float = 0.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.raw = raw
         self.brake = brake
@@ -33,12 +34,16 @@ class FleetGate:
         self.cache_seconds = cache_seconds
         #: How long a node not yet quarantined waits for the controller's word on a holdable fault (node_side).
         self.settle_seconds = settle_seconds
+        #: How long past the first sight a settling node waits at most for the controller to hear of its fault.
+        self.settle_max_seconds = settle_max_seconds
         self.count_seconds = count_seconds
         self.clock = clock
         self.wall = wall
         self.path = api_path("", "v1", "configmaps", namespace=namespace, name=HOLDS_CONFIGMAP)
         self.source = f"configmap {namespace}/{HOLDS_CONFIGMAP}"
         self._holds: tuple[float, str, tuple[Hold, ...]] | None = None
+        #: The controller's word in the version read: {rule: nodes heard}, alive-until by its wall clock.
+        self._heard: tuple[dict[str, frozenset[str]], float] = ({}, 0.0)
         self._count: tuple[float, int, dict[str, float]] | None = None
         self.reads = 0
         self.lists = 0
@@ -53,7 +58,10 @@ class FleetGate:
             self._log.warning("fleet_view_unreadable", error=str(exc))
             return FleetReading(now=now, error=f"{type(exc).__name__}: {exc}")
         published = self.holds and self._holds is not None and bool(self._holds[1])
-        return FleetReading(holds, now, gpu_nodes, quarantined, published=published)
+        heard, alive_until = self._heard if self.holds else ({}, 0.0)
+        return FleetReading(holds, now, gpu_nodes, quarantined, published=published, heard=heard,
+                            controller_alive=self.wall() < alive_until,
+                            controller_gone=0 < alive_until <= self.wall())
 
     def units(self) -> dict[str, frozenset[str]]:
         """The published units standing now (agent.fleet.unit), for the disruption budget's count; {} when
@@ -77,13 +85,18 @@ class FleetGate:
         try:
             obj = self.raw.get(self.path)
         except NotFound:
-            self._holds = (now, "", ())
+            self._holds, self._heard = (now, "", ()), ({}, 0.0)
             return ()
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         if cached is not None and cached[1] == version and version:
             holds = cached[2]
         else:
             holds = tuple(decode(obj.get("data"), observed_at=now, wall=self.wall(), source=self.source))
+            try:
+                self._heard = decode_heard(obj.get("data"), source=self.source)
+            except InputError as exc:  # the holds stand; without the word the node waits the base settle only
+                self._log.warning("fleet_heard_unreadable", error=exc.line())
+                self._heard = ({}, 0.0)
         self._holds = (now, version, holds)
         return holds
 

@@ -41,10 +41,10 @@ def agents(fake: Any, count: int = FLEET, **options: Any) -> list[Agent]:
             for i in range(count)]
 
 
-def fleet_controller(fake: Any) -> FleetController:
+def fleet_controller(fake: Any, settings: FleetSettings = SETTINGS, wall: float = 1.7e9) -> FleetController:
     _, server = fake
     raw = RawApi(operator_client(server))
-    return FleetController(raw, SETTINGS, identity="fleet-a", clock=Clock(), wall=Clock(1.7e9),
+    return FleetController(raw, settings, identity="fleet-a", clock=Clock(), wall=Clock(wall),
                            events=EventRecorder(raw, instance="fleet-a", namespace=NS))
 
 
@@ -121,6 +121,76 @@ def test_after_the_settle_a_fault_no_cause_explains_is_acted_on(fake):
     assert tainted(fake, fleet) == []
     clock.now += 10.0
     fleet[0].settle(211.0)  # a pass is due when the settle ends, not only at the next node sync
+    assert tainted(fake, fleet) == ["n0"]
+
+
+#: A controller that promises its next write within 15 s (3 ticks of 5 s), on the agents' wall clock.
+QUICK = FleetSettings(namespace=NS, policy=CorrelationPolicy(min_nodes=3), hold_seconds=600.0,
+                      max_hold_seconds=3600.0, tick_seconds=5.0, settle_seconds=0.0)
+
+
+@pytest.mark.parametrize("fault", [gsp_timeouts, links_down], ids=["xid-119-120-one-driver", "all-nvlinks-down"])
+def test_past_the_settle_a_node_the_controller_has_not_heard_of_waits_for_its_word(fake, fault):
+    """The controller is slow to see the summaries (a loaded API server): past the 10-s settle each node keeps
+    waiting while the controller has not heard of its fault, and the hold that comes then covers it."""
+    clock = Clock(1.7e9)
+    fleet = agents(fake, fleet=True, fleet_clock=clock, settle_seconds=10.0, settle_max_seconds=60.0)
+    controller = fleet_controller(fake, QUICK, wall=1.7e9)
+    correlate(fake, controller)  # the first pass: the object exists, nothing heard
+    for agent in fleet:
+        fault(agent)
+        agent.settle(200.0)
+    clock.now += 12.0  # the settle is over, the controller's promise (15 s) stands, it has heard of no node
+    for agent in fleet:
+        agent.settle(400.0)
+    assert tainted(fake, fleet) == []
+    controller.clock.now += 12.0  # type: ignore[attr-defined]
+    correlate(fake, controller)  # it hears of every node at once and holds the cause
+    clock.now += 6.0
+    for agent in fleet:
+        agent.settle(600.0)
+    assert tainted(fake, fleet) == []
+
+
+def lone_fault(fake: Any, clock: Clock) -> tuple[list[Agent], FleetController]:
+    """Agents that wait up to 60 s for the word, a QUICK controller's first pass (its wall clock at 1.7e9),
+    then GSP timeouts on n0 and its pass."""
+    fleet = agents(fake, fleet=True, fleet_clock=clock, settle_seconds=10.0, settle_max_seconds=60.0)
+    controller = fleet_controller(fake, QUICK, wall=1.7e9)
+    correlate(fake, controller)
+    gsp_timeouts(fleet[0])
+    fleet[0].settle(200.0)
+    return fleet, controller
+
+
+@pytest.mark.fake_only  # on the shared real control plane, earlier tests' GSP timeouts are a cause with it
+def test_a_node_the_controller_heard_of_acts_when_no_cause_explains_its_fault(fake):
+    """One node alone, heard of by the controller in a pass that found no cause: it acts when its settle
+    ends, without waiting out the longer bound."""
+    clock = Clock(1.7e9)
+    fleet, controller = lone_fault(fake, clock)
+    correlate(fake, controller)
+    clock.now += 10.0
+    fleet[0].settle(211.0)
+    assert tainted(fake, fleet) == ["n0"]
+
+
+@pytest.mark.fake_only  # on the shared real control plane, earlier tests' GSP timeouts are a cause with it
+def test_a_node_waits_for_no_word_from_a_controller_that_stopped_writing(fake):
+    """The controller's promise to write again lapsed (it is gone): past the settle the node acts on its own
+    evidence instead of waiting out the longer bound."""
+    clock = Clock(1.7e9)
+    fleet, _ = lone_fault(fake, clock)
+    clock.now += 16.0  # past the settle and the controller's 15-s promise, well within 60 s
+    fleet[0].settle(217.0)
+    assert tainted(fake, fleet) == ["n0"]
+
+
+@pytest.mark.fake_only  # on the shared real control plane, earlier tests' GSP timeouts are a cause with it
+def test_a_holds_object_a_gone_controller_left_behind_delays_no_node(fake):
+    """The controller was uninstalled (its promise lapsed, the object stays): a new fault is acted on at its
+    first pass, with no settle to wait for a word nobody will give."""
+    fleet, _ = lone_fault(fake, Clock(1.7e9 + 20.0))  # its last write, 20 s ago by the agents' clock
     assert tainted(fake, fleet) == ["n0"]
 
 

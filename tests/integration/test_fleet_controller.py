@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent.fleet import CorrelationPolicy, Dimension, FaultSummary, Hold, NodeSummary
-from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode
+from agent.fleet.published import ALIVE_KEY, HEARD_KEY, HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode, decode_heard
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.store import HoldsStore
@@ -78,6 +78,11 @@ def controller(server: FakeApiServer, clock: Clock, identity: str = "fleet-a", *
 def published(server: FakeApiServer, clock: Clock) -> list[Hold]:
     store = HoldsStore(RawApi(client_for(server.url)), NS, writer="test", clock=clock, wall=lambda: 0.0)
     return store.read()[0]  # a wall clock behind every writer's: placed as just written
+
+
+def holds_data(server: FakeApiServer) -> dict[str, str]:
+    raw = RawApi(client_for(server.url))
+    return dict(raw.get(f"/api/v1/namespaces/{NS}/configmaps/{HOLDS_CONFIGMAP}").get("data") or {})
 
 
 def fleet_events(server: FakeApiServer) -> list[dict[str, Any]]:
@@ -211,6 +216,60 @@ def test_a_pass_that_changes_nothing_writes_nothing(server):
     writes = made.store.writes
     made.reconcile()
     assert made.store.writes == writes
+
+
+def test_a_pass_publishes_the_holdable_faults_it_heard_of(server):
+    """Two nodes with Xid 13 (no cause yet) and one with a DBE: the word names the two, never the hardware
+    fault (no node waits for the controller's word on one)."""
+    add_nodes(server.cluster, 2, XID13)
+    server.cluster.add("nodes", {"metadata": {"name": "gpu-9", "annotations": {
+        SUMMARY_ANNOTATION: summary("gpu-9", ("xid-48", FaultClass.HARDWARE))}}})
+    controller(server, Clock(), wall=Clock(1.7e9)).reconcile()
+    heard, alive_until = decode_heard(holds_data(server))
+    assert heard == {"xid-13": frozenset({"gpu-0", "gpu-1"})}
+    assert alive_until == 1.7e9 + 3 * SETTINGS.tick_seconds
+
+
+def test_a_new_sighting_alone_is_published_at_the_next_pass(server):
+    """The holds are unchanged (still no cause), but a third node's fault is news a settling node waits for."""
+    add_nodes(server.cluster, 1, XID13)
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    server.cluster.add("nodes", {"metadata": {"name": "gpu-7", "annotations": {
+        SUMMARY_ANNOTATION: summary("gpu-7", ("xid-31", FaultClass.APPLICATION))}}})
+    made.on_sync(server.cluster.list_objects(NODES, None))
+    made.reconcile()
+    assert decode_heard(holds_data(server))[0] == {"xid-13": frozenset({"gpu-0"}), "xid-31": frozenset({"gpu-7"})}
+
+
+def test_an_idle_controller_writes_again_before_its_promise_lapses(server):
+    """Nothing changes, yet a tick later the pass renews its promise (every third of it), so agents can tell
+    a live controller from a gone one."""
+    add_nodes(server.cluster, 1, XID13)
+    clock, wall = Clock(), Clock(1.7e9)
+    made = controller(server, clock, wall=wall)
+    made.reconcile()
+    writes = made.store.writes
+    clock.now += SETTINGS.tick_seconds
+    wall.now += SETTINGS.tick_seconds
+    made.reconcile()
+    assert made.store.writes == writes + 1
+    assert float(holds_data(server)[ALIVE_KEY]) == wall.now + 3 * SETTINGS.tick_seconds
+
+
+def test_an_operators_write_carries_the_controllers_word_over(server):
+    """`fleet hold` between two passes keeps what the controller heard and its promise, unchanged."""
+    add_nodes(server.cluster, 2, XID13)
+    clock = Clock()
+    controller(server, clock).reconcile()
+    word = {k: v for k, v in holds_data(server).items() if k in (HEARD_KEY, ALIVE_KEY)}
+    store = HoldsStore(RawApi(client_for(server.url)), NS, writer="operator", clock=clock, wall=lambda: 1.7e9)
+    mine = Hold("operator/xid-31/x", "xid-31", FaultClass.APPLICATION, Dimension.OPERATOR, "gpu-9", "by hand",
+                frozenset({"gpu-9"}), clock.now, clock.now + 3000.0, by_operator=True)
+    store.update(lambda holds: [*holds, mine])
+    data = holds_data(server)
+    assert data["writer"] == "operator" and {k: data[k] for k in word} == word
 
 
 def test_metrics_show_the_standing_correlation_and_the_live_hold(server):

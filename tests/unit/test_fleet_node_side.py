@@ -29,7 +29,11 @@ class Source:
     error: str = ""
     reads: int = 0
     settle_seconds: float = 0.0
+    settle_max_seconds: float = 0.0
     published: bool = True
+    heard: dict[str, frozenset[str]] = field(default_factory=dict)
+    controller_alive: bool = True
+    controller_gone: bool = False
     now: float = 100.0
     fresh_after: list[float | None] = field(default_factory=list)
 
@@ -43,7 +47,8 @@ class Source:
         self.reads += 1
         self.fresh_after.append(fresh_after)
         return FleetReading(self.holds, self.now, self.gpu_nodes if count else None, self.quarantined, self.error,
-                            published=self.published)
+                            published=self.published, heard=self.heard, controller_alive=self.controller_alive,
+                            controller_gone=self.controller_gone)
 
 
 def hold(rule: str = "xid-119", nodes: tuple[str, ...] = ("n1",)) -> Hold:
@@ -205,6 +210,62 @@ def test_a_hold_read_after_the_settle_covers_the_fault():
     view = fleet_view(settling(now=106.0, holds=(hold(),)), node="n1", faults=[fault()], quarantined=False,
                       first_seen={("GPU-0", "xid-119"): 95.0})
     assert view.held[("GPU-0", "xid-119")].startswith("held by fleet hold")
+
+
+def waiting_for_word(**fields: object) -> Source:
+    return Source(**{"settle_seconds": SETTLE, "settle_max_seconds": 60.0, "now": 106.0, **fields})  # type: ignore[arg-type]
+
+
+def test_past_the_settle_a_fault_the_controller_has_not_heard_of_waits_for_its_word():
+    """The controller is alive but its last pass did not have this node's fault: held back, a pass due when
+    the holds are read again, and the message says why."""
+    view = fleet_view(waiting_for_word(), node="n1", faults=[fault()], quarantined=False,
+                      first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held[("GPU-0", "xid-119")].startswith("fleet settle: the fleet controller has not heard")
+    assert view.settle_until == 106.0 + 6.0
+
+
+def test_while_waiting_for_the_word_the_holds_are_read_again_every_six_seconds():
+    """Each pass past the settle asks for a read no older than six seconds, so the word is seen soon after
+    the controller writes it and the node reads at most ten times a minute."""
+    source = waiting_for_word(now=130.0)
+    fleet_view(source, node="n1", faults=[fault()], quarantined=False, first_seen={("GPU-0", "xid-119"): 95.0})
+    assert source.fresh_after == [124.0]
+
+
+def test_a_fault_the_controller_heard_of_acts_when_no_hold_covers_it():
+    """Heard, with no hold in the same write: the controller found no cause, so the node acts."""
+    view = fleet_view(waiting_for_word(heard={"xid-119": frozenset({"n1"})}), node="n1", faults=[fault()],
+                      quarantined=False, first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held == {} and view.settle_until is None
+
+
+def test_the_wait_for_the_word_ends_at_its_bound():
+    """Never heard of, 60 s after it was first seen: the node acts on its own evidence."""
+    view = fleet_view(waiting_for_word(now=155.0), node="n1", faults=[fault()], quarantined=False,
+                      first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held == {}
+
+
+def test_no_wait_for_the_word_of_a_controller_that_stopped_writing():
+    """Its promise to write again has lapsed: past the settle the node acts, heard or not."""
+    view = fleet_view(waiting_for_word(controller_alive=False), node="n1", faults=[fault()], quarantined=False,
+                      first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held == {}
+
+
+def test_no_settle_once_the_controller_is_gone():
+    """Its promise lapsed long ago (uninstalled, its holds object left behind): a new fault acts at once."""
+    view = fleet_view(settling(controller_alive=False, controller_gone=True), node="n1", faults=[fault()],
+                      quarantined=False, first_seen={("GPU-0", "xid-119"): 99.0})
+    assert view.held == {}
+
+
+def test_a_hold_ends_the_wait_for_the_word():
+    """Not heard of by name, but a hold covers it: held by the hold, no further settle pass."""
+    view = fleet_view(waiting_for_word(holds=(hold(),)), node="n1", faults=[fault()], quarantined=False,
+                      first_seen={("GPU-0", "xid-119"): 95.0})
+    assert view.held[("GPU-0", "xid-119")].startswith("held by fleet hold") and view.settle_until is None
 
 
 def test_no_settle_where_no_controller_publishes_holds():

@@ -6,7 +6,17 @@ import pytest
 
 from agent.errors import InputError
 from agent.fleet import Dimension, Hold
-from agent.fleet.published import HOLDS_KEY, WRITTEN_KEY, decode, encode, same_holds
+from agent.fleet.published import (
+    ALIVE_KEY,
+    HEARD_KEY,
+    HOLDS_KEY,
+    WRITTEN_KEY,
+    decode,
+    decode_heard,
+    encode,
+    encode_heard,
+    same_holds,
+)
 from agent.model import FaultClass
 
 
@@ -55,3 +65,23 @@ def test_same_holds_ignores_placement_jitter_but_not_a_change():
     assert not same_holds([hold()], [hold(expires=1100.0)])
     assert not same_holds([hold()], [hold(nodes=frozenset({"a"}))])
     assert not same_holds([hold()], [])
+
+
+def test_the_controllers_word_reads_back_as_written():
+    """What it heard, per rule, and its promise of the next write come back as they went out."""
+    word = encode_heard({"xid-13": {"b", "a"}, "xid-119": set()}, alive_until=1.7e9 + 30)
+    assert decode_heard(word) == ({"xid-13": frozenset({"a", "b"})}, pytest.approx(1.7e9 + 30))
+
+
+def test_no_word_from_an_older_controller_is_no_word():
+    """A holds object without the word (a controller before it, or an operator's first write): nothing heard,
+    no promise, so a node waits the settle only."""
+    assert decode_heard({HOLDS_KEY: "[]", WRITTEN_KEY: "1"}) == ({}, 0.0)
+
+
+@pytest.mark.parametrize("data", [{HEARD_KEY: "{", ALIVE_KEY: "1"}, {HEARD_KEY: "{}", ALIVE_KEY: "soon"},
+                                  {HEARD_KEY: '{"xid-13": "a"}', ALIVE_KEY: "1"}], ids=["json", "alive", "shape"])
+def test_a_malformed_word_is_one_input_error(data):
+    """One line naming the object, never a traceback."""
+    with pytest.raises(InputError, match="configmap x"):
+        decode_heard(data, source="configmap x")
