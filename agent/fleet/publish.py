@@ -33,8 +33,8 @@ class Summariser:
         self.facts = facts
         self._quarantined_since = 0.0
 
-    def __call__(self, document: Mapping[str, object]) -> str:
-        return self.summary(document).to_json()
+    def __call__(self, document: Mapping[str, object]) -> NodeSummary:
+        return self.summary(document)
 
     def summary(self, document: Mapping[str, object]) -> NodeSummary:
         pods = [p for p in self.pods() if p.gpu_uuids and not p.daemonset]

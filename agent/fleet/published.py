@@ -13,13 +13,19 @@ The controller also publishes what it has heard: for each holdable rule, the nod
 the pass that wrote this version correlated (HEARD_KEY), and until when, by its wall clock, it promises to
 write again (ALIVE_KEY). A node past its settle that its controller has not heard of yet keeps waiting for
 that word, bounded (agent.fleet.node_side); an operator's write carries both over unchanged.
+
+For the quarantine brake, a quarantined agent labels its own Node QUARANTINE_LABEL (its wall clock's second
+of the first quarantine), so counting the fleet's quarantines is a list of the few labelled nodes, not of
+every GPU node's summary. The controller adds the census (CENSUS_KEY): how many nodes its agents' GPU node
+selector matches, and the nodes whose summary says quarantined but that carry no label (agents of an older
+version, during a rolling upgrade), so a node asking the brake reads no list of every GPU node.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from agent.errors import InputError
 from agent.fleet import Hold, holds_from_json, holds_to_json
@@ -36,6 +42,11 @@ WRITER_KEY = "writer"
 #: the next write (a reader past it counts the controller gone and waits for no word).
 HEARD_KEY = "heard.json"
 ALIVE_KEY = "controller-alive-until"
+#: The census: {"selector": the GPU node selector, "gpu_nodes": how many nodes match it, "unlabelled":
+#: {node: quarantined since, its wall clock} for quarantined summaries without QUARANTINE_LABEL}.
+CENSUS_KEY = "census.json"
+#: On a quarantined node (node or device taint): the second, on the node's wall clock, it was first seen so.
+QUARANTINE_LABEL = "gpu-health-agent.io/quarantined-since"
 
 
 def encode(holds: Iterable[Hold], *, now: float, wall: float, writer: str) -> dict[str, str]:
@@ -101,3 +112,50 @@ def decode_heard(data: Mapping[str, str] | None, *, source: str = "") -> tuple[d
             isinstance(nodes, list) and all(isinstance(n, str) for n in nodes) for nodes in parsed.values()):
         raise InputError(f"{HEARD_KEY} is not a map of rule to node names", file=source)
     return {str(rule): frozenset(nodes) for rule, nodes in parsed.items()}, alive_until
+
+
+def quarantine_label(since: float) -> str | None:
+    """QUARANTINE_LABEL's value for a node quarantined since `since` (its wall clock); None: not quarantined."""
+    return str(max(1, int(since))) if since > 0 else None
+
+
+def quarantined_since(value: object) -> float:
+    """The wall-clock second a QUARANTINE_LABEL value says; 0.0 for one that is not a positive number."""
+    text = str(value or "")
+    return float(text) if text.isdigit() and int(text) > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """What the controller counted for the brake (CENSUS_KEY)."""
+
+    selector: str
+    gpu_nodes: int
+    unlabelled: Mapping[str, float]
+
+
+def encode_census(selector: str, gpu_nodes: int, unlabelled: Mapping[str, float]) -> dict[str, str]:
+    """The census's data key (sorted, so an unchanged count is the same text)."""
+    document = {"selector": selector, "gpu_nodes": gpu_nodes,
+                "unlabelled": {node: round(since, 3) for node, since in sorted(unlabelled.items())}}
+    return {CENSUS_KEY: json.dumps(document, separators=(",", ":"))}
+
+
+def decode_census(data: Mapping[str, str] | None, *, source: str = "") -> Census | None:
+    """The census, or None where the controller wrote none (an older controller, an operator's first
+    write); a malformed one is an InputError naming `source`."""
+    if not data or not data.get(CENSUS_KEY):
+        return None
+    try:
+        parsed = json.loads(data[CENSUS_KEY])
+    except ValueError as exc:
+        raise InputError(f"{CENSUS_KEY} is unreadable: {exc}", file=source) from None
+    if not isinstance(parsed, dict):
+        raise InputError(f"{CENSUS_KEY} is not an object", file=source)
+    selector, count, unlabelled = parsed.get("selector"), parsed.get("gpu_nodes"), parsed.get("unlabelled")
+    if not isinstance(selector, str) or not isinstance(count, int) or isinstance(count, bool) or count < 0 \
+            or not isinstance(unlabelled, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in unlabelled.values()):
+        raise InputError(f"{CENSUS_KEY} needs a selector, a count of GPU nodes and a map of node to time",
+                         file=source)
+    return Census(selector, count, {str(node): float(since) for node, since in unlabelled.items()})

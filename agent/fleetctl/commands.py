@@ -20,7 +20,7 @@ from agent.errors import AgentError, InputError, InputErrors
 from agent.fleet import CorrelationPolicy, Dimension, Hold, holdable
 from agent.fleet.published import HOLDS_CONFIGMAP, HOLDS_KEY, LEASE_NAME, encode
 from agent.fleetctl.settings import FleetSettings
-from agent.fleetctl.view import RACK_LABEL, ZONE_LABEL, Labels
+from agent.fleetctl.view import GPU_NODE_SELECTOR, RACK_LABEL, ZONE_LABEL, Labels
 from agent.logs import configure_logging
 from agent.shutdown import stop_event
 
@@ -95,6 +95,8 @@ def fleet() -> None:
 @click.option("--identity", help="This candidate's Lease holder identity (default: $POD_NAME, else the host).")
 @click.option("--rack-label", default=RACK_LABEL, show_default=True, help="The node label naming its rack.")
 @click.option("--zone-label", default=ZONE_LABEL, show_default=True, help="The node label naming its zone.")
+@click.option("--gpu-node-selector", default=GPU_NODE_SELECTOR, show_default=True,
+              help="The agents' remediation.gpu_node_selector: the GPU nodes the quarantine brake's census counts.")
 @click.option("--min-nodes", type=click.IntRange(min=2), default=_POLICY.min_nodes, show_default=True,
               help="Nodes sharing a key that make a correlation.")
 @click.option("--min-share", type=click.FloatRange(0, 1, min_open=True), default=_POLICY.min_share,
@@ -114,8 +116,8 @@ def fleet() -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @_guarded
 def run_command(namespace: str | None, kubeconfig: str | None, identity: str | None, rack_label: str,
-                zone_label: str, min_nodes: int, min_share: float, min_group: int, window: float,
-                hold_seconds: float, max_hold: float, tick: float, port: int, duration: float | None,
+                zone_label: str, gpu_node_selector: str, min_nodes: int, min_share: float, min_group: int,
+                window: float, hold_seconds: float, max_hold: float, tick: float, port: int, duration: float | None,
                 log_level: str) -> None:
     """Run the fleet controller (a Deployment): leader-elected, it watches the nodes' summaries and
     publishes holds for the faults it correlates."""
@@ -134,7 +136,7 @@ def run_command(namespace: str | None, kubeconfig: str | None, identity: str | N
     me = identity or os.environ.get("POD_NAME") or socket.gethostname()
     api = _client(kubeconfig)
     raw = RawApi(api)
-    settings = FleetSettings(namespace=ns, labels=Labels(rack=rack_label, zone=zone_label),
+    settings = FleetSettings(namespace=ns, labels=Labels(rack=rack_label, zone=zone_label, gpu_nodes=gpu_node_selector),
                              policy=CorrelationPolicy(min_nodes=min_nodes, min_share=min_share, min_group=min_group,
                                                       window_seconds=window),
                              hold_seconds=hold_seconds, max_hold_seconds=max_hold, tick_seconds=tick)

@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
-from agent.fleet.published import HOLDS_CONFIGMAP
+from agent.fleet.published import HOLDS_CONFIGMAP, encode_census
 from agent.fleet.unit import unit_ids
 from agent.fleetctl.metrics import FleetMetrics
 from agent.fleetctl.settings import FleetSettings
@@ -84,6 +84,7 @@ class FleetController:
             self.metrics.nodes.labels("invalid").set(len(self.view.invalid))
             self.metrics.nodes.labels("none").set(len(self.view.nodes - set(self.view.summaries)
                                                       - set(self.view.invalid)))
+            census = encode_census(s.labels.gpu_nodes, len(self.view.gpu_nodes), self.view.unlabelled)
             heard: dict[str, set[str]] = {}
             for sighting in sightings:  # the word a settling node waits for: this pass correlated its fault
                 if holdable(sighting.fault_class):
@@ -96,7 +97,7 @@ class FleetController:
         before, after = self.store.update(lambda held: list(next_holds(
             {h.id: h for h in held}, correlations, now=now, hold_seconds=s.hold_seconds,
             max_hold_seconds=s.max_hold_seconds, units=units).values()), read=read, heard=heard,
-            alive_seconds=3 * s.tick_seconds)
+            alive_seconds=3 * s.tick_seconds, census=census)
         for gone in {h.id for h in before} - {h.id for h in after}:
             log.info("fleet_hold_ended", hold=gone)
         self._standing = {c.id for c in correlations}

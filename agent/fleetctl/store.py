@@ -8,8 +8,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from agent.errors import InputError
 from agent.fleet import Hold
-from agent.fleet.published import ALIVE_KEY, HEARD_KEY, HOLDS_CONFIGMAP, decode, encode, encode_heard, same_holds
+from agent.fleet.published import (
+    ALIVE_KEY,
+    CENSUS_KEY,
+    HEARD_KEY,
+    HOLDS_CONFIGMAP,
+    decode,
+    decode_census,
+    encode,
+    encode_heard,
+    same_holds,
+)
 from agent.k8s.errors import NotFound
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
@@ -27,7 +38,7 @@ class HoldsStore:
         self.wall = wall
         self.path = api_path("", "v1", "configmaps", namespace=namespace, name=HOLDS_CONFIGMAP)
         self._placed: tuple[str, list[Hold]] | None = None
-        #: The controller's word in the object last read (HEARD_KEY, ALIVE_KEY), as text.
+        #: The controller's word in the object last read (HEARD_KEY, ALIVE_KEY, CENSUS_KEY), as text.
         self._word: dict[str, str] = {}
         #: When this process last wrote (its monotonic clock); None before its first write.
         self.written_at: float | None = None
@@ -46,12 +57,25 @@ class HoldsStore:
             return [], ""
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         data = obj.get("data") or {}
-        self._word = {key: str(data[key]) for key in (HEARD_KEY, ALIVE_KEY) if key in data}
+        self._word = {key: str(data[key]) for key in (HEARD_KEY, ALIVE_KEY, CENSUS_KEY) if key in data}
         if self._placed is not None and self._placed[0] == version:
             return list(self._placed[1]), version
         holds = decode(obj.get("data"), observed_at=self.clock(), wall=self.wall(), source=self.source)
         self._placed = (version, holds)
         return list(holds), version
+
+    def _census_moved(self, census: dict[str, str] | None) -> bool:
+        """Whether `census` says other than the object last read in its selector or unlabelled quarantines."""
+        if not census:
+            return False
+        new = decode_census(census, source="census")
+        try:
+            old = decode_census(self._word, source=self.source)
+        except InputError:
+            return True  # someone broke it: this write mends it
+        if new is None or old is None:
+            return True
+        return (new.selector, dict(new.unlabelled)) != (old.selector, dict(old.unlabelled))
 
     def heard_text(self) -> str:
         """What the object last read says the controller heard (its text; "" for none)."""
@@ -83,11 +107,14 @@ class HoldsStore:
 
     def update(self, change: Callable[[list[Hold]], list[Hold]], *,
                read: tuple[list[Hold], str] | None = None, heard: dict[str, set[str]] | None = None,
-               alive_seconds: float = 0.0) -> tuple[list[Hold], list[Hold]]:
+               alive_seconds: float = 0.0, census: dict[str, str] | None = None) -> tuple[list[Hold], list[Hold]]:
         """(before, after): read (or start from `read`, what the caller just read), apply `change`, write only
         when it changed something; a 409 reads again and re-applies the change (so an operator's edit in
         between is kept). The controller passes what it `heard`: a change in it is a change too, and so is
-        its promise to write again within `alive_seconds` coming due (a write at least every third of it)."""
+        its promise to write again within `alive_seconds` coming due (a write at least every third of it). The
+        brake's `census` (agent.fleet.published.encode_census) goes with the word; it forces a write when its
+        selector or its unlabelled quarantines moved (what the brake must see at once), not for the count of
+        GPU nodes alone (it may be a tick old)."""
         first = [read]
 
         def attempt() -> tuple[list[Hold], list[Hold]]:
@@ -98,9 +125,9 @@ class HoldsStore:
             # controller publishes here, so a node waits the settle for its word (agent.fleet.node_side).
             word = None
             if heard is not None:
-                word = encode_heard(heard, alive_until=self.wall() + alive_seconds)
+                word = encode_heard(heard, alive_until=self.wall() + alive_seconds) | (census or {})
             changed = not version or not same_holds(before, after) or (word is not None and (
-                word[HEARD_KEY] != self.heard_text() or self.written_at is None
+                word[HEARD_KEY] != self.heard_text() or self.written_at is None or self._census_moved(census)
                 or self.clock() - self.written_at >= alive_seconds / 3))
             if changed:
                 with_retries(lambda: self.write(after, version, word=word))

@@ -1,5 +1,6 @@
 """The controller's view of the fleet: each node's summary (topology from its labels), when this controller
-first saw each (node, rule) and where each node's boot lies, all on the controller's own monotonic clock."""
+first saw each (node, rule) and where each node's boot lies, all on the controller's own monotonic clock;
+and for the brake's census, which nodes are GPU nodes and which quarantined ones carry no label."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from typing import Any
 
 from agent.errors import InputError
 from agent.fleet import NodeSummary, Sighting
-from agent.fleet.published import SUMMARY_ANNOTATION
+from agent.fleet.node_selector import labels_match_selector
+from agent.fleet.published import QUARANTINE_LABEL, SUMMARY_ANNOTATION
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "topology.kubernetes.io/rack"
+GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +24,8 @@ class Labels:
 
     rack: str = RACK_LABEL
     zone: str = ZONE_LABEL
+    #: The agents' GPU node selector (remediation.gpu_node_selector): the nodes the brake's share counts.
+    gpu_nodes: str = GPU_NODE_SELECTOR
 
 
 class FleetView:
@@ -35,6 +40,10 @@ class FleetView:
         self.nodes: set[str] = set()
         self.first_seen: dict[tuple[str, str], float] = {}
         self.boots: dict[str, tuple[str, float]] = {}
+        #: The nodes the GPU node selector matches (the census's count).
+        self.gpu_nodes: set[str] = set()
+        #: Quarantined nodes (by their summary) without the quarantine label: an older agent's (the census).
+        self.unlabelled: dict[str, float] = {}
 
     def resync(self, objects: Iterable[Mapping[str, Any]], now: float) -> bool:
         """A fresh list: nodes gone from it are forgotten, the others observed."""
@@ -54,6 +63,12 @@ class FleetView:
             return False
         self.nodes.add(name)
         metadata = obj.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        if labels_match_selector(labels, self.labels.gpu_nodes):
+            self.gpu_nodes.add(name)
+        else:
+            self.gpu_nodes.discard(name)
+        self.unlabelled.pop(name, None)
         text = (metadata.get("annotations") or {}).get(SUMMARY_ANNOTATION)
         if not text:
             self.invalid.pop(name, None)
@@ -64,7 +79,8 @@ class FleetView:
             self.invalid[name] = exc.line()
             return self._drop_summary(name)
         self.invalid.pop(name, None)
-        labels = metadata.get("labels") or {}
+        if summary.quarantined_since > 0 and QUARANTINE_LABEL not in labels:
+            self.unlabelled[name] = summary.quarantined_since
         summary = replace(summary, node=name, rack=str(labels.get(self.labels.rack) or summary.rack),
                           zone=str(labels.get(self.labels.zone) or summary.zone))
         if self.summaries.get(name) == summary:
@@ -83,6 +99,8 @@ class FleetView:
     def forget(self, name: str) -> bool:
         """The Node was deleted."""
         self.nodes.discard(name)
+        self.gpu_nodes.discard(name)
+        self.unlabelled.pop(name, None)
         self.invalid.pop(name, None)
         self.boots.pop(name, None)
         return self._drop_summary(name)

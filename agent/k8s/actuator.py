@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.diagnostics import DiagnosticOutcome, DiagnosticRunner
-from agent.fleet.published import SUMMARY_ANNOTATION
+from agent.fleet import NodeSummary
+from agent.fleet.published import QUARANTINE_LABEL, SUMMARY_ANNOTATION, quarantine_label
 from agent.k8s.bodies import ObjectReference
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
@@ -65,7 +66,7 @@ class K8sActuator:
     #: setting); None where no cluster is behind the actuator (tests, simulate without DRA).
     devices: DeviceIsolator | None = None
     #: The fleet summary of a mirrored record (agent.fleet.publish.Summariser); None: none is published.
-    summarise: Callable[[Mapping[str, object]], str] | None = None
+    summarise: Callable[[Mapping[str, object]], NodeSummary] | None = None
 
     def observe(self, devices: bool = True) -> NodeObservation:
         """The Node (the agent's marks, the mirrored record, a release request, the opt-out) from the live
@@ -78,12 +79,15 @@ class K8sActuator:
         return dataclasses.replace(observed, devices=isolation, device_taints=rules)
 
     def mirror(self, document: Mapping[str, object]) -> None:
-        """The record, and with a summariser the fleet summary, in one write (the same refusal guards both)."""
+        """The record, and with a summariser the fleet summary and the brake's quarantine label, in one write
+        (the same refusal guards all three)."""
         if self.summarise is None:
             self.writer.save_record(document)
             return
         text = json.dumps(document, sort_keys=True, separators=(",", ":"))
-        self.writer.set_metadata(annotations={STATE_ANNOTATION: text, SUMMARY_ANNOTATION: self.summarise(document)})
+        summary = self.summarise(document)
+        self.writer.set_metadata(labels={QUARANTINE_LABEL: quarantine_label(summary.quarantined_since)},
+                                 annotations={STATE_ANNOTATION: text, SUMMARY_ANNOTATION: summary.to_json()})
 
     def consume_release(self, value: str) -> None:
         """Remove the release request, unless the operator wrote a new one meanwhile."""

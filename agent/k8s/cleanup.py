@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agent.fleet.published import SUMMARY_ANNOTATION
+from agent.fleet.published import QUARANTINE_LABEL, SUMMARY_ANNOTATION
 from agent.k8s.bodies import ConditionDirective, Node, NodePatch, as_node, as_node_list, as_pod_list
 from agent.k8s.budget import PAUSE_LEASE
 from agent.k8s.budget_slots import BUDGET_LEASE, SLOT_LABEL
@@ -31,7 +31,7 @@ from agent.k8s.node import (
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import on_conflict
 
-AGENT_LABELS = (REPLACEMENT_LABEL, DISRUPTION_LABEL)
+AGENT_LABELS = (REPLACEMENT_LABEL, DISRUPTION_LABEL, QUARANTINE_LABEL)
 AGENT_ANNOTATIONS = (STATE_ANNOTATION, CORDONED_ANNOTATION, REBOOT_ANNOTATION, REPLACE_ANNOTATION,
                      RELEASE_ANNOTATION, CONFIRM_ANNOTATION, SUMMARY_ANNOTATION)
 # DeviceTaintRules the agent creates carry this label; the API versions are tried newest first.

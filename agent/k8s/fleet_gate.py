@@ -1,6 +1,7 @@
 """The agent's reader of the fleet view: the holds ConfigMap by name (with the controller's word on what it
-heard), and for the quarantine brake the GPU nodes' published summaries from one metadata-only list; both
-cached, so a blocked node stays cheap."""
+heard and its census for the brake), and for the quarantine brake the quarantined nodes: with a live
+controller's census, one metadata-only list of the nodes that carry the quarantine label; without one, of
+every GPU node's summary. Both cached, so a blocked node stays cheap."""
 
 from __future__ import annotations
 
@@ -10,18 +11,28 @@ from collections.abc import Callable
 from agent.errors import InputError
 from agent.fleet import BrakePolicy, Hold, NodeSummary
 from agent.fleet.node_side import FleetReading
-from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode, decode_heard
+from agent.fleet.published import (
+    HOLDS_CONFIGMAP,
+    QUARANTINE_LABEL,
+    SUMMARY_ANNOTATION,
+    Census,
+    decode,
+    decode_census,
+    decode_heard,
+    quarantined_since,
+)
 from agent.fleet.unit import live_units
 from agent.k8s.errors import K8sError, NotFound
-from agent.k8s.raw import RawApi, api_path
+from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.logs import get_logger
 
 
 class FleetGate:
     """One GET of `gpu-health-fleet-holds` at most every `cache_seconds` (a version seen before keeps its
-    placement, so re-reading never moves an expiry); one metadata-only list of the GPU nodes at most every
-    `count_seconds`, only when a new quarantine asks the brake."""
+    placement, so re-reading never moves an expiry); one metadata-only list at most every `count_seconds`,
+    only when a new quarantine asks the brake: of the labelled (quarantined) GPU nodes where a live
+    controller's census for this selector gives the count, else of every GPU node."""
 
     def __init__(self, raw: RawApi, *, namespace: str, gpu_node_selector: str, brake: BrakePolicy | None,
                  holds: bool = True, cache_seconds: float = 10.0, count_seconds: float = 10.0,
@@ -44,9 +55,13 @@ class FleetGate:
         self._holds: tuple[float, str, tuple[Hold, ...]] | None = None
         #: The controller's word in the version read: {rule: nodes heard}, alive-until by its wall clock.
         self._heard: tuple[dict[str, frozenset[str]], float] = ({}, 0.0)
+        #: The controller's census in the version read (None: none, or unreadable).
+        self._census: Census | None = None
         self._count: tuple[float, int, dict[str, float]] | None = None
         self.reads = 0
+        #: Lists of every GPU node's summary, and of the labelled nodes only.
         self.lists = 0
+        self.label_lists = 0
         self._log = get_logger("agent.fleet_gate")
 
     def read(self, *, count: bool, fresh_after: float | None = None) -> FleetReading:
@@ -85,7 +100,7 @@ class FleetGate:
         try:
             obj = self.raw.get(self.path)
         except NotFound:
-            self._holds, self._heard = (now, "", ()), ({}, 0.0)
+            self._holds, self._heard, self._census = (now, "", ()), ({}, 0.0), None
             return ()
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         if cached is not None and cached[1] == version and version:
@@ -97,6 +112,11 @@ class FleetGate:
             except InputError as exc:  # the holds stand; without the word the node waits the base settle only
                 self._log.warning("fleet_heard_unreadable", error=exc.line())
                 self._heard = ({}, 0.0)
+            try:
+                self._census = decode_census(obj.get("data"), source=self.source)
+            except InputError as exc:  # the brake then lists every GPU node, as without a controller
+                self._log.warning("fleet_census_unreadable", error=exc.line())
+                self._census = None
         self._holds = (now, version, holds)
         return holds
 
@@ -106,23 +126,50 @@ class FleetGate:
         cached = self._count
         if cached is not None and now - cached[0] < self.count_seconds:
             return cached[1], cached[2]
-        self.lists += 1
-        listing = ListWatch(self.raw.api_client, api_path("", "v1", "nodes"),
-                            WatchOptions(label_selector=self.selector, metadata_only=True))
-        items, _ = listing.list_all()
+        census = self._live_census()
         wall = self.wall()
         quarantined: dict[str, float] = {}
-        for item in items:
-            metadata = item.get("metadata") or {}
-            text = (metadata.get("annotations") or {}).get(SUMMARY_ANNOTATION)
-            if not text:
-                continue
-            try:
-                summary = NodeSummary.from_json(str(text), source=f"node {metadata.get('name')}")
-            except InputError:
-                continue  # the controller counts an unreadable summary; here it quarantines nothing
-            if summary.quarantined_since > 0:
-                age = max(0.0, wall - summary.quarantined_since)
-                quarantined[summary.node or str(metadata.get("name"))] = now - age
-        self._count = (now, len(items), quarantined)
-        return len(items), quarantined
+        if census is not None:
+            self.label_lists += 1
+            selector = ",".join(t for t in (self.selector, QUARANTINE_LABEL) if t)
+            items = self._list(selector)
+            for item in items:
+                metadata = item.get("metadata") or {}
+                since = quarantined_since((metadata.get("labels") or {}).get(QUARANTINE_LABEL))
+                if since > 0:
+                    quarantined[str(metadata.get("name"))] = now - max(0.0, wall - since)
+            for node, since in census.unlabelled.items():  # an older agent's, by its summary
+                quarantined.setdefault(node, now - max(0.0, wall - since))
+            gpu_nodes = census.gpu_nodes
+        else:
+            self.lists += 1
+            items = self._list(self.selector)
+            for item in items:
+                metadata = item.get("metadata") or {}
+                text = (metadata.get("annotations") or {}).get(SUMMARY_ANNOTATION)
+                if not text:
+                    continue
+                try:
+                    summary = NodeSummary.from_json(str(text), source=f"node {metadata.get('name')}")
+                except InputError:
+                    continue  # the controller counts an unreadable summary; here it quarantines nothing
+                if summary.quarantined_since > 0:
+                    age = max(0.0, wall - summary.quarantined_since)
+                    quarantined[summary.node or str(metadata.get("name"))] = now - age
+            gpu_nodes = len(items)
+        self._count = (now, gpu_nodes, quarantined)
+        return gpu_nodes, quarantined
+
+    def _live_census(self) -> Census | None:
+        """The census to count by: the holds are read, its controller is alive by its promise, and it
+        counted this agent's GPU node selector."""
+        census = self._census if self.holds else None
+        if census is None or census.selector != self.selector or not self.wall() < self._heard[1]:
+            return None
+        return census
+
+    def _list(self, selector: str) -> list[JsonDocument]:
+        listing = ListWatch(self.raw.api_client, api_path("", "v1", "nodes"),
+                            WatchOptions(label_selector=selector, metadata_only=True))
+        items, _ = listing.list_all()
+        return items

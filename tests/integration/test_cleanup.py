@@ -102,14 +102,17 @@ def test_cleanup_removes_the_agents_marks_and_keeps_everyone_elses(cluster):
     assert "left lease/gpu-health/gpu-health-pause" in result.stderr
 
 
-def test_cleanup_removes_the_fleet_summary_and_a_brake_confirm(cluster):
-    """The fleet summary the agent publishes and an operator's confirm waiting for it are the agent's too."""
+def test_cleanup_removes_the_fleet_summary_a_brake_confirm_and_the_quarantine_label(cluster):
+    """The fleet summary and quarantine label the agent publishes, and an operator's confirm waiting for it,
+    are the agent's too."""
     fake, kubeconfig = cluster
     url = yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]["cluster"]["server"]
-    RawApi(client_for(url)).strategic_patch("/api/v1/nodes/n2", {"metadata": {"annotations": {
-        "gpu-health-agent.io/fleet-summary": "{}", "gpu-health-agent.io/brake-confirm": "2026-12-02T10:00:00Z"}}})
+    RawApi(client_for(url)).strategic_patch("/api/v1/nodes/n2", {"metadata": {
+        "labels": {"gpu-health-agent.io/quarantined-since": "1700000000"}, "annotations": {
+            "gpu-health-agent.io/fleet-summary": "{}", "gpu-health-agent.io/brake-confirm": "2026-12-02T10:00:00Z"}}})
     assert cleanup(kubeconfig, "--all-nodes").exit_code == 0
     assert not node(fake, "n2")["metadata"].get("annotations")
+    assert "gpu-health-agent.io/quarantined-since" not in node(fake, "n2")["metadata"].get("labels", {})
 
 
 def test_a_second_cleanup_finds_nothing(cluster):

@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from agent.fleet import BrakePolicy, CorrelationPolicy, NodeSummary
-from agent.fleet.published import SUMMARY_ANNOTATION
+from agent.fleet.published import CENSUS_KEY, HOLDS_CONFIGMAP, QUARANTINE_LABEL, SUMMARY_ANNOTATION
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
+from agent.k8s.cluster import request_release
 from agent.k8s.events import EventRecorder
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
+from agent.logs import capture_logs
 from agent.model import Observation, Signal
 from agent.remediation import Mode
 from tests.k8s_helpers import Agent, gpu_node, make_agent, operator_client
@@ -267,3 +269,77 @@ def test_the_brake_closes_by_itself_when_the_window_has_passed(fake):
     clock.now += BRAKE.window_seconds
     fleet[5].settle(400.0)
     assert "n5" in tainted(fake, fleet)
+
+
+def falls_off_the_bus(agent: Agent) -> None:
+    agent.fault(0, xid=79, at=1.0)
+
+
+@BRAKE_ON_THE_FAKE
+def test_with_a_live_controller_the_brake_counts_the_labelled_nodes_and_lists_no_summaries(fake):
+    """A hardware storm (never held) while the controller runs: the brake still lets 2 of 6 through, counted
+    from the quarantine labels and the controller's census, and no agent lists every GPU node's summary."""
+    fleet = agents(fake, fleet=True, brake=BRAKE)
+    controller = fleet_controller(fake)
+    correlate(fake, controller)  # it runs before the storm: its census is there for the first node
+    storm(fake, fleet, controller, falls_off_the_bus)
+    assert len(tainted(fake, fleet)) == 2
+    assert [a.side.fleet.lists for a in fleet] == [0] * FLEET
+    assert all(a.side.fleet.label_lists for a in fleet)
+
+
+def test_a_quarantined_node_carries_the_quarantine_label_with_its_summary(fake):
+    """The label says the second (the node's wall clock) the summary says it was first quarantined."""
+    [agent] = agents(fake, count=1, fleet=True, fleet_clock=Clock(1.7e9 + 5.0))
+    agent.fault(0, xid=79, at=1.0)
+    metadata = fake[0].node("n0")["metadata"]
+    summary = NodeSummary.from_json(metadata["annotations"][SUMMARY_ANNOTATION])
+    assert metadata["labels"][QUARANTINE_LABEL] == str(int(summary.quarantined_since)) == str(int(1.7e9 + 5.0))
+
+
+@BRAKE_ON_THE_FAKE
+def test_the_census_counts_the_gpu_nodes_and_an_older_agents_unlabelled_quarantine(fake):
+    """An older agent's node publishes its quarantine in its summary alone, and a CPU node is no GPU node: the
+    controller's census counts 3 GPU nodes and names the older node's quarantine, which the brake counts."""
+    _, server = fake
+    fleet = agents(fake, count=2, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
+    operator = RawApi(operator_client(server))
+    older = NodeSummary(node="old", driver_version="570.86.15", quarantined_since=1.7e9 - 60.0)
+    operator.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": "old", "labels": {"nvidia.com/gpu.present": "true"},
+        "annotations": {SUMMARY_ANNOTATION: older.to_json()}}})
+    operator.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu"}})
+    correlate(fake, fleet_controller(fake))
+    reading = fleet[0].side.fleet.read(count=True)
+    assert reading.gpu_nodes == 3
+    assert set(reading.quarantined_at) == {"old"}
+    assert fleet[0].side.fleet.lists == 0
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_census_someone_broke_is_one_line_and_the_brake_counts_for_itself(fake):
+    """The census is unreadable: one warning naming the object, and the brake lists the GPU nodes as it does
+    without a controller (the holds beside it still stand)."""
+    _, server = fake
+    fleet = agents(fake, count=1, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
+    correlate(fake, fleet_controller(fake))
+    RawApi(operator_client(server)).merge_patch(f"/api/v1/namespaces/{NS}/configmaps/{HOLDS_CONFIGMAP}",
+                                                {"data": {CENSUS_KEY: "{"}})
+    with capture_logs() as captured:
+        reading = fleet[0].side.fleet.read(count=True)
+    [warning] = [e for e in captured if e["event"] == "fleet_census_unreadable"]
+    assert f"configmap {NS}/{HOLDS_CONFIGMAP}" in str(warning["error"])
+    assert reading.gpu_nodes == 1 and fleet[0].side.fleet.lists == 1
+
+
+@pytest.mark.fake_only  # on the real control plane node n0 carries the session's earlier tests' record
+def test_a_released_node_takes_its_quarantine_label_off(fake):
+    """The operator releases the quarantine: the untainted node no longer counts as quarantined for the brake."""
+    _, server = fake
+    [agent] = agents(fake, count=1, fleet=True, fleet_clock=Clock(1.7e9))
+    agent.fault(0, xid=79, at=1.0)
+    assert QUARANTINE_LABEL in fake[0].node("n0")["metadata"]["labels"]
+    request_release(operator_client(server), "n0", "all")
+    agent.settle(100.0)
+    assert tainted(fake, [agent]) == []
+    assert QUARANTINE_LABEL not in fake[0].node("n0")["metadata"]["labels"]

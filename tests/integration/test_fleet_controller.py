@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 
 from agent.fleet import CorrelationPolicy, Dimension, FaultSummary, Hold, NodeSummary
-from agent.fleet.published import ALIVE_KEY, HEARD_KEY, HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode, decode_heard
+from agent.fleet.published import (
+    ALIVE_KEY,
+    HEARD_KEY,
+    HOLDS_CONFIGMAP,
+    QUARANTINE_LABEL,
+    SUMMARY_ANNOTATION,
+    decode,
+    decode_census,
+    decode_heard,
+)
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.store import HoldsStore
@@ -387,3 +396,56 @@ def test_a_broken_holds_object_is_reported_kept_and_not_overwritten(server):
         thread.join(timeout=10)
     obj = server.cluster.get(next(r for r in RESOURCES if r.plural == "configmaps"), NS, HOLDS_CONFIGMAP)
     assert obj["data"]["holds.json"] == "[{"
+
+
+GPU = {"nvidia.com/gpu.present": "true"}
+
+
+def quarantined(name: str, since: float = 1.7e9 - 30.0) -> str:
+    return NodeSummary(node=name, driver_version="570.86.15", quarantined_since=since).to_json()
+
+
+def test_a_pass_publishes_the_census_of_gpu_nodes_and_unlabelled_quarantines(server):
+    """Two GPU nodes (one quarantined by an older agent, no label; one by a current agent, labelled) and a
+    CPU node: the census counts 2 GPU nodes and names the older agent's quarantine alone."""
+    server.cluster.add("nodes", {"metadata": {"name": "old", "labels": GPU,
+                                              "annotations": {SUMMARY_ANNOTATION: quarantined("old")}}})
+    server.cluster.add("nodes", {"metadata": {"name": "new", "labels": {**GPU, QUARANTINE_LABEL: "1699999970"},
+                                              "annotations": {SUMMARY_ANNOTATION: quarantined("new")}}})
+    server.cluster.add("nodes", {"metadata": {"name": "cpu"}})
+    controller(server, Clock()).reconcile()
+    census = decode_census(holds_data(server))
+    assert census is not None
+    assert (census.selector, census.gpu_nodes, dict(census.unlabelled)) == (
+        "nvidia.com/gpu.present=true", 2, {"old": 1.7e9 - 30.0})
+
+
+def test_an_older_agents_new_quarantine_is_published_at_the_next_pass(server):
+    """The brake must see it at once: an unlabelled quarantine is a change that writes."""
+    server.cluster.add("nodes", {"metadata": {"name": "old", "labels": GPU,
+                                              "annotations": {SUMMARY_ANNOTATION: summary("old")}}})
+    made = controller(server, Clock())
+    made.reconcile()
+    server.cluster.patch(NODES, "", "old", "application/merge-patch+json",
+                         {"metadata": {"annotations": {SUMMARY_ANNOTATION: quarantined("old")}}})
+    made.on_sync(server.cluster.list_objects(NODES, None))
+    made.reconcile()
+    census = decode_census(holds_data(server))
+    assert census is not None and set(census.unlabelled) == {"old"}
+
+
+def test_a_gpu_node_joining_is_counted_at_the_next_promised_write_not_at_once(server):
+    """A count of GPU nodes may be a tick old: a node joining alone writes nothing until the promise is due."""
+    server.cluster.add("nodes", {"metadata": {"name": "a", "labels": GPU}})
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    writes = made.store.writes
+    server.cluster.add("nodes", {"metadata": {"name": "b", "labels": GPU}})
+    made.on_sync(server.cluster.list_objects(NODES, None))
+    made.reconcile()
+    assert made.store.writes == writes
+    clock.now += SETTINGS.tick_seconds
+    made.reconcile()
+    census = decode_census(holds_data(server))
+    assert census is not None and census.gpu_nodes == 2

@@ -8,13 +8,18 @@ from agent.errors import InputError
 from agent.fleet import Dimension, Hold
 from agent.fleet.published import (
     ALIVE_KEY,
+    CENSUS_KEY,
     HEARD_KEY,
     HOLDS_KEY,
     WRITTEN_KEY,
     decode,
+    decode_census,
     decode_heard,
     encode,
+    encode_census,
     encode_heard,
+    quarantine_label,
+    quarantined_since,
     same_holds,
 )
 from agent.model import FaultClass
@@ -85,3 +90,34 @@ def test_a_malformed_word_is_one_input_error(data):
     """One line naming the object, never a traceback."""
     with pytest.raises(InputError, match="configmap x"):
         decode_heard(data, source="configmap x")
+
+
+def test_the_census_reads_back_as_written():
+    """The selector, the count of GPU nodes and the unlabelled quarantines survive their published form."""
+    census = decode_census(encode_census("nvidia.com/gpu.present=true", 1000, {"b": 1.7e9, "a": 1.7e9 - 5}))
+    assert census is not None
+    assert (census.selector, census.gpu_nodes, dict(census.unlabelled)) == (
+        "nvidia.com/gpu.present=true", 1000, {"a": 1.7e9 - 5, "b": 1.7e9})
+
+
+def test_no_census_is_none_so_the_brake_lists_the_gpu_nodes():
+    """An older controller or an operator's first write: no census (the agent counts for itself)."""
+    assert decode_census({HOLDS_KEY: "[]", WRITTEN_KEY: "1"}) is None
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"selector":"x","gpu_nodes":-1,"unlabelled":{}}',
+                                  '{"selector":"x","gpu_nodes":true,"unlabelled":{}}',
+                                  '{"selector":"x","gpu_nodes":3,"unlabelled":{"a":"soon"}}'])
+def test_a_malformed_census_is_one_clear_line_naming_its_source(text):
+    """A census someone broke is an InputError that names the object, never a count taken on trust."""
+    with pytest.raises(InputError, match="configmap x"):
+        decode_census({CENSUS_KEY: text}, source="configmap x")
+
+
+def test_the_quarantine_label_is_the_whole_second_and_reads_back():
+    """The label's value is a whole second (a label value), at least 1; nothing else reads as a time."""
+    assert quarantine_label(1.7e9 + 0.9) == "1700000000"
+    assert quarantine_label(0.4) == "1"
+    assert quarantine_label(0.0) is None
+    assert quarantined_since("1700000000") == 1.7e9
+    assert [quarantined_since(v) for v in ("", "0", "-5", "1.5e9", None)] == [0.0] * 5

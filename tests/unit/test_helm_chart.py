@@ -158,7 +158,17 @@ def test_fleet_values_reach_the_controller(helm):
     deployment = rendered[("Deployment", "gpu-health-fleet")]
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert deployment["spec"]["replicas"] == 3
-    assert container["args"] == ["fleet", "run", "--rack-label", "example.com/rack", "--min-nodes", "5"]
+    assert container["args"] == ["fleet", "run", "--rack-label", "example.com/rack", "--gpu-node-selector",
+                                 "nvidia.com/gpu.present=true", "--min-nodes", "5"]
+
+
+def test_one_gpu_node_selector_reaches_the_agents_and_the_controller(helm):
+    """gpuNodeSelector is the agents' remediation.gpu_node_selector and the controller's census selector."""
+    rendered = objects(render(helm, "--set", "fleet.enabled=true", "--set", "gpuNodeSelector=example.com/gpu").stdout)
+    [container] = rendered[("Deployment", "gpu-health-fleet")]["spec"]["template"]["spec"]["containers"]
+    config = yaml.safe_load(rendered[("ConfigMap", "gpu-health-agent-config")]["data"]["config.yaml"])
+    assert config["remediation"]["gpu_node_selector"] == "example.com/gpu"
+    assert container["args"][container["args"].index("--gpu-node-selector") + 1] == "example.com/gpu"
 
 
 def test_dra_values_reach_the_agent_config(helm):

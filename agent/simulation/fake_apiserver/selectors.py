@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from agent.fleet.node_selector import labels_match_selector
+
 
 def selector_matches(selector: dict[str, Any], obj: dict[str, Any]) -> bool:
     labels = obj.get("metadata", {}).get("labels", {}) or {}
@@ -26,43 +28,8 @@ def selector_matches(selector: dict[str, Any], obj: dict[str, Any]) -> bool:
     return True
 
 
-_LABEL_TERM = re.compile(r"^\s*([\w./-]+)\s*(==|=|!=)\s*([\w./-]*)\s*$")
-
-
 def labels_match(obj: dict[str, Any], selector: str) -> bool:
-    if not selector:
-        return True
-    labels = obj.get("metadata", {}).get("labels", {}) or {}
-    for term in _split_selector(selector):
-        match = _LABEL_TERM.match(term)
-        if match:
-            key, op, value = match.groups()
-            if (labels.get(key) == value) != (op in {"=", "=="}):
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif " in " in term or " notin " in term:
-            key, op, rest = re.split(r"\s+(in|notin)\s+", term.strip(), maxsplit=1)
-            values = {v.strip() for v in rest.strip("() ").split(",")}
-            if (labels.get(key) in values) != (op == "in"):
-                return False
-        elif term.strip() not in labels:
-            return False
-    return True
-
-
-def _split_selector(selector: str) -> list[str]:
-    terms, depth, current = [], 0, ""
-    for char in selector:
-        depth += char == "("
-        depth -= char == ")"
-        if char == "," and depth == 0:
-            terms.append(current)
-            current = ""
-        else:
-            current += char
-    return [t for t in [*terms, current] if t.strip()]
+    return labels_match_selector(obj.get("metadata", {}).get("labels", {}) or {}, selector)
 
 
 def fields_match(obj: dict[str, Any], selector: str) -> bool:

@@ -38,6 +38,7 @@ app.kubernetes.io/name: {{ include "gpu-health-agent.name" . }}
     "budget_max_nodes" .Values.budget.maxNodes
     "budget_max_percent" .Values.budget.maxPercent
     "budget_max_nodes_per_hour" .Values.budget.maxNodesPerHour
+    "gpu_node_selector" .Values.gpuNodeSelector
     "isolation" .Values.isolation
     "device_taint_effect" .Values.dra.taintEffect
     "device_taint_degraded" .Values.dra.taintDegraded
