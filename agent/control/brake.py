@@ -3,6 +3,7 @@ operator's confirm (`gpu-health-agent fleet confirm`) taken in, honoured for the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable
 
@@ -67,7 +68,7 @@ class BrakeWaits:
                 shared.log.warning("brake_confirmed", brake=view.brake, confirm=self._confirm_value)
             self._used = True
             self._waiting("", faults, view)
-            return FleetView(view.held, "")
+            return dataclasses.replace(view, brake="")
         self._waiting(view.brake, faults, view)
         return view
 

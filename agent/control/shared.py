@@ -67,7 +67,8 @@ class Shared:
             unresolved = fault.gpu is not None and not fault.gpu.uuid
             resolved[key] = dataclasses.replace(fault, gpu=self.inventory.resolve(fault.gpu)) \
                 if unresolved and fault.gpu is not None else fault
-        return held_back(resolved, self.fleet_view.held, braked=bool(self.fleet_view.brake))
+        return held_back(resolved, self.fleet_view.held, braked=bool(self.fleet_view.brake),
+                         judged=self.fleet_view.judged)
 
     def gpu_statuses(self) -> dict[str, str]:
         """healthy | degraded | fatal | unknown for every GPU of the inventory and every faulty key."""

@@ -46,6 +46,12 @@ PREFERENCE: Mapping[FaultClass, tuple[Dimension, ...]] = {
 #: the 18-node fabric domains its first nodes filled whole, before the job's own 100 had all faulted: ten
 #: holds and Events instead of one.)
 BY_PREFERENCE = frozenset({FaultClass.APPLICATION})
+#: The classes whose cause is a version or a place alike (a driver bug, or a rack's power): a place that shows
+#: the fault whole names it first (one rack whole beats 10 of a driver version's 25 nodes, and holds 10, not
+#: 25); where none does, the class's preference (the driver version first), then the share. (At 1,000 nodes,
+#: ranked by share alone, GSP timeouts whose first three nodes shared a rack were named as that rack and two
+#: more before the driver version: four verdicts for one cause.)
+WHOLE_FIRST = frozenset({FaultClass.DRIVER})
 _DEFAULT_PREFERENCE = (Dimension.DRIVER_VERSION, Dimension.BOOT_WINDOW, Dimension.WORKLOAD, Dimension.FABRIC_DOMAIN,
                        Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE)
 _AT_BOOT = "at-boot"
@@ -117,7 +123,8 @@ def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting
               policy: CorrelationPolicy) -> list[Correlation]:
     """The causes that explain the recent sightings of each rule, best first: each pass takes the key that
     explains its nodes best (the largest share of its group, then the most nodes, then the fault class's
-    preference; for an application fault the preference first: BY_PREFERENCE) and goes on with
+    preference; for an application fault the preference first: BY_PREFERENCE; for a driver fault a group
+    shown whole first, then the preference: WHOLE_FIRST) and goes on with
     the nodes it did not explain; nodes no cause explains stay on their own."""
     recent: dict[tuple[str, FaultClass], dict[str, Sighting]] = {}
     for sighting in sightings:
@@ -139,7 +146,7 @@ def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting
 def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sighting],
           summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy) -> Correlation | None:
     preference = PREFERENCE.get(fault_class, _DEFAULT_PREFERENCE)
-    best: tuple[tuple[float, float, float], Correlation] | None = None
+    best: tuple[tuple[float, ...], Correlation] | None = None
     for rank, dimension in enumerate(preference):
         members: dict[str, set[str]] = {}
         for node, sighting in sightings.items():
@@ -152,9 +159,13 @@ def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sightin
             times = [sightings[n].seen_at for n in nodes]
             candidate = Correlation(rule_id, fault_class, dimension, key, frozenset(nodes), frozenset(group),
                                     min(times), max(times))
-            # A driver fault stays ranked by share: one rack whole beats 10 of a driver version's 25 nodes.
-            score = (-rank, candidate.share, len(nodes)) if fault_class in BY_PREFERENCE else \
-                (candidate.share, len(nodes), -rank)
+            score: tuple[float, ...]
+            if fault_class in BY_PREFERENCE:
+                score = (-rank, candidate.share, len(nodes))
+            elif fault_class in WHOLE_FIRST:
+                score = (float(candidate.share >= 1.0), -rank, candidate.share, len(nodes))
+            else:
+                score = (candidate.share, len(nodes), -rank)
             if best is None or score > best[0]:
                 best = (score, candidate)
     return best[1] if best is not None else None

@@ -81,6 +81,10 @@ class FleetView:
     brake: str = ""
     #: When the first settle of a holdable fault ends (the source's clock): the pass to run then.
     settle_until: float | None = None
+    #: The faults (gpu_key, rule_id) this view was read for; None: every fault (no fleet view is configured).
+    #: A fault recorded after the read (a verdict arriving mid-pass) is not judged: the guard holds its steps
+    #: back until the next read, so it neither slips past a hold, the settle or the brake, nor waits long.
+    judged: frozenset[tuple[str, str]] | None = None
 
 
 #: How often a node past its settle, waiting to be heard, reads the holds again (at most 10 reads a minute).
@@ -108,10 +112,11 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     if source is None:
         return FleetView()
     faults = list(faults)
+    judged = frozenset((f.gpu_key, f.rule_id) for f in faults)
     holdable_acting = [f for f in faults if acts(f.action) and holdable(f.fault_class)]
     wants_quarantine = not quarantined and source.brake is not None and any(f.action.quarantines for f in faults)
     if not holdable_acting and not wants_quarantine:
-        return FleetView()
+        return FleetView(judged=judged)
     now = source.clock()
     settle = source.settle_seconds if not quarantined and first_seen is not None else 0.0
     seen = {(f.gpu_key, f.rule_id): first_seen.get((f.gpu_key, f.rule_id), now)
@@ -122,7 +127,7 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
              for key, end in ends.items() if end <= now]
     reading = source.read(count=wants_quarantine, fresh_after=max(fresh, default=None))
     if reading.error:
-        return FleetView()
+        return FleetView(judged=judged)
     rules = {(f.gpu_key, f.rule_id): f.rule_id for f in holdable_acting}
     held: dict[tuple[str, str], str] = {}
     for fault in holdable_acting:
@@ -148,7 +153,7 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     brake = ""
     if wants_quarantine and still_quarantines and source.brake is not None:
         brake = brake_refusal(reading, node=node, policy=source.brake)
-    return FleetView(held, brake, settle_until)
+    return FleetView(held, brake, settle_until, judged)
 
 
 def brake_refusal(reading: FleetReading, *, node: str, policy: BrakePolicy) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, TypeVar
@@ -189,15 +189,21 @@ def quarantines(step: Step) -> bool:
 
 
 def held_back(faults: Mapping[K, ActiveFault], held: Mapping[tuple[str, str], str], *,
-              braked: bool = False) -> dict[K, ActiveFault]:
+              braked: bool = False, judged: Collection[tuple[str, str]] | None = None) -> dict[K, ActiveFault]:
     """The faults as the planner sees them: one a fleet hold covers keeps its severity (its condition and
     Events) and says why it is held, but asks for nothing (no taint, eviction, reset or reboot request); a
     hardware fault is never held back, whatever the hold says. While the quarantine brake keeps the node's
-    new taint waiting (`braked`), each fault that quarantines says so in its condition."""
+    new taint waiting (`braked`), each fault that quarantines says so in its condition. A fault the fleet
+    view was not read for (not in `judged`: recorded after the read) asks for nothing yet, whatever its class:
+    the pass its verdict wakes reads the view for it (milliseconds later), so it neither slips past a hold,
+    the settle or the brake, nor waits for long; its condition and Events go as ever."""
     planned: dict[K, ActiveFault] = {}
     for key, fault in faults.items():
         why = held.get((fault.gpu_key, fault.rule_id))
-        if why and fault.fault_class is not FaultClass.HARDWARE:
+        if judged is not None and (fault.gpu_key, fault.rule_id) not in judged and \
+                (fault.action.quarantines or fault.action.resets):
+            planned[key] = dataclasses.replace(fault, action=Action.NOTIFY)
+        elif why and fault.fault_class is not FaultClass.HARDWARE:
             planned[key] = dataclasses.replace(fault, action=Action.NOTIFY, summary=f"{fault.summary} ({why})")
         elif braked and fault.action.quarantines:
             planned[key] = dataclasses.replace(fault, summary=f"{fault.summary} ({BRAKED})")

@@ -343,3 +343,27 @@ def test_a_released_node_takes_its_quarantine_label_off(fake):
     agent.settle(100.0)
     assert tainted(fake, [agent]) == []
     assert QUARANTINE_LABEL not in fake[0].node("n0")["metadata"]["labels"]
+
+
+def test_a_verdict_recorded_while_the_fleet_view_is_read_takes_no_step_before_its_own_read(fake):
+    """Every GPU's links drop at once: GPU 1's verdict lands while the pass for GPU 0's reads the holds. Its
+    fault was not in that read, so the pass takes no step for it (no taint added and lifted again); the pass
+    its verdict wakes reads the view for it, and the settle holds both."""
+    clock = Clock(1.7e9)
+    [agent] = agents(fake, count=1, fleet=True, fleet_clock=clock, settle_seconds=10.0, settle_max_seconds=60.0)
+    correlate(fake, fleet_controller(fake, QUICK, wall=1.7e9))
+    gate, read = agent.side.fleet, agent.side.fleet.read
+    arrived: list[object] = []
+
+    def read_while_a_verdict_lands(**kwargs: Any) -> Any:
+        if not arrived:  # the source thread records GPU 1's fault meanwhile (no pass of its own yet)
+            arrived.append(agent.pipeline.classifier.handle(
+                Observation(Signal.XID, 119, 1.0, "kmsg", agent.inventory.gpus[1]), 1.0))
+        return read(**kwargs)
+
+    gate.read = read_while_a_verdict_lands  # type: ignore[method-assign]
+    first = agent.fault(0, xid=119, at=1.0)
+    second = agent.settle(2.0)
+    taken = [str(a.step.kind) for a in [*first.actions, *second.actions]]
+    assert arrived and "taint" not in taken and "untaint" not in taken
+    assert tainted(fake, [agent]) == []

@@ -150,3 +150,13 @@ def test_a_driver_fault_on_one_whole_rack_is_named_as_the_rack_not_its_driver_ve
     sightings = with_fault(summaries, [f"n{i}" for i in range(10)], "xid-119", FaultClass.DRIVER)
     [found] = correlate(summaries, sightings, now=10.0, policy=POLICY)
     assert found.dimension in {Dimension.RACK, Dimension.FABRIC_DOMAIN} and len(found.group) == 10
+
+
+def test_a_driver_faults_first_nodes_in_one_rack_are_named_as_the_driver_not_the_part_rack():
+    """GSP timeouts first reach three of rack-0's nodes, all on driver 570 (which 20 of 40 run): no place
+    shows it whole, so the driver version, the class's first cause, names it, not the rack of which the
+    three are a larger share (a hold per rack first, then the driver's, was four verdicts for one cause)."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n0", "n2", "n4"], "xid-119", FaultClass.DRIVER)
+    [found] = correlate(summaries, sightings, now=10.0, policy=POLICY)
+    assert (found.dimension, found.key) == (Dimension.DRIVER_VERSION, "570.86.15")

@@ -64,7 +64,8 @@ def fault(rule: str = "xid-119", cls: FaultClass = FaultClass.DRIVER, action: Ac
 def test_no_acting_fault_reads_nothing():
     """A healthy node, or one whose faults only notify, costs the API server nothing for the fleet view."""
     source = Source()
-    assert fleet_view(source, node="n1", faults=[fault(action=Action.NOTIFY)], quarantined=False) == FleetView()
+    view = fleet_view(source, node="n1", faults=[fault(action=Action.NOTIFY)], quarantined=False)
+    assert (view.held, view.brake, view.settle_until) == ({}, "", None)
     assert source.reads == 0
 
 
@@ -84,7 +85,8 @@ def test_a_hold_never_covers_another_rule_another_node_or_a_hardware_fault():
 def test_an_unreadable_fleet_view_holds_and_brakes_nothing():
     """The node acts as it would without a fleet view."""
     source = Source(holds=(hold(),), quarantined={"a": 100.0, "b": 100.0}, error="Unavailable: 503")
-    assert fleet_view(source, node="n1", faults=[fault()], quarantined=False) == FleetView()
+    assert fleet_view(source, node="n1", faults=[fault()], quarantined=False) == \
+        FleetView(judged=frozenset({("GPU-0", "xid-119")}))
 
 
 def test_the_brake_keeps_a_new_quarantine_waiting_beyond_its_bound():
@@ -131,6 +133,27 @@ def test_a_hardware_fault_is_never_held_back():
     """Whatever the map says, a hardware fault keeps its action."""
     dbe = fault("xid-48", FaultClass.HARDWARE)
     assert held_back({("GPU-0", "xid-48"): dbe}, {("GPU-0", "xid-48"): "held"})[("GPU-0", "xid-48")] == dbe
+
+
+def test_a_fault_the_fleet_view_was_not_read_for_asks_for_nothing_yet_whatever_its_class():
+    """Recorded after the view's read: notify only, its summary unchanged (no condition text flaps); the
+    faults the view judged, and every fault where no fleet view is configured, keep their action."""
+    faults = {("GPU-0", "xid-119"): fault(), ("GPU-1", "xid-48"): fault("xid-48", FaultClass.HARDWARE, gpu="GPU-1"),
+              ("GPU-2", "xid-79"): fault("xid-79", FaultClass.HARDWARE, Action.QUARANTINE, gpu="GPU-2")}
+    planned = held_back(faults, {}, judged=frozenset({("GPU-0", "xid-119")}))
+    assert planned[("GPU-0", "xid-119")] == faults[("GPU-0", "xid-119")]
+    assert [planned[k].action for k in [("GPU-1", "xid-48"), ("GPU-2", "xid-79")]] == [Action.NOTIFY] * 2
+    assert planned[("GPU-2", "xid-79")].summary == faults[("GPU-2", "xid-79")].summary
+    assert held_back(faults, {}, judged=None) == faults
+
+
+def test_the_view_says_which_faults_it_was_read_for():
+    """Whatever it found, a view names the faults it judged, so a later verdict's fault is known unjudged."""
+    source = Source()
+    view = fleet_view(source, node="n1", faults=[fault(), fault("xid-13", FaultClass.APPLICATION, gpu="GPU-3")],
+                      quarantined=False)
+    assert view.judged == {("GPU-0", "xid-119"), ("GPU-3", "xid-13")}
+    assert fleet_view(None, node="n1", faults=[fault()], quarantined=False).judged is None
 
 
 def test_the_summary_names_each_faults_workloads_and_when_the_node_was_quarantined():
