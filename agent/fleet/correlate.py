@@ -25,6 +25,8 @@ class Dimension(StrEnum):
     GPU_MODEL = "gpu-model"
     RACK = "rack"
     ZONE = "zone"
+    #: The NVLink fabric itself, across several fabric domains at once (FABRIC_WIDE): one fabric-wide event.
+    FABRIC = "fabric"
     #: Not found by correlation: an operator's `gpu-health-agent fleet hold` names the nodes.
     OPERATOR = "operator"
 
@@ -52,6 +54,13 @@ BY_PREFERENCE = frozenset({FaultClass.APPLICATION})
 #: ranked by share alone, GSP timeouts whose first three nodes shared a rack were named as that rack and two
 #: more before the driver version: four verdicts for one cause.)
 WHOLE_FIRST = frozenset({FaultClass.DRIVER})
+#: The classes whose fault on several fabric domains at once is one fabric-wide event (a Fabric Manager or
+#: driver rollout, a power event), named once as Dimension.FABRIC over the domains it touched. Ranked by
+#: share, the same event was named piecewise as it reached the controller: at 1,000 nodes, every NVLink down
+#: on 100 nodes gave 11 holds and Events (each fabric domain, both driver versions, two zones, the job).
+FABRIC_WIDE = frozenset({FaultClass.INTERCONNECT})
+#: The key of a fabric-wide cause (Dimension.FABRIC): one per rule, whatever domains it touches.
+FABRIC_WIDE_KEY = "several-domains"
 _DEFAULT_PREFERENCE = (Dimension.DRIVER_VERSION, Dimension.BOOT_WINDOW, Dimension.WORKLOAD, Dimension.FABRIC_DOMAIN,
                        Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE)
 _AT_BOOT = "at-boot"
@@ -92,6 +101,8 @@ class Correlation:
     group: frozenset[str]
     first_at: float
     last_at: float
+    #: The fabric domains a fabric-wide cause (Dimension.FABRIC) touched; empty for any other dimension.
+    touched: frozenset[str] = frozenset()
 
     @property
     def id(self) -> str:
@@ -101,6 +112,11 @@ class Correlation:
     @property
     def share(self) -> float:
         return len(self.nodes) / len(self.group) if self.group else 0.0
+
+    @property
+    def domains(self) -> int:
+        """How many fabric domains a fabric-wide cause touched (0 for any other dimension)."""
+        return len(self.touched)
 
     @property
     def cause(self) -> str:
@@ -114,6 +130,8 @@ class Correlation:
             Dimension.GPU_MODEL: f"the GPU model {self.key}",
             Dimension.RACK: f"the rack {self.key}",
             Dimension.ZONE: f"the zone {self.key}",
+            Dimension.FABRIC: (f"a fabric-wide event across {self.domains} NVLink fabric domains at once (Fabric "
+                               "Manager, a driver or firmware rollout, power), not each node's own links"),
             Dimension.OPERATOR: f"an operator's hold ({self.key})",
         }[self.dimension]
         return f"{shown} share one suspected cause: {what}"
@@ -125,7 +143,8 @@ def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting
     explains its nodes best (the largest share of its group, then the most nodes, then the fault class's
     preference; for an application fault the preference first: BY_PREFERENCE; for a driver fault a group
     shown whole first, then the preference: WHOLE_FIRST) and goes on with
-    the nodes it did not explain; nodes no cause explains stay on their own."""
+    the nodes it did not explain; nodes no cause explains stay on their own. A fabric fault on several
+    fabric domains at once is first named as one fabric-wide cause (FABRIC_WIDE)."""
     recent: dict[tuple[str, FaultClass], dict[str, Sighting]] = {}
     for sighting in sightings:
         if now - sighting.seen_at <= policy.window_seconds and sighting.node in summaries:
@@ -133,6 +152,11 @@ def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting
     found: list[Correlation] = []
     for (rule_id, fault_class), by_node in sorted(recent.items()):
         left = dict(by_node)
+        wide = _fabric_wide(rule_id, fault_class, left, summaries, policy) if fault_class in FABRIC_WIDE else None
+        if wide is not None:
+            found.append(wide)
+            for node in wide.nodes:
+                del left[node]
         while len(left) >= 2:
             best = _best(rule_id, fault_class, left, summaries, policy)
             if best is None:
@@ -169,6 +193,23 @@ def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sightin
             if best is None or score > best[0]:
                 best = (score, candidate)
     return best[1] if best is not None else None
+
+
+def _fabric_wide(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sighting],
+                 summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy) -> Correlation | None:
+    """A fabric fault on nodes of two or more fabric domains at once (at least `min_nodes` of them), unless
+    every sighting came within its node's boot window (a boot-time flap, named as such): one cause, the
+    fabric, over the domains it touched (their every node is its group: the hold's scope)."""
+    domains = {node: summaries[node].fabric_domain for node in sightings if summaries[node].fabric_domain}
+    touched = frozenset(domains.values())
+    if len(touched) < 2 or len(domains) < max(policy.min_nodes, 2):
+        return None
+    if all(_keys(Dimension.BOOT_WINDOW, summaries[node], sightings[node], rule_id, policy) for node in domains):
+        return None
+    group = {name for name, s in summaries.items() if s.fabric_domain in touched}
+    times = [sightings[node].seen_at for node in domains]
+    return Correlation(rule_id, fault_class, Dimension.FABRIC, FABRIC_WIDE_KEY, frozenset(domains),
+                       frozenset(group), min(times), max(times), touched)
 
 
 def _enough(nodes: int, group: int, policy: CorrelationPolicy) -> bool:

@@ -44,6 +44,15 @@ def unit_ids(correlations: Iterable[Correlation], sightings: Iterable[Sighting],
     return frozenset(c.id for c in correlations if confined(c, seen, now=now, policy=policy))
 
 
+def settling(correlations: Iterable[Correlation], units: frozenset[str], *, now: float,
+             settle_seconds: float) -> dict[str, float]:
+    """The units too young to name, each with when it may be: a fault seen in one domain for less than
+    `settle_seconds` may yet show beyond it (every NVLink down on 100 nodes reaches the controller node by
+    node), and a unit named early takes its domain out before the fault is seen to be fleet-wide."""
+    return {c.id: c.first_at + settle_seconds for c in correlations
+            if c.id in units and now < c.first_at + settle_seconds}
+
+
 def live_units(holds: Iterable[Hold], *, now: float) -> dict[str, frozenset[str]]:
     """The published units that stand (neither spent nor expired): each one's id and nodes."""
     return {h.id: h.nodes for h in holds if h.unit and not h.spent and now < h.expires_at}

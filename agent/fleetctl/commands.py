@@ -110,6 +110,9 @@ def fleet() -> None:
               help="Seconds after its start beyond which a hold is not renewed.")
 @click.option("--tick", type=click.FloatRange(min=0.1), default=_SETTINGS.tick_seconds, show_default=True,
               help="Seconds between passes when nothing changes.")
+@click.option("--unit-settle", type=click.FloatRange(min=0), default=_SETTINGS.unit_settle_seconds,
+              show_default=True, help="Seconds a fabric fault must stay confined to one domain before the domain "
+              "is taken out as one unit.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9102, show_default=True,
               help="Port for /metrics and /healthz (0: any free port).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds.")
@@ -117,8 +120,8 @@ def fleet() -> None:
 @_guarded
 def run_command(namespace: str | None, kubeconfig: str | None, identity: str | None, rack_label: str,
                 zone_label: str, gpu_node_selector: str, min_nodes: int, min_share: float, min_group: int,
-                window: float, hold_seconds: float, max_hold: float, tick: float, port: int, duration: float | None,
-                log_level: str) -> None:
+                window: float, hold_seconds: float, max_hold: float, tick: float, unit_settle: float, port: int,
+                duration: float | None, log_level: str) -> None:
     """Run the fleet controller (a Deployment): leader-elected, it watches the nodes' summaries and
     publishes holds for the faults it correlates."""
     from agent.fleetctl.controller import FleetController  # noqa: PLC0415
@@ -139,7 +142,8 @@ def run_command(namespace: str | None, kubeconfig: str | None, identity: str | N
     settings = FleetSettings(namespace=ns, labels=Labels(rack=rack_label, zone=zone_label, gpu_nodes=gpu_node_selector),
                              policy=CorrelationPolicy(min_nodes=min_nodes, min_share=min_share, min_group=min_group,
                                                       window_seconds=window),
-                             hold_seconds=hold_seconds, max_hold_seconds=max_hold, tick_seconds=tick)
+                             hold_seconds=hold_seconds, max_hold_seconds=max_hold, tick_seconds=tick,
+                             unit_settle_seconds=unit_settle)
     metrics = FleetMetrics()
     controller = FleetController(raw, settings, identity=me, metrics=metrics,
                                  events=EventRecorder(raw, instance=me, namespace=ns, fold_seconds=0.0))  # create only

@@ -13,7 +13,7 @@ from typing import Any
 from agent.errors import AgentError
 from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
 from agent.fleet.published import HOLDS_CONFIGMAP, encode_census
-from agent.fleet.unit import unit_ids
+from agent.fleet.unit import settling, unit_ids
 from agent.fleetctl.metrics import FleetMetrics
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.store import HoldsStore
@@ -57,6 +57,8 @@ class FleetController:
         self._standing: set[str] = set()
         self.holds: list[Hold] = []
         self.correlations: list[Correlation] = []
+        #: When a unit settling now may be named (the controller's clock): the pass to run then.
+        self.recheck_at: float | None = None
 
     # ---- the watch's side ----
     def on_sync(self, objects: list[dict[str, Any]]) -> None:
@@ -80,6 +82,11 @@ class FleetController:
             sightings = self.view.sightings()
             correlations = correlate(self.view.summaries, sightings, now=now, policy=s.policy)
             units = unit_ids(correlations, sightings, now=now, policy=s.policy)
+            young = settling(correlations, units, now=now, settle_seconds=s.unit_settle_seconds)
+            # A unit still settling is neither named, held nor heard: its nodes wait on, and the pass at its
+            # end names it, or the fleet-wide cause it turned out to be.
+            withheld = {(c.rule_id, node) for c in correlations if c.id in young for node in c.nodes}
+            correlations = [c for c in correlations if c.id not in young]
             self.metrics.nodes.labels("valid").set(len(self.view.summaries))
             self.metrics.nodes.labels("invalid").set(len(self.view.invalid))
             self.metrics.nodes.labels("none").set(len(self.view.nodes - set(self.view.summaries)
@@ -87,7 +94,7 @@ class FleetController:
             census = encode_census(s.labels.gpu_nodes, len(self.view.gpu_nodes), self.view.unlabelled)
             heard: dict[str, set[str]] = {}
             for sighting in sightings:  # the word a settling node waits for: this pass correlated its fault
-                if holdable(sighting.fault_class):
+                if holdable(sighting.fault_class) and (sighting.rule_id, sighting.node) not in withheld:
                     heard.setdefault(sighting.rule_id, set()).add(sighting.node)
         read = self.store.read()
         known = self._standing | {h.id for h in read[0]}
@@ -102,6 +109,7 @@ class FleetController:
             log.info("fleet_hold_ended", hold=gone)
         self._standing = {c.id for c in correlations}
         self.holds, self.correlations = after, correlations
+        self.recheck_at = min(young.values(), default=None)
         self.metrics.passes.inc()
         self.metrics.show(correlations, after, now=now)
         return fresh
@@ -166,6 +174,8 @@ class FleetController:
                     continue  # a standby keeps its view warm; the first pass waits for the first list
                 try:
                     self.reconcile()
+                    if self.recheck_at is not None:  # a settling unit is named at its end, not a tick later
+                        due = min(due, time.monotonic() + max(0.0, self.recheck_at - self.clock()))
                 except AgentError as exc:  # the API, or a holds object someone broke: kept, tried again
                     self._failed("holds", exc)
                     self.changed.set()

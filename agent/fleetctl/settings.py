@@ -19,3 +19,5 @@ class FleetSettings:
     max_hold_seconds: float = 6 * 3600.0
     tick_seconds: float = 10.0
     settle_seconds: float = 0.5
+    #: How long a fabric fault must stay confined to one domain before it is named a unit (agent.fleet.unit).
+    unit_settle_seconds: float = 20.0

@@ -449,3 +449,56 @@ def test_a_gpu_node_joining_is_counted_at_the_next_promised_write_not_at_once(se
     made.reconcile()
     census = decode_census(holds_data(server))
     assert census is not None and census.gpu_nodes == 2
+
+
+LINKS = ("nvlink-link-down", FaultClass.INTERCONNECT)
+
+
+def add_domain(cluster: FakeCluster, domain: str, names: list[str], *faulty: str) -> None:
+    """Nodes of one NVLink fabric domain; those in `faulty` show every link down."""
+    for name in names:
+        faults = (FaultSummary(*LINKS, Severity.FATAL, Action.QUARANTINE),) if name in faulty else ()
+        text = NodeSummary(node=name, driver_version="570.86.15", fabric_domain=domain, uptime_seconds=86400.0,
+                           faults=faults).to_json()
+        cluster.add("nodes", {"metadata": {"name": name, "annotations": {SUMMARY_ANNOTATION: text}}})
+
+
+def test_a_fabric_fault_of_one_domain_is_named_a_unit_only_once_it_stayed_there_for_the_unit_settle(server):
+    """Links down on 4 of domain d1's 6 nodes: the first pass names nothing and says it heard none of them (they
+    wait); once the fault stayed in d1 for the unit settle, the next pass takes d1 out as one unit."""
+    add_domain(server.cluster, "d1", [f"a{i}" for i in range(6)], "a0", "a1", "a2", "a3")
+    add_domain(server.cluster, "d2", [f"b{i}" for i in range(6)])
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    assert published(server, clock) == [] and fleet_events(server) == []
+    assert decode_heard(holds_data(server))[0] == {}
+    assert made.recheck_at == clock.now + SETTINGS.unit_settle_seconds
+    clock.now += SETTINGS.unit_settle_seconds
+    made.reconcile()
+    [unit] = published(server, clock)
+    assert unit.unit and unit.key == "d1" and len(fleet_events(server)) == 1
+    assert decode_heard(holds_data(server))[0] == {"nvlink-link-down": frozenset({"a0", "a1", "a2", "a3"})}
+
+
+def test_a_fabric_fault_that_reaches_another_domain_while_settling_is_one_fabric_wide_hold(server):
+    """Links down first on 3 nodes of d1, then on d2 too (every NVLink dropping, heard node by node): one hold
+    naming the fabric across both domains, one Event, and no unit ever published."""
+    add_domain(server.cluster, "d1", [f"a{i}" for i in range(6)], "a0", "a1", "a2")
+    add_domain(server.cluster, "d2", [f"b{i}" for i in range(6)])
+    clock = Clock()
+    made = controller(server, clock)
+    made.reconcile()
+    for name in ("b0", "b1", "b2"):
+        server.cluster.patch(NODES, "", name, "application/merge-patch+json", {"metadata": {"annotations": {
+            SUMMARY_ANNOTATION: NodeSummary(node=name, driver_version="570.86.15", fabric_domain="d2",
+                                            uptime_seconds=86400.0, faults=(FaultSummary(
+                                                *LINKS, Severity.FATAL, Action.QUARANTINE),)).to_json()}}})
+    clock.now += 5.0
+    made.on_sync(server.cluster.list_objects(NODES, None))
+    made.reconcile()
+    clock.now += SETTINGS.unit_settle_seconds
+    made.reconcile()
+    [held] = published(server, clock)
+    assert (held.dimension, held.unit, len(held.nodes)) == (Dimension.FABRIC, False, 12)
+    assert len(fleet_events(server)) == 1

@@ -52,7 +52,10 @@ def domain_fault(fake: Any, fleet: list[Agent], controller: Any) -> None:
     for agent in fleet[:len(DOMAIN)]:
         nvswitch_fatal(agent)
         correlate(fake, controller)
-    CLOCK.now += 10.0  # the settle ends: the unit is published by then
+    if controller is not None:  # the fault stayed in its domain for the unit's settle: named a unit
+        controller.clock.now += controller.settings.unit_settle_seconds  # type: ignore[attr-defined]
+        correlate(fake, controller)
+    CLOCK.now += 10.0  # the agents' settle ends: the unit is published by then
     for at in (200.0, 400.0):
         for agent in fleet:
             agent.settle(at)

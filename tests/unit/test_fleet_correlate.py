@@ -160,3 +160,23 @@ def test_a_driver_faults_first_nodes_in_one_rack_are_named_as_the_driver_not_the
     sightings = with_fault(summaries, ["n0", "n2", "n4"], "xid-119", FaultClass.DRIVER)
     [found] = correlate(summaries, sightings, now=10.0, policy=POLICY)
     assert (found.dimension, found.key) == (Dimension.DRIVER_VERSION, "570.86.15")
+
+
+def test_links_down_on_several_fabric_domains_at_once_are_one_fabric_wide_cause():
+    """NVLink down on all of fabric-0 and half of fabric-1: one cause, the fabric across the two domains it
+    touched (their 20 nodes the group), not one per domain, driver version or zone."""
+    summaries = fleet()
+    nodes = [f"n{i}" for i in range(15)]
+    sightings = with_fault(summaries, nodes, "nvlink-link-down", FaultClass.INTERCONNECT)
+    [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
+    assert (found.dimension, found.touched) == (Dimension.FABRIC, {"fabric-0", "fabric-1"})
+    assert found.nodes == set(nodes) and found.group == {f"n{i}" for i in range(20)}
+    assert "a fabric-wide event across 2 NVLink fabric domains" in found.cause
+
+
+def test_links_down_in_one_domain_and_one_node_of_another_are_still_one_fabric_wide_cause():
+    """The fault beyond its domain makes it fabric-wide: the lone node is not left to a cause of its own."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n10", "n11", "n12", "n25"], "nvlink-link-down", FaultClass.INTERCONNECT)
+    assert [(c.dimension, len(c.nodes)) for c in correlate(summaries, sightings, now=30.0, policy=POLICY)] == \
+        [(Dimension.FABRIC, 4)]

@@ -13,7 +13,7 @@ from agent.fleet import (
     holds_to_json,
     next_holds,
 )
-from agent.fleet.unit import by_unit, live_units, unit_ids, unit_of_node
+from agent.fleet.unit import by_unit, live_units, settling, unit_ids, unit_of_node
 from agent.model import FaultClass
 from tests.unit.test_fleet_correlate import fleet, with_fault
 
@@ -105,3 +105,13 @@ def test_the_brake_counts_the_nodes_of_one_unit_as_one():
     assert brake_allows(node="n12", quarantined_at={**quarantined, "n5": 3.0}, gpu_nodes=40, now=10.0,
                         policy=policy, units=units)
     assert not brake_allows(node="n5", quarantined_at=quarantined, gpu_nodes=40, now=10.0, policy=policy)
+
+
+def test_a_unit_is_not_named_until_its_fault_stayed_in_its_domain_for_the_settle():
+    """Seen in one domain for 5 s of a 20 s settle: settling (not named), until first sighting + 20 s."""
+    summaries = fleet()
+    sightings = with_fault(summaries, [f"n{i}" for i in range(10, 14)], LINKS, FaultClass.INTERCONNECT)
+    correlations = correlate(summaries, sightings, now=5.0, policy=POLICY)
+    units = unit_ids(correlations, sightings, now=5.0, policy=POLICY)
+    assert settling(correlations, units, now=5.0, settle_seconds=20.0) == {f"{LINKS}/fabric-domain/fabric-1": 20.0}
+    assert settling(correlations, units, now=20.0, settle_seconds=20.0) == {}
