@@ -32,6 +32,8 @@ from agent.remediation.planner import next_settled
 from agent.remediation.record import NodeObservation, mirror_of
 
 _ROUNDS = 3
+#: Reads of the fleet view in one pass's start while a verdict lands during the read (its fault unjudged).
+_VIEW_READS = 3
 
 
 class Reconciler:
@@ -183,10 +185,15 @@ class Reconciler:
         """The plan's taint step (plan() puts it first) carried out before the slower reads and reports. First
         the fleet's word on the faults as they are now (at the start of a pass, and after each new verdict)."""
         shared = self.shared
-        with shared.lock:
-            node, active = shared.record.node, list(shared.record.faults.values())
-            quarantined = node.tainted or any(m.effect != "None" for m in node.device_taints.values())
-        shared.fleet_view = self.brake.view(active, quarantined=quarantined)
+        for _ in range(_VIEW_READS):  # a verdict landing during the read is judged by the next, not a pass later
+            with shared.lock:
+                node, active = shared.record.node, list(shared.record.faults.values())
+                quarantined = node.tainted or any(m.effect != "None" for m in node.device_taints.values())
+            view = shared.fleet_view = self.brake.view(active, quarantined=quarantined)
+            with shared.lock:
+                if view.judged is None or all((f.gpu_key, f.rule_id) in view.judged
+                                              for f in shared.record.faults.values()):
+                    break
         with shared.lock:
             faults = shared.resolved_faults()
             if shared.record.node.tainted or not any(f.action.quarantines for f in faults.values()):

@@ -25,8 +25,6 @@ class Dimension(StrEnum):
     GPU_MODEL = "gpu-model"
     RACK = "rack"
     ZONE = "zone"
-    #: The NVLink fabric itself, across several fabric domains at once (FABRIC_WIDE): one fabric-wide event.
-    FABRIC = "fabric"
     #: Not found by correlation: an operator's `gpu-health-agent fleet hold` names the nodes.
     OPERATOR = "operator"
 
@@ -55,12 +53,16 @@ BY_PREFERENCE = frozenset({FaultClass.APPLICATION})
 #: more before the driver version: four verdicts for one cause.)
 WHOLE_FIRST = frozenset({FaultClass.DRIVER})
 #: The classes whose fault on several fabric domains at once is one fabric-wide event (a Fabric Manager or
-#: driver rollout, a power event), named once as Dimension.FABRIC over the domains it touched. Ranked by
-#: share, the same event was named piecewise as it reached the controller: at 1,000 nodes, every NVLink down
-#: on 100 nodes gave 11 holds and Events (each fabric domain, both driver versions, two zones, the job).
+#: driver rollout, a power event), named once over the domains it touched: the fabric-domain dimension with
+#: the key FABRIC_WIDE_KEY (a dimension readers before it know, so a rolling upgrade reads it). Ranked by share,
+#: the same event was named piecewise as it reached the controller: at 1,000 nodes, every NVLink down on 100
+#: nodes gave 11 holds and Events (each fabric domain, both driver versions, two zones, the job).
 FABRIC_WIDE = frozenset({FaultClass.INTERCONNECT})
-#: The key of a fabric-wide cause (Dimension.FABRIC): one per rule, whatever domains it touches.
+#: The key of a fabric-wide cause: one per rule, whatever domains it touches (no domain is named so: a
+#: domain's key is `<cluster UUID>/<clique id>`).
 FABRIC_WIDE_KEY = "several-domains"
+#: The sightings a domain needs to count as touched by a fabric-wide event (a lone node's fault is its own).
+FABRIC_WIDE_MIN_PER_DOMAIN = 2
 _DEFAULT_PREFERENCE = (Dimension.DRIVER_VERSION, Dimension.BOOT_WINDOW, Dimension.WORKLOAD, Dimension.FABRIC_DOMAIN,
                        Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE)
 _AT_BOOT = "at-boot"
@@ -101,7 +103,7 @@ class Correlation:
     group: frozenset[str]
     first_at: float
     last_at: float
-    #: The fabric domains a fabric-wide cause (Dimension.FABRIC) touched; empty for any other dimension.
+    #: The fabric domains a fabric-wide cause (FABRIC_WIDE) touched; empty for any other.
     touched: frozenset[str] = frozenset()
 
     @property
@@ -114,6 +116,11 @@ class Correlation:
         return len(self.nodes) / len(self.group) if self.group else 0.0
 
     @property
+    def fabric_wide(self) -> bool:
+        """Whether this is a fabric fault on several fabric domains at once (FABRIC_WIDE)."""
+        return self.dimension is Dimension.FABRIC_DOMAIN and self.key == FABRIC_WIDE_KEY
+
+    @property
     def domains(self) -> int:
         """How many fabric domains a fabric-wide cause touched (0 for any other dimension)."""
         return len(self.touched)
@@ -124,14 +131,14 @@ class Correlation:
         shown = f"{self.rule_id} on {len(self.nodes)} of {len(self.group)} nodes"
         what = {
             Dimension.WORKLOAD: f"the workload {self.key}",
-            Dimension.FABRIC_DOMAIN: f"the NVLink fabric domain {self.key}",
+            Dimension.FABRIC_DOMAIN: (f"a fabric-wide event across {self.domains} NVLink fabric domains at once "
+                                      "(Fabric Manager, a driver or firmware rollout, power), not each node's "
+                                      "own links") if self.fabric_wide else f"the NVLink fabric domain {self.key}",
             Dimension.BOOT_WINDOW: "a boot-time flap (each node shows it within minutes of its boot)",
             Dimension.DRIVER_VERSION: f"the driver version {self.key}",
             Dimension.GPU_MODEL: f"the GPU model {self.key}",
             Dimension.RACK: f"the rack {self.key}",
             Dimension.ZONE: f"the zone {self.key}",
-            Dimension.FABRIC: (f"a fabric-wide event across {self.domains} NVLink fabric domains at once (Fabric "
-                               "Manager, a driver or firmware rollout, power), not each node's own links"),
             Dimension.OPERATOR: f"an operator's hold ({self.key})",
         }[self.dimension]
         return f"{shown} share one suspected cause: {what}"
@@ -197,19 +204,25 @@ def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sightin
 
 def _fabric_wide(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sighting],
                  summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy) -> Correlation | None:
-    """A fabric fault on nodes of two or more fabric domains at once (at least `min_nodes` of them), unless
-    every sighting came within its node's boot window (a boot-time flap, named as such): one cause, the
-    fabric, over the domains it touched (their every node is its group: the hold's scope)."""
-    domains = {node: summaries[node].fabric_domain for node in sightings if summaries[node].fabric_domain}
-    touched = frozenset(domains.values())
-    if len(touched) < 2 or len(domains) < max(policy.min_nodes, 2):
+    """A fabric fault on two or more fabric domains at once (each touched by FABRIC_WIDE_MIN_PER_DOMAIN nodes
+    or more, at least `min_nodes` in all): one cause, the fabric, over the domains it touched (their every node
+    is its group: the hold's scope). A lone node's fault in another domain is left to its own cause, and so is
+    a fault every node showed within its boot window (the ranking names it, a boot-time flap or what the
+    nodes share)."""
+    by_domain: dict[str, list[str]] = {}
+    for node in sightings:
+        if summaries[node].fabric_domain:
+            by_domain.setdefault(summaries[node].fabric_domain, []).append(node)
+    touched = {domain: nodes for domain, nodes in by_domain.items() if len(nodes) >= FABRIC_WIDE_MIN_PER_DOMAIN}
+    nodes = [node for members in touched.values() for node in members]
+    if len(touched) < 2 or len(nodes) < policy.min_nodes:
         return None
-    if all(_keys(Dimension.BOOT_WINDOW, summaries[node], sightings[node], rule_id, policy) for node in domains):
+    if all(_keys(Dimension.BOOT_WINDOW, summaries[node], sightings[node], rule_id, policy) for node in nodes):
         return None
     group = {name for name, s in summaries.items() if s.fabric_domain in touched}
-    times = [sightings[node].seen_at for node in domains]
-    return Correlation(rule_id, fault_class, Dimension.FABRIC, FABRIC_WIDE_KEY, frozenset(domains),
-                       frozenset(group), min(times), max(times), touched)
+    times = [sightings[node].seen_at for node in nodes]
+    return Correlation(rule_id, fault_class, Dimension.FABRIC_DOMAIN, FABRIC_WIDE_KEY, frozenset(nodes),
+                       frozenset(group), min(times), max(times), frozenset(touched))
 
 
 def _enough(nodes: int, group: int, policy: CorrelationPolicy) -> bool:

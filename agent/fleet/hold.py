@@ -96,22 +96,31 @@ def next_holds(previous: Mapping[str, Hold], correlations: Iterable[Correlation]
     group, never shrinks while it stands), renewal stops at `max_hold_seconds` after the start, and a hold
     whose correlation ended lives out its last renewal. A hold that reached its bound while the cause still
     stands is kept as spent (covering nothing) until the cause ends, so it cannot start over. A correlation
-    whose id is in `units` (agent.fleet.unit.unit_ids) starts a unit instead; a unit stays one while its id is
-    in `units` and becomes a hold once it is not (the fault showed beyond its domain); a hold never becomes a
-    unit."""
+    whose id is in `units` (agent.fleet.unit.unit_ids) starts a unit instead, unless a live hold of its rule
+    covers one of its nodes; a unit stays one while its id is in `units` and becomes a hold once it is not
+    (the fault showed beyond its domain), also when another cause of its rule overtook its own (the
+    fabric-wide event it turned out to be); a hold never becomes a unit."""
     standing = {c.id: c for c in correlations if holdable(c.fault_class)}
+    # Rules a standing cause now holds (a unit of the rule whose own cause ended was overtaken by it: the
+    # fault showed beyond the domain and is fabric-wide), so the unit becomes a hold.
+    holding = {c.rule_id for key, c in standing.items() if key not in units}
     holds: dict[str, Hold] = {}
     for key, hold in previous.items():
         if now < hold.expires_at:
-            holds[key] = hold
+            overtaken = hold.unit and key not in standing and hold.rule_id in holding
+            holds[key] = replace(hold, unit=False) if overtaken else hold
         elif key in standing and (hold.spent or now >= hold.started_at + max_hold_seconds):
             holds[key] = replace(hold, spent=True)
     for key, correlation in standing.items():
         held = holds.get(key)
         if held is None:
+            # A live hold of the rule on any of its nodes keeps a new unit a hold: never back toward acting.
+            unit = key in units and not any(
+                h.rule_id == correlation.rule_id and not (h.unit or h.spent) and h.nodes & correlation.group
+                for h in holds.values())
             holds[key] = Hold(key, correlation.rule_id, correlation.fault_class, correlation.dimension,
                               correlation.key, correlation.cause, correlation.group, now, now + hold_seconds,
-                              unit=key in units)
+                              unit=unit)
         elif not (held.by_operator or held.spent):
             expires = min(held.started_at + max_hold_seconds, now + hold_seconds)
             holds[key] = replace(held, cause=correlation.cause, nodes=held.nodes | correlation.group,

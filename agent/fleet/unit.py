@@ -27,7 +27,8 @@ def confined(correlation: Correlation, sightings: Iterable[Sighting], *, now: fl
     """Whether the correlation is a fabric fault of its one domain: explained by the domain, of a unit class,
     every recent sighting of the rule inside the domain, and not every one of them within its node's boot
     window (a boot-time flap is held, never taken out)."""
-    if correlation.dimension is not Dimension.FABRIC_DOMAIN or correlation.fault_class not in UNIT_CLASSES:
+    if correlation.dimension is not Dimension.FABRIC_DOMAIN or correlation.fault_class not in UNIT_CLASSES or \
+            correlation.fabric_wide:
         return False
     recent = [s for s in sightings if s.rule_id == correlation.rule_id and now - s.seen_at <= policy.window_seconds]
     if any(s.node not in correlation.group for s in recent):
@@ -44,13 +45,14 @@ def unit_ids(correlations: Iterable[Correlation], sightings: Iterable[Sighting],
     return frozenset(c.id for c in correlations if confined(c, seen, now=now, policy=policy))
 
 
-def settling(correlations: Iterable[Correlation], units: frozenset[str], *, now: float,
-             settle_seconds: float) -> dict[str, float]:
-    """The units too young to name, each with when it may be: a fault seen in one domain for less than
-    `settle_seconds` may yet show beyond it (every NVLink down on 100 nodes reaches the controller node by
-    node), and a unit named early takes its domain out before the fault is seen to be fleet-wide."""
+def settling(correlations: Iterable[Correlation], *, now: float, settle_seconds: float) -> dict[str, float]:
+    """The correlations of one fabric domain too young to name, each with when it may be: a fabric fault seen
+    in one domain for less than `settle_seconds` may yet show on others (every NVLink down on 100 nodes
+    reaches the controller node by node). Named early, it took its domain out as a unit before the fault was
+    seen to be fleet-wide, or held the domain as one cause and the fabric-wide event as another."""
     return {c.id: c.first_at + settle_seconds for c in correlations
-            if c.id in units and now < c.first_at + settle_seconds}
+            if c.dimension is Dimension.FABRIC_DOMAIN and c.fault_class in UNIT_CLASSES and not c.fabric_wide
+            and now < c.first_at + settle_seconds}
 
 
 def live_units(holds: Iterable[Hold], *, now: float) -> dict[str, frozenset[str]]:

@@ -82,9 +82,9 @@ class FleetController:
             sightings = self.view.sightings()
             correlations = correlate(self.view.summaries, sightings, now=now, policy=s.policy)
             units = unit_ids(correlations, sightings, now=now, policy=s.policy)
-            young = settling(correlations, units, now=now, settle_seconds=s.unit_settle_seconds)
-            # A unit still settling is neither named, held nor heard: its nodes wait on, and the pass at its
-            # end names it, or the fleet-wide cause it turned out to be.
+            young = settling(correlations, now=now, settle_seconds=s.unit_settle_seconds)
+            # A fabric domain's cause still settling is neither named, held nor heard: its nodes wait on, and the
+            # pass at its end names it (a unit, or a hold), or the fabric-wide cause it turned out to be.
             withheld = {(c.rule_id, node) for c in correlations if c.id in young for node in c.nodes}
             correlations = [c for c in correlations if c.id not in young]
             self.metrics.nodes.labels("valid").set(len(self.view.summaries))

@@ -367,3 +367,31 @@ def test_a_verdict_recorded_while_the_fleet_view_is_read_takes_no_step_before_it
     taken = [str(a.step.kind) for a in [*first.actions, *second.actions]]
     assert arrived and "taint" not in taken and "untaint" not in taken
     assert tainted(fake, [agent]) == []
+
+
+def test_a_hardware_verdict_recorded_while_the_fleet_view_is_read_is_tainted_before_the_pods_are_listed(fake):
+    """Xid 79 on GPU 1 lands while the pass for GPU 0's GSP timeout reads the holds: the pass reads the view
+    again at once, so the taint goes first, not behind the pass's pod list (the 1 s quarantine target)."""
+    clock = Clock(1.7e9)
+    [agent] = agents(fake, count=1, fleet=True, fleet_clock=clock, settle_seconds=10.0, settle_max_seconds=60.0)
+    correlate(fake, fleet_controller(fake, QUICK, wall=1.7e9))
+    gate, read = agent.side.fleet, agent.side.fleet.read
+    reconciler, refresh = agent.pipeline.reconciler, agent.pipeline.reconciler.refresh_pods
+    order: list[str] = []
+
+    def read_while_a_verdict_lands(**kwargs: Any) -> Any:
+        if not order:
+            agent.pipeline.classifier.handle(Observation(Signal.XID, 79, 1.0, "kmsg", agent.inventory.gpus[1]), 1.0)
+        order.append("read")
+        return read(**kwargs)
+
+    def listing() -> None:
+        order.append("pods")
+        refresh()
+
+    gate.read = read_while_a_verdict_lands  # type: ignore[method-assign]
+    reconciler.refresh_pods = listing  # type: ignore[method-assign]
+    first = agent.fault(0, xid=119, at=1.0)
+    kinds = [str(a.step.kind) for a in first.actions]
+    assert kinds[:1] == ["taint"] and tainted(fake, [agent]) == ["n0"]
+    assert order[:2] == ["read", "read"] and "pods" not in order[:2]

@@ -500,5 +500,6 @@ def test_a_fabric_fault_that_reaches_another_domain_while_settling_is_one_fabric
     clock.now += SETTINGS.unit_settle_seconds
     made.reconcile()
     [held] = published(server, clock)
-    assert (held.dimension, held.unit, len(held.nodes)) == (Dimension.FABRIC, False, 12)
+    assert (held.dimension, held.key, held.unit, len(held.nodes)) == \
+        (Dimension.FABRIC_DOMAIN, "several-domains", False, 12)
     assert len(fleet_events(server)) == 1

@@ -169,14 +169,16 @@ def test_links_down_on_several_fabric_domains_at_once_are_one_fabric_wide_cause(
     nodes = [f"n{i}" for i in range(15)]
     sightings = with_fault(summaries, nodes, "nvlink-link-down", FaultClass.INTERCONNECT)
     [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
-    assert (found.dimension, found.touched) == (Dimension.FABRIC, {"fabric-0", "fabric-1"})
+    assert (found.dimension, found.key, found.touched) == \
+        (Dimension.FABRIC_DOMAIN, "several-domains", {"fabric-0", "fabric-1"})
     assert found.nodes == set(nodes) and found.group == {f"n{i}" for i in range(20)}
     assert "a fabric-wide event across 2 NVLink fabric domains" in found.cause
 
 
-def test_links_down_in_one_domain_and_one_node_of_another_are_still_one_fabric_wide_cause():
-    """The fault beyond its domain makes it fabric-wide: the lone node is not left to a cause of its own."""
+def test_a_lone_link_fault_in_another_domain_is_left_to_its_own_cause():
+    """fabric-1's outage on three nodes and one node of fabric-2 alone: fabric-1 is the cause of its three,
+    and the lone node is no part of any cause (it acts on its own evidence)."""
     summaries = fleet()
     sightings = with_fault(summaries, ["n10", "n11", "n12", "n25"], "nvlink-link-down", FaultClass.INTERCONNECT)
-    assert [(c.dimension, len(c.nodes)) for c in correlate(summaries, sightings, now=30.0, policy=POLICY)] == \
-        [(Dimension.FABRIC, 4)]
+    [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
+    assert (found.dimension, found.key, found.nodes) == (Dimension.FABRIC_DOMAIN, "fabric-1", {"n10", "n11", "n12"})

@@ -107,11 +107,50 @@ def test_the_brake_counts_the_nodes_of_one_unit_as_one():
     assert not brake_allows(node="n5", quarantined_at=quarantined, gpu_nodes=40, now=10.0, policy=policy)
 
 
-def test_a_unit_is_not_named_until_its_fault_stayed_in_its_domain_for_the_settle():
+def test_a_domains_cause_is_not_named_until_its_fault_stayed_there_for_the_settle():
     """Seen in one domain for 5 s of a 20 s settle: settling (not named), until first sighting + 20 s."""
     summaries = fleet()
     sightings = with_fault(summaries, [f"n{i}" for i in range(10, 14)], LINKS, FaultClass.INTERCONNECT)
     correlations = correlate(summaries, sightings, now=5.0, policy=POLICY)
-    units = unit_ids(correlations, sightings, now=5.0, policy=POLICY)
-    assert settling(correlations, units, now=5.0, settle_seconds=20.0) == {f"{LINKS}/fabric-domain/fabric-1": 20.0}
-    assert settling(correlations, units, now=20.0, settle_seconds=20.0) == {}
+    assert settling(correlations, now=5.0, settle_seconds=20.0) == {f"{LINKS}/fabric-domain/fabric-1": 20.0}
+    assert settling(correlations, now=20.0, settle_seconds=20.0) == {}
+
+
+def test_a_fabric_wide_cause_is_named_at_once():
+    """Links down on two domains: the fabric-wide cause is no domain's to wait for; it is never a unit."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n10", "n11", "n20", "n21"], LINKS, FaultClass.INTERCONNECT)
+    correlations = correlate(summaries, sightings, now=5.0, policy=POLICY)
+    assert [c.key for c in correlations] == ["several-domains"]
+    assert settling(correlations, now=5.0, settle_seconds=20.0) == {}
+    assert unit_ids(correlations, sightings, now=5.0, policy=POLICY) == frozenset()
+
+
+def passes(*steps: tuple[float, list[str]]) -> dict[str, Hold]:
+    """The holds after a pass at each (time, faulty nodes) of a fleet of 40 (domains of 10), as the
+    controller publishes them (a settling domain's cause withheld)."""
+    holds: dict[str, Hold] = {}
+    for now, nodes in steps:
+        summaries = fleet()
+        sightings = with_fault(summaries, nodes, LINKS, FaultClass.INTERCONNECT)
+        correlations = correlate(summaries, sightings, now=now, policy=POLICY)
+        units = unit_ids(correlations, sightings, now=now, policy=POLICY)
+        young = settling(correlations, now=now, settle_seconds=20.0)
+        holds = next_holds(holds, [c for c in correlations if c.id not in young], now=now, hold_seconds=900,
+                           max_hold_seconds=6 * 3600, units=units)
+    return holds
+
+
+def test_a_unit_overtaken_by_a_fabric_wide_cause_becomes_a_hold():
+    """fabric-1 taken out as a unit, then the fault shows on fabric-2 too: the unit is renewed as a hold,
+    beside the fabric-wide hold (its nodes no longer act, nor count as a unit)."""
+    holds = passes((30.0, ["n10", "n11", "n12"]), (60.0, ["n10", "n11", "n12", "n20", "n21"]))
+    assert {h.id: h.unit for h in holds.values()} == {f"{LINKS}/fabric-domain/fabric-1": False,
+                                                      f"{LINKS}/fabric-domain/several-domains": False}
+
+
+def test_a_domain_left_alone_by_a_fabric_wide_hold_is_not_taken_out():
+    """The fabric-wide hold stands on fabric-1 and fabric-2; fabric-2's faults clear: fabric-1's own cause is
+    a hold, not a unit (the judgment never moves back toward acting)."""
+    holds = passes((30.0, ["n10", "n11", "n12", "n20", "n21"]), (60.0, ["n10", "n11", "n12"]))
+    assert holds[f"{LINKS}/fabric-domain/fabric-1"].unit is False
