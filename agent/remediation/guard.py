@@ -195,7 +195,7 @@ def held_back(faults: Mapping[K, ActiveFault], held: Mapping[tuple[str, str], st
     hardware fault is never held back, whatever the hold says. While the quarantine brake keeps the node's
     new taint waiting (`braked`), each fault that quarantines says so in its condition. A fault the fleet
     view was not read for (not in `judged`: recorded after the read) asks for nothing yet, whatever its class:
-    the pass its verdict wakes reads the view for it (milliseconds later), so it neither slips past a hold,
+    the pass reads the view again for it at once (Reconciler._taint_first), so it neither slips past a hold,
     the settle or the brake, nor waits for long; its condition and Events go as ever."""
     planned: dict[K, ActiveFault] = {}
     for key, fault in faults.items():
