@@ -61,8 +61,13 @@ FABRIC_WIDE = frozenset({FaultClass.INTERCONNECT})
 #: The key of a fabric-wide cause: one per rule, whatever domains it touches (no domain is named so: a
 #: domain's key is `<cluster UUID>/<clique id>`).
 FABRIC_WIDE_KEY = "several-domains"
-#: The sightings a domain needs to count as touched by a fabric-wide event (a lone node's fault is its own).
+#: The sightings a domain needs to count as touched by a fabric-wide event whenever they came (a lone node's
+#: fault is its own, unless it came with the event's first: FABRIC_WIDE_AT_ONCE_SECONDS).
 FABRIC_WIDE_MIN_PER_DOMAIN = 2
+#: Lone nodes first seen within this of the rule's first sighting are part of the event. (At 1,000 nodes,
+#: every NVLink down on 100 nodes, the nodes of domains the controller had heard from only once were left
+#: over and named as the job: a second hold and Event.)
+FABRIC_WIDE_AT_ONCE_SECONDS = 20.0
 _DEFAULT_PREFERENCE = (Dimension.DRIVER_VERSION, Dimension.BOOT_WINDOW, Dimension.WORKLOAD, Dimension.FABRIC_DOMAIN,
                        Dimension.GPU_MODEL, Dimension.RACK, Dimension.ZONE)
 _AT_BOOT = "at-boot"
@@ -204,16 +209,23 @@ def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sightin
 
 def _fabric_wide(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sighting],
                  summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy) -> Correlation | None:
-    """A fabric fault on two or more fabric domains at once (each touched by FABRIC_WIDE_MIN_PER_DOMAIN nodes
-    or more, at least `min_nodes` in all): one cause, the fabric, over the domains it touched (their every node
-    is its group: the hold's scope). A lone node's fault in another domain is left to its own cause, and so is
-    a fault every node showed within its boot window (the ranking names it, a boot-time flap or what the
-    nodes share)."""
+    """A fabric fault on two or more fabric domains at once, at least `min_nodes` nodes in all: one cause, the
+    fabric, over the domains it touched (their every node is its group: the hold's scope). A node counts when
+    its domain shows the fault on FABRIC_WIDE_MIN_PER_DOMAIN nodes or more, or when it was first seen within
+    FABRIC_WIDE_AT_ONCE_SECONDS of the rule's first sighting; a lone node's fault in another domain later on
+    is left to its own cause, and so is a fault every node showed within its boot window (the ranking names
+    it, a boot-time flap or what the nodes share)."""
     by_domain: dict[str, list[str]] = {}
     for node in sightings:
         if summaries[node].fabric_domain:
             by_domain.setdefault(summaries[node].fabric_domain, []).append(node)
-    touched = {domain: nodes for domain, nodes in by_domain.items() if len(nodes) >= FABRIC_WIDE_MIN_PER_DOMAIN}
+    if not by_domain:
+        return None
+    start = min(sightings[node].seen_at for members in by_domain.values() for node in members)
+    touched = {domain: nodes if len(nodes) >= FABRIC_WIDE_MIN_PER_DOMAIN else
+               [n for n in nodes if sightings[n].seen_at <= start + FABRIC_WIDE_AT_ONCE_SECONDS]
+               for domain, nodes in by_domain.items()}
+    touched = {domain: nodes for domain, nodes in touched.items() if nodes}
     nodes = [node for members in touched.values() for node in members]
     if len(touched) < 2 or len(nodes) < policy.min_nodes:
         return None

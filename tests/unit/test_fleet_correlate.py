@@ -175,10 +175,22 @@ def test_links_down_on_several_fabric_domains_at_once_are_one_fabric_wide_cause(
     assert "a fabric-wide event across 2 NVLink fabric domains" in found.cause
 
 
-def test_a_lone_link_fault_in_another_domain_is_left_to_its_own_cause():
-    """fabric-1's outage on three nodes and one node of fabric-2 alone: fabric-1 is the cause of its three,
-    and the lone node is no part of any cause (it acts on its own evidence)."""
+def test_a_lone_link_fault_in_another_domain_later_is_left_to_its_own_cause():
+    """fabric-1's outage on three nodes, and a minute later one node of fabric-2 alone: fabric-1 is the cause
+    of its three, and the lone node is no part of any cause (it acts on its own evidence)."""
     summaries = fleet()
     sightings = with_fault(summaries, ["n10", "n11", "n12", "n25"], "nvlink-link-down", FaultClass.INTERCONNECT)
-    [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
+    sightings[-1] = Sighting("n25", "nvlink-link-down", FaultClass.INTERCONNECT, seen_at=60.0)
+    [found] = correlate(summaries, sightings, now=70.0, policy=POLICY)
     assert (found.dimension, found.key, found.nodes) == (Dimension.FABRIC_DOMAIN, "fabric-1", {"n10", "n11", "n12"})
+
+
+def test_links_down_on_one_node_of_each_of_three_domains_at_once_are_one_fabric_wide_cause():
+    """Three nodes of three domains within seconds, none with a neighbour: one fabric-wide event, not the job
+    or the driver version they also share."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n0", "n12", "n24"], "nvlink-link-down", FaultClass.INTERCONNECT,
+                           owner="ml/Job/train")
+    [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
+    assert (found.key, found.nodes, found.touched) == \
+        ("several-domains", {"n0", "n12", "n24"}, {"fabric-0", "fabric-1", "fabric-2"})
