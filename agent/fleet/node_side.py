@@ -48,6 +48,9 @@ class FleetReading:
     #: The controller gave its word and its promise lapsed (uninstalled, or down longer than three ticks):
     #: nobody is there to hear of a fault, so a node does not wait the settle for it.
     controller_gone: bool = False
+    #: Whether the brake's count came from the reader's cache (listed up to its count_seconds before) rather
+    #: than listed for this read: a new quarantine the cached count allows is counted afresh first.
+    count_cached: bool = False
 
 
 class FleetSource(Protocol):
@@ -66,9 +69,9 @@ class FleetSource(Protocol):
     clock: Callable[[], float]
     wall: Callable[[], float]
 
-    def read(self, *, count: bool, fresh_after: float | None = None) -> FleetReading:
+    def read(self, *, count: bool, fresh_after: float | None = None, fresh_count: bool = False) -> FleetReading:
         """The holds (read again when the last read was before `fresh_after`), and with `count` the quarantine
-        count; never raises (an error is in the reading)."""
+        count (listed anew with `fresh_count`); never raises (an error is in the reading)."""
         ...
 
 
@@ -153,6 +156,9 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     brake = ""
     if wants_quarantine and still_quarantines and source.brake is not None:
         brake = brake_refusal(reading, node=node, policy=source.brake)
+        if not brake and reading.count_cached:  # room by an older count: counted afresh before it is taken
+            recount = source.read(count=True, fresh_count=True)
+            brake = "" if recount.error else brake_refusal(recount, node=node, policy=source.brake)
     return FleetView(held, brake, settle_until, judged)
 
 

@@ -31,8 +31,9 @@ from agent.logs import get_logger
 class FleetGate:
     """One GET of `gpu-health-fleet-holds` at most every `cache_seconds` (a version seen before keeps its
     placement, so re-reading never moves an expiry); one metadata-only list at most every `count_seconds`,
-    only when a new quarantine asks the brake: of the labelled (quarantined) GPU nodes where a live
-    controller's census for this selector gives the count, else of every GPU node."""
+    only when a new quarantine asks the brake (and once more, afresh, before a quarantine the cached count
+    allows is taken): of the labelled (quarantined) GPU nodes where a live controller's census for this
+    selector gives the count, else of every GPU node."""
 
     def __init__(self, raw: RawApi, *, namespace: str, gpu_node_selector: str, brake: BrakePolicy | None,
                  holds: bool = True, cache_seconds: float = 10.0, count_seconds: float = 10.0,
@@ -64,11 +65,16 @@ class FleetGate:
         self.label_lists = 0
         self._log = get_logger("agent.fleet_gate")
 
-    def read(self, *, count: bool, fresh_after: float | None = None) -> FleetReading:
+    def read(self, *, count: bool, fresh_after: float | None = None, fresh_count: bool = False) -> FleetReading:
         now = self.clock()
+        cached = False
         try:
             holds = self._read_holds(now, fresh_after) if self.holds else ()
-            gpu_nodes, quarantined = self._count_quarantined(now) if count else (None, {})
+            if count:
+                cached = not fresh_count and self._count is not None and now - self._count[0] < self.count_seconds
+                gpu_nodes, quarantined = self._count_quarantined(now, fresh=fresh_count)
+            else:
+                gpu_nodes, quarantined = None, {}
         except (K8sError, InputError) as exc:
             self._log.warning("fleet_view_unreadable", error=str(exc))
             return FleetReading(now=now, error=f"{type(exc).__name__}: {exc}")
@@ -76,7 +82,7 @@ class FleetGate:
         heard, alive_until = self._heard if self.holds else ({}, 0.0)
         return FleetReading(holds, now, gpu_nodes, quarantined, published=published, heard=heard,
                             controller_alive=self.wall() < alive_until,
-                            controller_gone=0 < alive_until <= self.wall())
+                            controller_gone=0 < alive_until <= self.wall(), count_cached=cached)
 
     def units(self) -> dict[str, frozenset[str]]:
         """The published units standing now (agent.fleet.unit), for the disruption budget's count; {} when
@@ -120,11 +126,12 @@ class FleetGate:
         self._holds = (now, version, holds)
         return holds
 
-    def _count_quarantined(self, now: float) -> tuple[int, dict[str, float]]:
+    def _count_quarantined(self, now: float, *, fresh: bool = False) -> tuple[int, dict[str, float]]:
         """The GPU nodes, and when each one the agents quarantined was (placed on this clock from the age its
-        own wall clock published: a clock ahead makes it look newer and counted longer, one behind older)."""
+        own wall clock published: a clock ahead makes it look newer and counted longer, one behind older);
+        the cached count unless `fresh`."""
         cached = self._count
-        if cached is not None and now - cached[0] < self.count_seconds:
+        if cached is not None and now - cached[0] < self.count_seconds and not fresh:
             return cached[1], cached[2]
         census = self._live_census()
         wall = self.wall()

@@ -14,6 +14,7 @@ from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
 from agent.k8s.cluster import request_release
 from agent.k8s.events import EventRecorder
+from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.logs import capture_logs
@@ -395,3 +396,18 @@ def test_a_hardware_verdict_recorded_while_the_fleet_view_is_read_is_tainted_bef
     kinds = [str(a.step.kind) for a in first.actions]
     assert kinds[:1] == ["taint"] and tainted(fake, [agent]) == ["n0"]
     assert order[:2] == ["read", "read"] and "pods" not in order[:2]
+
+
+def test_the_brakes_count_says_when_it_is_cached_and_is_listed_afresh_when_asked(fake):
+    """A count listed within count_seconds comes from the cache and says so; fresh_count lists it anew (what a
+    quarantine the cached count allows asks for before it is taken)."""
+    agents(fake, count=2, brake=BRAKE)
+    clock = Clock(100.0)
+    gate = FleetGate(RawApi(operator_client(fake[1])), namespace="gpu-health",
+                     gpu_node_selector="nvidia.com/gpu.present=true", brake=BRAKE, holds=False, count_seconds=60.0,
+                     clock=clock, wall=lambda: 1.0)
+    first = gate.read(count=True)
+    clock.now += 5.0
+    second, third = gate.read(count=True), gate.read(count=True, fresh_count=True)
+    assert [r.count_cached for r in (first, second, third)] == [False, True, False]
+    assert gate.lists == 2 and third.gpu_nodes == first.gpu_nodes >= 2

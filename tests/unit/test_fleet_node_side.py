@@ -43,12 +43,21 @@ class Source:
     def wall(self) -> float:
         return self.now
 
-    def read(self, *, count: bool, fresh_after: float | None = None) -> FleetReading:
+    #: The count a fresh list finds (None: the same as the cached one), and whether the count read is cached.
+    fresh_quarantined: dict[str, float] | None = None
+    count_cached: bool = False
+    fresh_counts: int = 0
+
+    def read(self, *, count: bool, fresh_after: float | None = None, fresh_count: bool = False) -> FleetReading:
         self.reads += 1
         self.fresh_after.append(fresh_after)
-        return FleetReading(self.holds, self.now, self.gpu_nodes if count else None, self.quarantined, self.error,
+        self.fresh_counts += fresh_count
+        fresh = fresh_count and self.fresh_quarantined is not None
+        quarantined = self.fresh_quarantined if fresh and self.fresh_quarantined is not None else self.quarantined
+        return FleetReading(self.holds, self.now, self.gpu_nodes if count else None, quarantined, self.error,
                             published=self.published, heard=self.heard, controller_alive=self.controller_alive,
-                            controller_gone=self.controller_gone)
+                            controller_gone=self.controller_gone, count_cached=count and self.count_cached
+                            and not fresh_count)
 
 
 def hold(rule: str = "xid-119", nodes: tuple[str, ...] = ("n1",)) -> Hold:
@@ -310,3 +319,17 @@ def test_no_settle_on_a_node_already_quarantined():
     view = fleet_view(settling(), node="n1", faults=[fault()], quarantined=True,
                       first_seen={("GPU-0", "xid-119"): 99.0})
     assert view.held == {}
+
+
+def test_a_quarantine_the_cached_count_allows_is_counted_afresh_first():
+    """The cached count (10 s old) has room; the other agents filled the window since: the fresh count
+    refuses. Where the count was listed for this read, nothing is listed again."""
+    full = {f"m{i}": 95.0 for i in range(2)}  # the bound for 10 GPU nodes is 2
+    source = Source(quarantined={}, count_cached=True, fresh_quarantined=full)
+    view = fleet_view(source, node="n1", faults=[fault("xid-79", FaultClass.HARDWARE, Action.QUARANTINE)],
+                      quarantined=False)
+    assert view.brake.startswith("quarantine brake: 2 of 10") and source.fresh_counts == 1
+    listed = Source(quarantined={}, count_cached=False, fresh_quarantined=full)
+    assert fleet_view(listed, node="n1", faults=[fault("xid-79", FaultClass.HARDWARE, Action.QUARANTINE)],
+                      quarantined=False).brake == ""
+    assert listed.fresh_counts == 0
