@@ -22,14 +22,16 @@ Rows, in the order run:
   (c)+(g) Xid 119 on every node of the other driver version, 0.2 s apart; the controller SIGKILLed half-way
   (once its hold is published) and started again;
   (e) one node inside (c)'s hold: its GPU falls off the bus (Xid 79, hardware);
-  (f) independent Xid 79s on the first driver's nodes, RATE a second;
+  (f) independent Xid 79s on the first driver's nodes: SLOW_FAULTS of them one a second (the issue's (f)), then
+  the rest RATE a second (its throughput);
   the controller's CPU and RSS after MORE kwok nodes join.
 
 A row gives the nodes newly tainted (from a Node watch), evicted pods, GPU resets and reboot requests (the agents'
 journals), the time from the first fault to the hold (and from the k-th node's verdict), the holds and Events, and
 the API requests/s of the agents and the controller (audit log). Nothing is asserted.
 
-Usage: scripts/bench_fleet_scale.py [--nodes 1000] [--agents 100] [--rate 25] [--more-nodes 4000] [--wave 10]
+Usage: scripts/bench_fleet_scale.py [--nodes 1000] [--agents 100] [--rate 25] [--slow-faults 15] [--more-nodes 4000]
+       [--wave 10]
 Needs scripts/build-controlplane and the fake NVML (tests/fakenvml/build.sh); root is not needed.
 """
 
@@ -421,29 +423,9 @@ def run(bench: Bench) -> None:
         held_by=",".join(h["id"] for h in bench.holds() if inside.node in h["nodes"] and h["rule"] == "xid-119"))
 
     others = [a for a in by_driver[1] if a.node not in bench.taints.now_tainted]
-    sent_at: dict[str, float] = {}
-    samples: list[int] = []
-    started = time.time()
-    for agent in others:
-        sent_at[agent.node] = agent.xid(79, BUS[2], "GPU has fallen off the bus.")
-        time.sleep(max(0.0, started + len(sent_at) / args.rate - time.time()))
-    while len([n for n in sent_at if bench.taints.became.get(n, 0) >= sent_at[n]]) < len(sent_at) \
-            and time.time() - started < 60:
-        samples.append(bench.slots())
-        time.sleep(0.5)
-    delays = sorted(bench.taints.became[n] - t for n, t in sent_at.items() if bench.taints.became.get(n, 0) >= t)
-    done = max((bench.taints.became[n] for n in sent_at if bench.taints.became.get(n, 0) >= sent_at[n]),
-               default=started)
-    for _ in range(10):
-        samples.append(bench.slots())
-        time.sleep(1)
-    steps = bench.steps(others, started)
-    row("(f) independent Xid 79s", faults=len(sent_at), arrived_per_s=args.rate, quarantined=len(delays),
-        p50_s=round(delays[len(delays) // 2], 3) if delays else "n/a",
-        max_s=round(delays[-1], 3) if delays else "n/a",
-        throughput_nodes_per_s=round(len(delays) / max(done - started, 1e-9), 1),
-        evicted=steps.get("evict", 0), reboot_requests=steps.get("reboot_request", 0),
-        budget_slots_max_sampled=max(samples, default=0), agent_req_per_s=bench.audit.per_s(AGENT_USER, started))
+    slow = min(args.slow_faults, len(others) // 2)
+    independent_faults(bench, others[:slow], rate=1.0, label="(f) independent Xid 79s, one a second")
+    independent_faults(bench, others[slow:], rate=args.rate, label=f"(f) independent Xid 79s, {args.rate:g} a second")
 
     if args.more_nodes and bench.controller is not None:
         cpu0, at0 = cpu_seconds(bench.controller.pid), time.time()
@@ -458,11 +440,41 @@ def run(bench: Bench) -> None:
             cpu_pct_after=round(100 * (cpu_seconds(bench.controller.pid) - cpu1) / (time.time() - at1), 1))
 
 
+def independent_faults(bench: Bench, agents: list[AgentProcess], *, rate: float, label: str) -> None:
+    """(f): Xid 79 (fell off the bus) on each agent's node in turn, `rate` a second; a row of how soon each node
+    was tainted, the throughput, and the budget slots sampled meanwhile."""
+    sent_at: dict[str, float] = {}
+    samples: list[int] = []
+    started = time.time()
+    for agent in agents:
+        sent_at[agent.node] = agent.xid(79, BUS[2], "GPU has fallen off the bus.")
+        time.sleep(max(0.0, started + len(sent_at) / rate - time.time()))
+    while len([n for n in sent_at if bench.taints.became.get(n, 0) >= sent_at[n]]) < len(sent_at) \
+            and time.time() - started < 60:
+        samples.append(bench.slots())
+        time.sleep(0.5)
+    delays = sorted(bench.taints.became[n] - t for n, t in sent_at.items() if bench.taints.became.get(n, 0) >= t)
+    done = max((bench.taints.became[n] for n in sent_at if bench.taints.became.get(n, 0) >= sent_at[n]),
+               default=started)
+    for _ in range(10):
+        samples.append(bench.slots())
+        time.sleep(1)
+    steps = bench.steps(agents, started)
+    row(label, faults=len(sent_at), arrived_per_s=rate, quarantined=len(delays),
+        p50_s=round(delays[len(delays) // 2], 3) if delays else "n/a",
+        max_s=round(delays[-1], 3) if delays else "n/a",
+        throughput_nodes_per_s=round(len(delays) / max(done - started, 1e-9), 1),
+        evicted=steps.get("evict", 0), reboot_requests=steps.get("reboot_request", 0),
+        budget_slots_max_sampled=max(samples, default=0), agent_req_per_s=bench.audit.per_s(AGENT_USER, started))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--rate", type=float, default=25.0, help="(f): independent faults a second")
+    parser.add_argument("--slow-faults", type=int, default=15,
+                        help="(f) first at one fault a second on this many nodes (at most half of those left)")
     parser.add_argument("--more-nodes", type=int, default=4000, help="added at the end for the controller's cost")
     parser.add_argument("--wave", type=int, default=10, help="agents started together")
     parser.add_argument("--quiet", type=float, default=90.0, help="seconds the healthy fleet's requests are counted")
