@@ -31,7 +31,8 @@ journals), the time from the first fault to the hold (and from the k-th node's v
 the API requests/s of the agents and the controller (audit log). Nothing is asserted.
 
 Usage: scripts/bench_fleet_scale.py [--nodes 1000] [--agents 100] [--rate 25] [--slow-faults 15] [--more-nodes 4000]
-       [--wave 10]
+       [--wave 10] [--throughput-only]
+With --throughput-only, only (f)'s throughput, on every agent's node (a longer burst than the full run leaves).
 Needs scripts/build-controlplane and the fake NVML (tests/fakenvml/build.sh); root is not needed.
 """
 
@@ -332,6 +333,9 @@ def run(bench: Bench) -> None:
     agents = bench.agents
     by_driver = [[a for a in agents if a.driver == d] for d in DRIVERS]
     time.sleep(40)  # past every agent's first pass (it publishes its record)
+    if args.throughput_only:
+        throughput(bench, agents)
+        return
     quiet = time.time()
     time.sleep(args.quiet)
     healthy = bench.audit.count(AGENT_USER, quiet)
@@ -440,6 +444,19 @@ def run(bench: Bench) -> None:
             cpu_pct_after=round(100 * (cpu_seconds(bench.controller.pid) - cpu1) / (time.time() - at1), 1))
 
 
+def throughput(bench: Bench, agents: list[AgentProcess]) -> None:
+    """(f)'s throughput alone, over a longer burst: the fleet's other nodes join and the controller starts (the
+    brake's bound is then a share of every GPU node, as in the full run), then Xid 79 on every agent's node at
+    --rate a second."""
+    args, plane = bench.args, bench.plane
+    add_nodes(plane, range(args.agents, args.nodes), driver_of)
+    bench.fleet_config = fleet_kubeconfig(plane, manager="bench", seconds=7200)
+    bench.controller = start_controller(bench.fleet_config, bench.folder, "fleet-a")
+    time.sleep(30)
+    independent_faults(bench, agents, rate=args.rate, label=f"(f) independent Xid 79s, {args.rate:g} a second, "
+                       f"{len(agents)} nodes")
+
+
 def independent_faults(bench: Bench, agents: list[AgentProcess], *, rate: float, label: str) -> None:
     """(f): Xid 79 (fell off the bus) on each agent's node in turn, `rate` a second; a row of how soon each node
     was tainted, the throughput, and the budget slots sampled meanwhile."""
@@ -473,6 +490,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--rate", type=float, default=25.0, help="(f): independent faults a second")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="run (f)'s throughput alone, on every agent's node, after the controller starts")
     parser.add_argument("--slow-faults", type=int, default=15,
                         help="(f) first at one fault a second on this many nodes (at most half of those left)")
     parser.add_argument("--more-nodes", type=int, default=4000, help="added at the end for the controller's cost")
