@@ -411,3 +411,31 @@ def test_the_brakes_count_says_when_it_is_cached_and_is_listed_afresh_when_asked
     second, third = gate.read(count=True), gate.read(count=True, fresh_count=True)
     assert [r.count_cached for r in (first, second, third)] == [False, True, False]
     assert gate.lists == 2 and third.gpu_nodes == first.gpu_nodes >= 2
+
+
+@pytest.mark.fake_only  # counts every FleetCorrelation Event of the cluster
+def test_every_nvlink_down_on_several_fabric_domains_heard_node_by_node_is_one_verdict_and_taints_no_node(fake):
+    """Issue 24 (b): every NVLink drops on 12 nodes of three fabric domains, the controller hearing of them node
+    by node (a pass after each): one hold naming the fabric across the domains, one Event, no unit of the
+    first domain, and no node tainted."""
+    cluster, server = fake
+    clock = Clock()
+    fleet = [make_agent(cluster, server, gpu_node(f"n{i}", gpus=2), mode=Mode.QUARANTINE, fleet=True,
+                        fleet_clock=clock, settle_seconds=10.0, settle_max_seconds=60.0,
+                        fabric_domain=f"fabric-{i // 4}") for i in range(12)]
+    controller = fleet_controller(fake)
+    for agent in fleet:  # each publishes its summary (its fabric domain) at its first pass
+        agent.poll(0, 0.2)
+        agent.settle(0.5)
+    correlate(fake, controller)
+    for agent in fleet:
+        links_down(agent)
+        agent.settle(200.0)
+        correlate(fake, controller)
+    clock.now += 10.0  # the settle ends
+    for agent in fleet:
+        agent.settle(400.0)
+    assert tainted(fake, fleet) == []
+    holds = controller.store.read()[0]
+    assert [(h.id, h.unit) for h in holds] == [("nvlink-link-down/fabric-domain/several-domains", False)]
+    assert len([e for e in cluster.events() if e.get("reason") == "FleetCorrelation"]) == 1
