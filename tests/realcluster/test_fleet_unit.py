@@ -46,6 +46,8 @@ def test_an_nvswitch_fault_of_one_domain_is_published_as_a_unit_of_the_whole_dom
         for i, name in enumerate(names):
             publish(plane, name, domain, faulty=i < 4)
         wait_until(lambda: all(n in controller.view.summaries for n in names), "the summaries over the watch")
+        controller.reconcile()  # the fault is new: its domain's cause settles (--unit-settle), nothing named
+        clock.now += settings.unit_settle_seconds
         controller.reconcile()
     published = plane.core.read_namespaced_config_map(HOLDS_CONFIGMAP, AGENT_NAMESPACE)
     [unit] = [h for h in decode(published.data, observed_at=0.0) if h.key == domain]
