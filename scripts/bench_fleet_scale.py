@@ -462,6 +462,7 @@ def independent_faults(bench: Bench, agents: list[AgentProcess], *, rate: float,
     was tainted, the throughput, and the budget slots sampled meanwhile."""
     sent_at: dict[str, float] = {}
     samples: list[int] = []
+    cpu0, busy0 = sum(cpu_seconds(a.process.pid) for a in agents), machine_busy()
     started = time.time()
     for agent in agents:
         sent_at[agent.node] = agent.xid(79, BUS[2], "GPU has fallen off the bus.")
@@ -473,6 +474,7 @@ def independent_faults(bench: Bench, agents: list[AgentProcess], *, rate: float,
     delays = sorted(bench.taints.became[n] - t for n, t in sent_at.items() if bench.taints.became.get(n, 0) >= t)
     done = max((bench.taints.became[n] for n in sent_at if bench.taints.became.get(n, 0) >= sent_at[n]),
                default=started)
+    agents_cpu, (busy, total) = sum(cpu_seconds(a.process.pid) for a in agents) - cpu0, machine_busy()
     for _ in range(10):
         samples.append(bench.slots())
         time.sleep(1)
@@ -482,7 +484,16 @@ def independent_faults(bench: Bench, agents: list[AgentProcess], *, rate: float,
         max_s=round(delays[-1], 3) if delays else "n/a",
         throughput_nodes_per_s=round(len(delays) / max(done - started, 1e-9), 1),
         evicted=steps.get("evict", 0), reboot_requests=steps.get("reboot_request", 0),
-        budget_slots_max_sampled=max(samples, default=0), agent_req_per_s=bench.audit.per_s(AGENT_USER, started))
+        budget_slots_max_sampled=max(samples, default=0), agent_req_per_s=bench.audit.per_s(AGENT_USER, started),
+        agents_cpu_ms_per_fault=round(1000 * agents_cpu / max(len(sent_at), 1), 1),
+        machine_busy_pct=round(100 * (busy - busy0[0]) / max(total - busy0[1], 1e-9), 1))
+
+
+def machine_busy() -> tuple[float, float]:
+    """The machine's busy and total CPU time so far (/proc/stat's first line, in clock ticks)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return float(sum(ticks) - idle), float(sum(ticks))
 
 
 def main() -> None:
