@@ -229,12 +229,18 @@ def _fabric_wide(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, 
     nodes = [node for members in touched.values() for node in members]
     if len(touched) < 2 or len(nodes) < policy.min_nodes:
         return None
-    if all(_keys(Dimension.BOOT_WINDOW, summaries[node], sightings[node], rule_id, policy) for node in nodes):
+    if all(at_boot(sightings[node], policy) for node in nodes):
         return None
     group = {name for name, s in summaries.items() if s.fabric_domain in touched}
     times = [sightings[node].seen_at for node in nodes]
     return Correlation(rule_id, fault_class, Dimension.FABRIC_DOMAIN, FABRIC_WIDE_KEY, frozenset(nodes),
                        frozenset(group), min(times), max(times), frozenset(touched))
+
+
+def at_boot(sighting: Sighting, policy: CorrelationPolicy) -> bool:
+    """Whether the node showed the fault within `boot_window_seconds` of its own boot."""
+    booted = sighting.booted_at
+    return booted is not None and 0.0 <= sighting.seen_at - booted <= policy.boot_window_seconds
 
 
 def _enough(nodes: int, group: int, policy: CorrelationPolicy) -> bool:
@@ -249,9 +255,7 @@ def _keys(dimension: Dimension, summary: NodeSummary, sighting: Sighting, rule_i
     if dimension is Dimension.WORKLOAD:
         return tuple({owner for fault in summary.faults if fault.rule_id == rule_id for owner in fault.owners})
     if dimension is Dimension.BOOT_WINDOW:
-        booted = sighting.booted_at
-        at_boot = booted is not None and 0.0 <= sighting.seen_at - booted <= policy.boot_window_seconds
-        return (_AT_BOOT,) if at_boot else ()
+        return (_AT_BOOT,) if at_boot(sighting, policy) else ()
     value = _static_key(dimension, summary)
     return (value,) if value else ()
 

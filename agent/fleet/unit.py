@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from agent.fleet.correlate import Correlation, CorrelationPolicy, Dimension, Sighting
+from agent.fleet.correlate import Correlation, CorrelationPolicy, Dimension, Sighting, at_boot
 from agent.fleet.hold import Hold
 from agent.model import FaultClass
 
@@ -33,9 +33,7 @@ def confined(correlation: Correlation, sightings: Iterable[Sighting], *, now: fl
     recent = [s for s in sightings if s.rule_id == correlation.rule_id and now - s.seen_at <= policy.window_seconds]
     if any(s.node not in correlation.group for s in recent):
         return False
-    at_boot = [s for s in recent if s.booted_at is not None
-               and 0.0 <= s.seen_at - s.booted_at <= policy.boot_window_seconds]
-    return len(at_boot) < len(recent)
+    return not all(at_boot(s, policy) for s in recent)
 
 
 def unit_ids(correlations: Iterable[Correlation], sightings: Iterable[Sighting], *, now: float,
