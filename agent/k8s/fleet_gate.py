@@ -67,14 +67,10 @@ class FleetGate:
 
     def read(self, *, count: bool, fresh_after: float | None = None, fresh_count: bool = False) -> FleetReading:
         now = self.clock()
-        cached = False
         try:
             holds = self._read_holds(now, fresh_after) if self.holds else ()
-            if count:
-                cached = not fresh_count and self._count is not None and now - self._count[0] < self.count_seconds
-                gpu_nodes, quarantined = self._count_quarantined(now, fresh=fresh_count)
-            else:
-                gpu_nodes, quarantined = None, {}
+            gpu_nodes, quarantined, cached = self._count_quarantined(now, fresh=fresh_count) if count else \
+                (None, {}, False)
         except (K8sError, InputError) as exc:
             self._log.warning("fleet_view_unreadable", error=str(exc))
             return FleetReading(now=now, error=f"{type(exc).__name__}: {exc}")
@@ -126,13 +122,13 @@ class FleetGate:
         self._holds = (now, version, holds)
         return holds
 
-    def _count_quarantined(self, now: float, *, fresh: bool = False) -> tuple[int, dict[str, float]]:
+    def _count_quarantined(self, now: float, *, fresh: bool = False) -> tuple[int, dict[str, float], bool]:
         """The GPU nodes, and when each one the agents quarantined was (placed on this clock from the age its
         own wall clock published: a clock ahead makes it look newer and counted longer, one behind older);
-        the cached count unless `fresh`."""
+        the cached count unless `fresh`, and whether it is the cached one."""
         cached = self._count
         if cached is not None and now - cached[0] < self.count_seconds and not fresh:
-            return cached[1], cached[2]
+            return cached[1], cached[2], True
         census = self._live_census()
         wall = self.wall()
         quarantined: dict[str, float] = {}
@@ -165,7 +161,7 @@ class FleetGate:
                     quarantined[summary.node or str(metadata.get("name"))] = now - age
             gpu_nodes = len(items)
         self._count = (now, gpu_nodes, quarantined)
-        return gpu_nodes, quarantined
+        return gpu_nodes, quarantined, False
 
     def _live_census(self) -> Census | None:
         """The census to count by: the holds are read, its controller is alive by its promise, and it
