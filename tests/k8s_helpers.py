@@ -195,6 +195,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
             inventory.name, wall=wall, uptime=lambda: 86400.0, pods=lambda: inventory.pods,
             facts=lambda: NodeFacts(driver_version=driver, fabric_domain=fabric_domain))
         budget.units.read = side.fleet.units
+        budget.census = side.fleet.census_gpu_nodes
     opened = Journal(journal) if journal is not None else None
     pipeline = Pipeline(rules=RULES, inventory=inventory, policy=GuardPolicy(mode=mode, dry_run=dry_run),
                         actuator=actuator, journal=opened, pods=side.pods.pods,

@@ -74,7 +74,8 @@ class LeaseBudget:
                  count_seconds: float = 300.0, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
                  on_usage: Callable[[int, int], None] = lambda in_use, limit: None,
-                 rng: random.Random | None = None, units: Callable[[], Units] | None = None) -> None:
+                 rng: random.Random | None = None, units: Callable[[], Units] | None = None,
+                 census: Callable[[str], int | None] | None = None) -> None:
         self.raw = raw
         self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=namespace)
         self.node = node_name
@@ -88,6 +89,9 @@ class LeaseBudget:
         self.selector = gpu_node_selector
         self.ttl = ttl_seconds
         self.count_seconds = count_seconds
+        #: The GPU nodes by a live fleet controller's census for a selector (agent.k8s.fleet_gate), None where
+        #: it has none: then this agent lists them itself.
+        self.census = census
         #: Wall clock: only for the stamps people read (renewTime); never for a decision.
         self.clock = clock
         self.monotonic = monotonic
@@ -408,8 +412,14 @@ class LeaseBudget:
         return with_retries(func, deadline_seconds=self.deadline, rng=self.rng)
 
     def _count_gpu_nodes(self) -> None:
-        """A metadata-only list of the GPU nodes (names and labels, not whole Nodes), made at most every few
-        minutes, so a blocked node stays cheap for the API server."""
+        """The GPU nodes: a live fleet controller's census for this selector where there is one (read with the
+        fleet view, no request of its own), else a metadata-only list of them (names and labels, not whole
+        Nodes) made at most every few minutes, so a blocked node stays cheap for the API server. At fleet
+        scale the list is most of a disrupting agent's cost: every node's metadata, once per agent."""
+        counted = self.census(self.selector) if self.census is not None else None
+        if counted:  # a census of none is no census: this node is one
+            self._limit = budget_limit(gpu_nodes=counted, max_nodes=self.max_nodes, max_percent=self.max_percent)
+            return
         now = self.monotonic()
         if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
             return

@@ -92,6 +92,20 @@ class FleetGate:
             self._log.warning("fleet_view_unreadable", error=str(exc))
             return {}
 
+    def census_gpu_nodes(self, selector: str) -> int | None:
+        """The GPU nodes a live controller counted for `selector` (the disruption budget's limit), from the
+        holds as read (cached); None without one: no holds read, none published, its controller's promise
+        lapsed, another selector, or the ConfigMap unreadable."""
+        if not self.holds or selector != self.selector:
+            return None
+        try:
+            self._read_holds(self.clock())
+        except (K8sError, InputError) as exc:
+            self._log.warning("fleet_view_unreadable", error=str(exc))
+            return None
+        census = self._live_census()
+        return census.gpu_nodes if census is not None else None
+
     def _read_holds(self, now: float, fresh_after: float | None = None) -> tuple[Hold, ...]:
         """The holds, cached for `cache_seconds` unless read before `fresh_after` (a settle that ended since)."""
         cached = self._holds

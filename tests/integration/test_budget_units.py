@@ -72,3 +72,17 @@ def test_nodes_of_a_unit_disrupted_for_another_rule_too_take_places_of_their_own
     assert granted.count(True) == 2
     assert not any((lease["metadata"].get("annotations") or {}).get(UNIT_ANNOTATION)
                    for lease in cluster.list_objects(LEASE_RESOURCE, "gpu-health"))
+
+
+def test_the_limit_is_a_share_of_the_gpu_nodes_the_census_counted(cluster_and_server):
+    """10 % of the 20 GPU nodes a live controller counted is 2 at once, though the reader's own list would
+    find 3 nodes (1 at once); a census of none counts for nothing, and the list decides."""
+    _, server = cluster_and_server
+    raw = RawApi(client_for(server.url))
+
+    def limited(node: str, census: int | None) -> LeaseBudget:
+        return LeaseBudget(raw, node_name=node, namespace="gpu-health", max_nodes=0, max_percent=10,
+                           clock=Clock().wall, monotonic=Clock().monotonic, census=lambda selector: census)
+
+    assert limited("n1", 20).acquire().limit == 2
+    assert limited("n2", 0).acquire().limit == 1
