@@ -15,6 +15,7 @@ from agent.fleet import BrakePolicy
 from agent.fleet.publish import NodeFacts, Summariser
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
+from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import client_for
 from agent.k8s.cluster import ClusterSide
@@ -187,10 +188,14 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
     if fleet or brake is not None:
         # Wall clocks behind every writer's: a hold is placed as just written; a quarantine's age on `wall`.
         wall = fleet_clock or (lambda: 1.0)
+        monotonic = fleet_clock or time.monotonic
+        claims = BrakeClaims(apis, node_name=inventory.name, namespace="gpu-health",
+                             window_seconds=brake.window_seconds, monotonic=monotonic) if brake is not None else None
         side.fleet = FleetGate(apis, namespace="gpu-health", gpu_node_selector="nvidia.com/gpu.present=true",
                                brake=brake, holds=fleet, cache_seconds=0.0, count_seconds=0.0,
-                               clock=fleet_clock or time.monotonic, wall=wall, settle_seconds=settle_seconds,
-                               settle_max_seconds=settle_max_seconds)
+                               clock=monotonic, wall=wall, settle_seconds=settle_seconds,
+                               settle_max_seconds=settle_max_seconds, claims=claims,
+                               claim_retry_seconds=2 * retry_seconds)
         side.summariser = actuator.summarise = Summariser(
             inventory.name, wall=wall, uptime=lambda: 86400.0, pods=lambda: inventory.pods,
             facts=lambda: NodeFacts(driver_version=driver, fabric_domain=fabric_domain))

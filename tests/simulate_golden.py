@@ -42,7 +42,7 @@ def live_output(scenario: str, variant: str) -> Any:
     result = CliRunner().invoke(main, ["simulate", "--json", scenario, *VARIANTS[variant]])
     if result.exit_code != 0:
         raise RuntimeError(f"simulate {scenario} {variant}: exit {result.exit_code}: {result.output}")
-    return normalise(json.loads(result.output))
+    return normalise(json.loads(result.stdout))  # the JSON alone: a log line on stderr is not the output
 
 
 def render(document: Any) -> str:

@@ -63,14 +63,23 @@ class BrakeWaits:
         view = fleet_view(shared.fleet, node=shared.inventory.name, faults=faults, quarantined=quarantined,
                           first_seen=self._first_seen)
         self.settle_until = view.settle_until
-        if view.brake and self._live():
+        if (view.brake or view.claim) and self._live():  # the count's refusal, or the claim's to come
             if not self._used:
-                shared.log.warning("brake_confirmed", brake=view.brake, confirm=self._confirm_value)
+                shared.log.warning("brake_confirmed", brake=view.brake or "a claim on the brake's places",
+                                   confirm=self._confirm_value)
             self._used = True
             self._waiting("", faults, view)
-            return dataclasses.replace(view, brake="")
-        self._waiting(view.brake, faults, view)
+            return dataclasses.replace(view, brake="", claim=False)
+        if view.brake or not view.claim:  # with a claim to come, a wait goes on until the claim answers
+            self._waiting(view.brake, faults, view)
         return view
+
+    def claim_refused(self) -> None:
+        """The claim of a new quarantine the count allowed was refused this pass: the wait begins (its Event)."""
+        shared = self.shared
+        with shared.lock:
+            faults = list(shared.record.faults.values())
+        self._waiting(shared.fleet_view.brake, faults, shared.fleet_view)
 
     def end_pass(self, *, writes_refused: bool) -> None:
         """A confirm is consumed once its work is done or there is none: the node is quarantined now, nothing

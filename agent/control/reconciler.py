@@ -58,6 +58,7 @@ class Reconciler:
         self._release_handled = ""
         #: The quarantine brake's waits: their Event, an operator's confirm (agent/control/brake.py).
         self.brake = BrakeWaits(shared, runner.actuator)
+        runner.on_claim_refused = self.brake.claim_refused
         #: Whether the per-GPU isolation's view (published GPUs, the agent's DeviceTaintRules) was read once.
         self._devices_read = False
 
@@ -93,6 +94,9 @@ class Reconciler:
             self.brake.end_pass(writes_refused=bool(node_writes_refused(
                 policy=runner.policy, cluster=ClusterView(opted_out=opted_out))))
             runner.hold_slot(observed, now, opted_out, first_pass=self._passes == 0)
+            if shared.fleet is not None and not node_writes_refused(policy=runner.policy,
+                                                                    cluster=ClusterView(opted_out=opted_out)):
+                shared.fleet.tidy()  # this node's claim on the brake, once its window has passed
             runner.forget_skips()
             self._mirror(observed, opted_out, bool(actions))
             self._schedule(actions, now)

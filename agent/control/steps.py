@@ -11,6 +11,7 @@ from agent.control.seams import Actuator, ClusterGate
 from agent.control.shared import Shared
 from agent.model import ActionRecord, Step, StepKind, StepResult
 from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, Mode, decide, needs_gate
+from agent.remediation.guard import quarantines
 from agent.remediation.record import NodeObservation, OwedEvent
 
 #: The message of a disruptive step's action row written before the actuator runs it.
@@ -45,6 +46,8 @@ class StepRunner:
         #: failed-pass back-off stays short. The last pass's word stands in a pass that backs off.
         self.owes_disruption = False
         self._owed_before = False
+        #: Called when a new quarantine's claim on the brake is refused (the reconciler's brake waits: the Event).
+        self.on_claim_refused: Callable[[], None] = lambda: None
 
     def begin_pass(self) -> None:
         """A new pass: no gate reading yet, and nothing owed until this pass finds it so."""
@@ -62,6 +65,8 @@ class StepRunner:
         cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None,
                               brake=self.shared.fleet_view.brake)
         decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
+        if decision.proceed and quarantines(step) and self.shared.fleet_view.claim:
+            decision = self._claim_place(step, now, cluster, decision)
         if decision.proceed and step.disruptive and not (self._renewed_at is not None and cluster.gate is not None
                                                           and cluster.gate.held):
             decision = self._take_slot(step, now, cluster)
@@ -119,6 +124,18 @@ class StepRunner:
             except Exception as exc:  # noqa: BLE001 - isolation: an unreadable budget blocks, never crashes
                 self.gate_reading = GateReading(error=f"{type(exc).__name__}: {exc}")
         return self.gate_reading
+
+    def _claim_place(self, step: Step, now: float, cluster: ClusterView, allowed: Decision) -> Decision:
+        """The brake's count had room for this new quarantine and the guard let it past: claim its place (exact,
+        where agents counting at once each see room), then let the guard decide again on the answer."""
+        shared = self.shared
+        refusal = shared.fleet.claim(shared.inventory.name) if shared.fleet is not None else ""
+        shared.fleet_view = dataclasses.replace(shared.fleet_view, claim=False, brake=refusal)
+        if not refusal:
+            return allowed
+        self.on_claim_refused()
+        return decide(step, policy=self.policy, cluster=dataclasses.replace(cluster, brake=refusal),
+                      history=self.history, now=now)
 
     def _take_slot(self, step: Step, now: float, cluster: ClusterView) -> Decision:
         """Write the slot the guard allowed, then let the guard decide on what the write found."""

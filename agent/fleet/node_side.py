@@ -49,8 +49,11 @@ class FleetReading:
     #: nobody is there to hear of a fault, so a node does not wait the settle for it.
     controller_gone: bool = False
     #: Whether the brake's count came from the reader's cache (listed up to its count_seconds before) rather
-    #: than listed for this read: a new quarantine the cached count allows is counted afresh first.
+    #: than listed for this read.
     count_cached: bool = False
+    #: Why this node's last claim was refused, while that refusal stands (FleetSource.claim): the taint waits
+    #: on it without claiming again every pass.
+    refused: str = ""
 
 
 class FleetSource(Protocol):
@@ -74,6 +77,16 @@ class FleetSource(Protocol):
         count (listed anew with `fresh_count`); never raises (an error is in the reading)."""
         ...
 
+    def claim(self, node: str) -> str:
+        """A write, made only for a taint the guard let past: `node`'s place among the new quarantines within
+        the brake's window, ranked against every other node's claim; "" when it may be taken, else why the
+        taint waits. Never raises."""
+        ...
+
+    def tidy(self) -> None:
+        """Give back what this node claimed once its window has passed. Never raises."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class FleetView:
@@ -88,6 +101,9 @@ class FleetView:
     #: A fault recorded after the read (a verdict arriving mid-pass) is not judged: the guard holds its steps
     #: back until the next read, so it neither slips past a hold, the settle or the brake, nor waits long.
     judged: frozenset[tuple[str, str]] | None = None
+    #: The count has room for this node's new quarantine: the step that takes it claims its place first
+    #: (FleetSource.claim), which is exact where the count is not (agents counting at once each see room).
+    claim: bool = False
 
 
 #: How often a node past its settle, waiting to be heard, reads the holds again (at most 10 reads a minute).
@@ -153,18 +169,18 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
                          f"word up to {limits[key] - reading.now:.0f} s more")
     settle_until = min(waiting.values(), default=None)
     still_quarantines = any(f.action.quarantines and (f.gpu_key, f.rule_id) not in held for f in faults)
-    brake = ""
+    brake, claim = "", False
     if wants_quarantine and still_quarantines and source.brake is not None:
         brake = brake_refusal(reading, node=node, policy=source.brake)
-        if not brake and reading.count_cached:  # room by an older count: counted afresh before it is taken
-            recount = source.read(count=True, fresh_count=True)
-            brake = "" if recount.error else brake_refusal(recount, node=node, policy=source.brake)
-    return FleetView(held, brake, settle_until, judged)
+        claim = not brake  # room by the count: the taint claims its place once the guard lets it past
+    return FleetView(held, brake, settle_until, judged, claim)
 
 
 def brake_refusal(reading: FleetReading, *, node: str, policy: BrakePolicy) -> str:
     """Why the brake keeps this node's new quarantine waiting, or "" when it may go ahead. The nodes of a
     published unit count as one (the controller judged them one fabric fault)."""
+    if reading.refused:
+        return reading.refused
     units = by_unit(live_units(reading.holds, now=reading.now))
     if reading.gpu_nodes is None or brake_allows(node=node, quarantined_at=reading.quarantined_at,
                                                  gpu_nodes=reading.gpu_nodes, now=reading.now, policy=policy,

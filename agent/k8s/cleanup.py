@@ -14,6 +14,7 @@ from typing import Any
 
 from agent.fleet.published import QUARANTINE_LABEL, SUMMARY_ANNOTATION
 from agent.k8s.bodies import ConditionDirective, Node, NodePatch, as_node, as_node_list, as_pod_list
+from agent.k8s.brake_claims import CLAIM_LABEL
 from agent.k8s.budget import PAUSE_LEASE
 from agent.k8s.budget_slots import BUDGET_LEASE, SLOT_LABEL
 from agent.k8s.errors import NotFound
@@ -131,6 +132,10 @@ class Cleaner:
         for item in slots.get("items") or []:
             name = str(item["metadata"]["name"])
             yield Mark("lease", f"lease/{self.scope.namespace}/{name}", name, "a node's disruption-budget slot")
+        claims = self.raw.get(self.leases, query={"labelSelector": f"{CLAIM_LABEL}=true"})
+        for item in claims.get("items") or []:
+            name = str(item["metadata"]["name"])
+            yield Mark("lease", f"lease/{self.scope.namespace}/{name}", name, "a node's quarantine-brake claim")
         try:  # the one shared budget Lease of earlier versions
             self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
         except NotFound:

@@ -13,6 +13,7 @@ from agent.diagnostics import command_runner
 from agent.fleet import BrakePolicy
 from agent.fleet.publish import NodeFacts, Summariser
 from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
+from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
@@ -122,8 +123,11 @@ def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time
         if settings.brake_window_seconds > 0 else None
     if not settings.fleet_holds and brake is None:
         return None, None
+    claims = BrakeClaims(raw, node_name=config.node_name, namespace=settings.namespace,
+                         window_seconds=brake.window_seconds, monotonic=monotonic) if brake is not None else None
     gate = FleetGate(raw, namespace=settings.namespace, gpu_node_selector=settings.gpu_node_selector, brake=brake,
-                     holds=settings.fleet_holds, clock=monotonic, wall=clock,
+                     holds=settings.fleet_holds, clock=monotonic, wall=clock, claims=claims,
+                     claim_retry_seconds=2 * settings.retry_seconds,
                      settle_seconds=settings.fleet_settle_seconds if settings.fleet_holds else 0.0,
                      settle_max_seconds=settings.fleet_settle_max_seconds if settings.fleet_holds else 0.0)
     hooks = hooks or NodeHooks()

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 
 from agent.errors import InputError
-from agent.fleet import BrakePolicy, Hold, NodeSummary
-from agent.fleet.node_side import FleetReading
+from agent.fleet import BrakePolicy, Hold, NodeSummary, brake_bound
+from agent.fleet.node_side import FleetReading, brake_refusal
 from agent.fleet.published import (
     HOLDS_CONFIGMAP,
     QUARANTINE_LABEL,
@@ -21,7 +21,8 @@ from agent.fleet.published import (
     decode_heard,
     quarantined_since,
 )
-from agent.fleet.unit import live_units
+from agent.fleet.unit import by_unit, live_units
+from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.errors import K8sError, NotFound
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.watch import ListWatch, WatchOptions
@@ -31,14 +32,15 @@ from agent.logs import get_logger
 class FleetGate:
     """One GET of `gpu-health-fleet-holds` at most every `cache_seconds` (a version seen before keeps its
     placement, so re-reading never moves an expiry); one metadata-only list at most every `count_seconds`,
-    only when a new quarantine asks the brake (and once more, afresh, before a quarantine the cached count
-    allows is taken): of the labelled (quarantined) GPU nodes where a live controller's census for this
-    selector gives the count, else of every GPU node."""
+    only when a new quarantine asks the brake: of the labelled (quarantined) GPU nodes where a live
+    controller's census for this selector gives the count, else of every GPU node. A quarantine the count
+    allows then claims its place (`claim`: agent.k8s.brake_claims)."""
 
     def __init__(self, raw: RawApi, *, namespace: str, gpu_node_selector: str, brake: BrakePolicy | None,
                  holds: bool = True, cache_seconds: float = 10.0, count_seconds: float = 10.0,
                  settle_seconds: float = 0.0, settle_max_seconds: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 claims: BrakeClaims | None = None, claim_retry_seconds: float = 30.0) -> None:
         self.raw = raw
         self.brake = brake
         self.holds = holds
@@ -59,6 +61,12 @@ class FleetGate:
         #: The controller's census in the version read (None: none, or unreadable).
         self._census: Census | None = None
         self._count: tuple[float, int, dict[str, float]] | None = None
+        #: This node's claims on the brake's places (None: the brake is off, or counts without claims).
+        self.claims = claims
+        #: A refused claim stands this long (the daemon: two retry times, so that the pass after a refusal,
+        #: due one retry time later, waits on it with no request): the taint does not claim every pass.
+        self.claim_retry_seconds = claim_retry_seconds
+        self._refused: tuple[float, str] | None = None
         self.reads = 0
         #: Lists of every GPU node's summary, and of the labelled nodes only.
         self.lists = 0
@@ -74,11 +82,54 @@ class FleetGate:
         except (K8sError, InputError) as exc:
             self._log.warning("fleet_view_unreadable", error=str(exc))
             return FleetReading(now=now, error=f"{type(exc).__name__}: {exc}")
+        refused = self._refused[1] if count and self._refused is not None and \
+            now - self._refused[0] < self.claim_retry_seconds else ""
         published = self.holds and self._holds is not None and bool(self._holds[1])
         heard, alive_until = self._heard if self.holds else ({}, 0.0)
         return FleetReading(holds, now, gpu_nodes, quarantined, published=published, heard=heard,
                             controller_alive=self.wall() < alive_until,
-                            controller_gone=0 < alive_until <= self.wall(), count_cached=cached)
+                            controller_gone=0 < alive_until <= self.wall(), count_cached=cached, refused=refused)
+
+    def claim(self, node: str) -> str:
+        """This node's place among the new quarantines (agent.k8s.brake_claims): "" when its claim ranks within
+        the bound, else why the taint waits (the claim withdrawn; the refusal stands `claim_retry_seconds`).
+        Without claims, or where the claim cannot be made or the claims listed (one warning), the count is
+        listed afresh instead: not exact, as before claims. A ranking made always decides."""
+        brake = self.brake
+        if brake is None:
+            return ""
+        counted = self._count
+        if self.claims is not None and counted is not None:
+            now = self.clock()
+            units = by_unit(live_units(self._holds[2], now=now)) if self.holds and self._holds is not None else {}
+            bound = brake_bound(counted[1], brake)
+            # The count's quarantines within the window: those with no claim (an older agent's, a confirmed
+            # one, a claim given back) take their places too.
+            unclaimed = [n for n, at in counted[2].items() if 0.0 <= now - at < brake.window_seconds]
+            try:
+                admitted, ahead = self.claims.rank(bound=bound, units=units, unclaimed=unclaimed)
+            except K8sError as exc:
+                self._log.warning("brake_claim_failed", error=str(exc))
+            else:
+                if admitted:
+                    self._refused = None
+                    return ""
+                why = (f"quarantine brake: {ahead} of {counted[1]} GPU nodes newly quarantined or claimed first "
+                       f"within {brake.window_seconds:.0f} s (bound {bound}); the taint waits")
+                self._refused = (now, why)
+                return why
+        recount = self.read(count=True, fresh_count=True)
+        return "" if recount.error else brake_refusal(recount, node=node, policy=brake)
+
+    def tidy(self) -> None:
+        """This node's claim deleted once it has held it for the brake's window (and at the process's first
+        pass, the one an earlier process may have left)."""
+        if self.claims is None:
+            return
+        try:
+            self.claims.expire()
+        except K8sError as exc:
+            self._log.warning("brake_claim_not_deleted", error=str(exc))
 
     def units(self) -> dict[str, frozenset[str]]:
         """The published units standing now (agent.fleet.unit), for the disruption budget's count; {} when

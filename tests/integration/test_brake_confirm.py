@@ -215,3 +215,22 @@ def test_confirm_by_selector_confirms_only_the_nodes_whose_taint_waits(fake, tmp
     assert result.exit_code == 0, result.output
     assert CONFIRM_ANNOTATION in annotations(fake, "brake-b") and CONFIRM_ANNOTATION not in annotations(fake,
                                                                                                         "brake-a")
+
+
+def test_a_confirm_lets_through_a_taint_whose_claim_was_refused(fake, tmp_path):
+    """Another node claimed the one place but is not quarantined yet: the count has room, the claim is refused
+    and the taint waits; the operator's confirm lets it through without claiming again."""
+    cluster, server = fake
+    clock = Clock()
+    ahead = make_agent(cluster, server, gpu_node("brake-c", gpus=2), mode=Mode.QUARANTINE, brake=BRAKE,
+                       fleet_clock=clock)
+    ahead.side.fleet.read(count=True)
+    assert ahead.side.fleet.claim("brake-c") == ""
+    waiting = make_agent(cluster, server, gpu_node("brake-d", gpus=2), mode=Mode.QUARANTINE, brake=BRAKE,
+                         fleet_clock=clock)
+    waiting.fault(0, xid=79, at=1.0)
+    assert not tainted(fake, "brake-d") and len(braked_events(fake, "brake-d")) == 1
+    assert fleet_confirm(fake, tmp_path, "brake-d").exit_code == 0
+    clock.now += 61.0  # past the refusal's standing: the count has room and a claim would be refused again
+    waiting.settle(100.0)
+    assert tainted(fake, "brake-d")

@@ -43,6 +43,9 @@ def cluster(tmp_path: Path):
     for name in ("gpu-health-disruption-budget", "gpu-health-pause"):
         raw.create("/apis/coordination.k8s.io/v1/namespaces/gpu-health/leases",
                    {"metadata": {"name": name}, "spec": {}})
+    raw.create("/apis/coordination.k8s.io/v1/namespaces/gpu-health/leases",  # n1's quarantine-brake claim
+               {"metadata": {"name": "gpu-health-brake-n1", "labels": {"gpu-health-agent.io/brake-claim": "true"}},
+                "spec": {"holderIdentity": "n1"}})
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(server.kubeconfig()))
     yield fake, str(kubeconfig)
@@ -65,7 +68,8 @@ def lease_names(fake: FakeCluster) -> set[str]:
 
 
 def test_dry_run_lists_every_mark_and_changes_nothing(cluster):
-    """The list an operator reviews first: taint, cordon, conditions, labels, annotations, the budget Lease."""
+    """The list an operator reviews first: taint, cordon, conditions, labels, annotations, the brake's claim,
+    the budget Lease."""
     fake, kubeconfig = cluster
     before = node(fake, "n1")["metadata"]["resourceVersion"]
     result = cleanup(kubeconfig, "--all-nodes", "--dry-run")
@@ -78,6 +82,8 @@ def test_dry_run_lists_every_mark_and_changes_nothing(cluster):
         "would remove node/n1: label gpu-health-agent.io/needs-replacement (true)",
         "would remove node/n1: annotation gpu-health-agent.io/state",
         "would remove node/n1: annotation gpu-health-agent.io/reboot-requested",
+        "would remove lease/gpu-health/gpu-health-brake-n1: lease gpu-health-brake-n1 (a node's quarantine-brake "
+        "claim)",
         "would remove lease/gpu-health/gpu-health-disruption-budget: lease gpu-health-disruption-budget "
         "(the disruption budget)",
     ]

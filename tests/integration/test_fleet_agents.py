@@ -4,6 +4,7 @@ hardware evidence is acted on whatever the hold says."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -267,7 +268,8 @@ def test_the_brake_closes_by_itself_when_the_window_has_passed(fake):
     clock = Clock()
     fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=clock)
     storm(fake, fleet, None, gsp_timeouts)
-    clock.now += BRAKE.window_seconds
+    clock.now += BRAKE.window_seconds + 2.0
+    fake[0].clock = lambda: time.time() + BRAKE.window_seconds + 2.0  # the API server's time passes too
     fleet[5].settle(400.0)
     assert "n5" in tainted(fake, fleet)
 

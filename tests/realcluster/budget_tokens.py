@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from agent.k8s.brake_claims import CLAIM_LABEL, claim_name
 from agent.k8s.budget import PAUSE_LEASE, LeaseBudget
 from agent.k8s.budget_slots import SLOT_LABEL, slot_name
 from agent.k8s.errors import Forbidden
@@ -55,6 +56,34 @@ def attempts(raw: RawApi, own: str, other: str) -> dict[str, Callable[[], object
         "create its own slot held by another node": lambda: raw.create(LEASES, slot_body(slot_name(own), other)),
         "create a ghost slot": lambda: raw.create(LEASES, slot_body("gpu-health-slot-ghost", "ghost")),
         "create the pause Lease": lambda: raw.create(LEASES, {"metadata": {"name": PAUSE_LEASE}, "spec": {}}),
+    }
+
+
+def claim_body(name: str, holder: str, *, labelled: bool = True) -> JsonDocument:
+    return {"metadata": {"name": name, "namespace": "gpu-health", "labels": {CLAIM_LABEL: "true"} if labelled else {}},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 600}}
+
+
+def claim_attempts(raw: RawApi, own: str, other: str) -> dict[str, Callable[[], object]]:
+    """What the agent of `own` must not be able to do to the quarantine brake's claims: `other`'s (there) and
+    its own (there: a claim is never changed, its place is the version its create got)."""
+    mine, theirs = f"{LEASES}/{claim_name(own)}", f"{LEASES}/{claim_name(other)}"
+    return {
+        "delete another node's claim": lambda: raw.delete(theirs),
+        "change another node's claim": lambda: raw.merge_patch(theirs, {"spec": {"holderIdentity": own}}),
+        "change its own claim": lambda: raw.merge_patch(mine, {"metadata": {"labels": {"moved": "up"}}}),
+        "create a claim named for another node":
+            lambda: raw.create(LEASES, claim_body(claim_name(f"{other}-x"), own)),
+        "create a ghost claim": lambda: raw.create(LEASES, claim_body("gpu-health-brake-ghost", "ghost")),
+    }
+
+
+def own_claim_attempts(raw: RawApi, own: str, other: str) -> dict[str, Callable[[], object]]:
+    """Its own claim made wrongly (none there yet): held by another node, or without the claim label."""
+    return {
+        "create its own claim held by another node": lambda: raw.create(LEASES, claim_body(claim_name(own), other)),
+        "create its own claim unlabelled":
+            lambda: raw.create(LEASES, claim_body(claim_name(own), own, labelled=False)),
     }
 
 

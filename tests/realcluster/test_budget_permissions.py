@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent.k8s.brake_claims import BrakeClaims, claim_name
 from agent.k8s.budget import PAUSE_LEASE
 from agent.k8s.budget_slots import slot_name
 from agent.k8s.errors import Forbidden
@@ -14,7 +15,9 @@ from tests.realcluster.budget_tokens import (
     agent_budget,
     agent_raw,
     attempts,
+    claim_attempts,
     operator_pause_attempts,
+    own_claim_attempts,
     pause,
 )
 from tests.realcluster.controlplane import ControlPlane
@@ -77,5 +80,43 @@ def test_the_slot_policy_names_the_node_the_token_is_bound_to(control_plane, two
     a, b = two_nodes
     control_plane.forget("coordination.k8s.io", "leases", "gpu-health", slot_name(b))
     assert agent_budget(control_plane, b).acquire().held
-    with pytest.raises(Forbidden, match=f"only its own node's budget slot \\(Lease gpu-health-slot-{a}\\)"):
+    refusal = f"only its own node's budget slot and brake claim \\(Leases gpu-health-slot-{a} "
+    with pytest.raises(Forbidden, match=refusal):
         agent_raw(control_plane, a).delete(f"{LEASES}/{slot_name(b)}")
+
+
+def claims_of(plane: ControlPlane, node: str) -> BrakeClaims:
+    return BrakeClaims(agent_raw(plane, node), node_name=node, namespace="gpu-health", window_seconds=600.0)
+
+
+def test_an_agent_makes_ranks_and_deletes_its_own_brake_claim(control_plane, two_nodes):
+    """Create, list and delete of its own node's claim are allowed with its own token; the real server's
+    versions rank the second node's claim behind the first's."""
+    a, b = two_nodes
+    for node in (a, b):
+        control_plane.forget("coordination.k8s.io", "leases", "gpu-health", claim_name(node))
+    first, second = claims_of(control_plane, a), claims_of(control_plane, b)
+    assert first.rank(bound=200, units={}) == (True, 0)
+    admitted, ahead = second.rank(bound=200, units={})
+    assert admitted and ahead >= 1
+    first.withdraw()
+    second.withdraw()
+    assert lease(control_plane, claim_name(a)) is None and lease(control_plane, claim_name(b)) is None
+
+
+@pytest.mark.parametrize("direction", ["a against b", "b against a"])
+def test_an_agent_may_not_touch_another_nodes_brake_claim_or_change_its_own(control_plane, two_nodes, direction):
+    """With its own token, no agent may delete or change another node's claim, change its own (its place is
+    the version its create got), make a claim named for another node or a ghost, or make its own held by
+    another node or unlabelled: the real API server refuses every request."""
+    a, b = two_nodes
+    own, other = (a, b) if direction == "a against b" else (b, a)
+    for node in (own, other):
+        control_plane.forget("coordination.k8s.io", "leases", "gpu-health", claim_name(node))
+    raw = agent_raw(control_plane, own)
+    assert accepted(own_claim_attempts(raw, own, other)) == []
+    claims_of(control_plane, own).rank(bound=200, units={})
+    claims_of(control_plane, other).rank(bound=200, units={})
+    before = lease(control_plane, claim_name(other)), lease(control_plane, claim_name(own))
+    assert accepted(claim_attempts(raw, own, other)) == []
+    assert (lease(control_plane, claim_name(other)), lease(control_plane, claim_name(own))) == before

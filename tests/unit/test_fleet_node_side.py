@@ -48,6 +48,19 @@ class Source:
     count_cached: bool = False
     fresh_counts: int = 0
 
+    #: What a claim on the brake answers ("": its place is granted), and the nodes that claimed.
+    claim_refusal: str = ""
+    claimed: list[str] = field(default_factory=list)
+
+    def claim(self, node: str) -> str:
+        self.claimed.append(node)
+        return self.claim_refusal
+
+    tidied: int = 0
+
+    def tidy(self) -> None:
+        self.tidied += 1
+
     def read(self, *, count: bool, fresh_after: float | None = None, fresh_count: bool = False) -> FleetReading:
         self.reads += 1
         self.fresh_after.append(fresh_after)
@@ -321,15 +334,74 @@ def test_no_settle_on_a_node_already_quarantined():
     assert view.held == {}
 
 
-def test_a_quarantine_the_cached_count_allows_is_counted_afresh_first():
-    """The cached count (10 s old) has room; the other agents filled the window since: the fresh count
-    refuses. Where the count was listed for this read, nothing is listed again."""
-    full = {f"m{i}": 95.0 for i in range(2)}  # the bound for 10 GPU nodes is 2
-    source = Source(quarantined={}, count_cached=True, fresh_quarantined=full)
-    view = fleet_view(source, node="n1", faults=[fault("xid-79", FaultClass.HARDWARE, Action.QUARANTINE)],
-                      quarantined=False)
-    assert view.brake.startswith("quarantine brake: 2 of 10") and source.fresh_counts == 1
-    listed = Source(quarantined={}, count_cached=False, fresh_quarantined=full)
-    assert fleet_view(listed, node="n1", faults=[fault("xid-79", FaultClass.HARDWARE, Action.QUARANTINE)],
-                      quarantined=False).brake == ""
-    assert listed.fresh_counts == 0
+def test_a_quarantine_the_count_allows_claims_its_place_before_the_taint():
+    """The count has room: the view asks the taint to claim its place; a count without room asks no claim."""
+    xid79 = fault("xid-79", FaultClass.HARDWARE, Action.QUARANTINE)
+    assert fleet_view(Source(quarantined={}), node="n1", faults=[xid79], quarantined=False).claim
+    full = Source(quarantined={f"m{i}": 95.0 for i in range(2)})  # the bound for 10 GPU nodes is 2
+    view = fleet_view(full, node="n1", faults=[xid79], quarantined=False)
+    assert view.brake.startswith("quarantine brake: 2 of 10") and not view.claim
+
+
+class _Applying(LocalActuator):
+    """Applies every step, and keeps each one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[Step] = []
+
+    def apply(self, step: Step) -> tuple[StepResult, str]:
+        self.applied.append(step)
+        return StepResult.APPLIED, "ok"
+
+
+def test_a_refused_claim_keeps_the_taint_waiting_and_says_why(shipped_rules):
+    """The count had room but other nodes claimed the places first: no taint, a QuarantineBraked Event owed,
+    and the condition says the taint waits."""
+    actuator = _Applying()
+    refusal = "quarantine brake: 2 of 10 GPU nodes newly quarantined or claimed first within 600 s (bound 2)"
+    source = Source(quarantined={}, claim_refusal=refusal)
+    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0),), ()),
+                 policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator, clock=lambda: 100.0, fleet=source)
+    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    assert source.claimed == ["n1"] and not p.record.node.tainted
+    assert StepKind.TAINT not in [s.kind for s in actuator.applied]
+    assert "QuarantineBraked" in [s.details.get("reason") for s in actuator.applied if s.kind is StepKind.EVENT]
+    assert any(BRAKED in str(s.details.get("message")) for s in actuator.applied
+               if s.kind is StepKind.SET_CONDITION)
+
+
+def test_a_granted_claim_lets_the_taint_go(shipped_rules):
+    """The claim is granted: the node is tainted, after one claim."""
+    actuator = _Applying()
+    source = Source(quarantined={})
+    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0),), ()),
+                 policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator, clock=lambda: 100.0, fleet=source)
+    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    assert source.claimed == ["n1"] and p.record.node.tainted
+
+
+def test_a_wait_on_a_refused_claim_owes_one_event_however_many_passes_ask_again(shipped_rules):
+    """The count keeps having room and each pass's claim is refused: the wait goes on through the passes
+    (the claim to come does not end it), so its Event is sent once."""
+    actuator = _Applying()
+    refusal = "quarantine brake: 2 of 10 GPU nodes newly quarantined or claimed first within 600 s (bound 2)"
+    source = Source(quarantined={}, claim_refusal=refusal)
+    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0),), ()),
+                 policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator, clock=lambda: 100.0, fleet=source)
+    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    p.reconcile(40.0)
+    assert len(source.claimed) == 2
+    braked = [s for s in actuator.applied if s.kind is StepKind.EVENT and s.details.get("reason") == "QuarantineBraked"]
+    assert len(braked) == 1
+
+
+def test_a_dry_run_gives_back_no_claim(shipped_rules):
+    """Dry-run writes nothing, so neither does the claims' tidying (a leftover claim stays)."""
+    source = Source(quarantined={})
+    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0),), ()),
+                 policy=GuardPolicy(mode=Mode.QUARANTINE, dry_run=True), actuator=_Applying(),
+                 clock=lambda: 100.0, fleet=source)
+    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    p.reconcile(40.0)
+    assert source.tidied == 0 and source.claimed == []
