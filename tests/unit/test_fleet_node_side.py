@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.fleet import BrakePolicy, Dimension, Hold
 from agent.fleet.node_side import FleetReading, FleetView, fleet_view
@@ -355,53 +356,54 @@ class _Applying(LocalActuator):
         return StepResult.APPLIED, "ok"
 
 
+REFUSAL = "quarantine brake: 2 of 10 GPU nodes newly quarantined or claimed first within 600 s (bound 2)"
+
+
+def xid79_on_a_braked_node(rules: Any, source: Source, *, dry_run: bool = False) -> tuple[Pipeline, _Applying]:
+    """Node n1's GPU 0 falls off the bus (Xid 79, quarantine mode) with `source` as its fleet view."""
+    actuator = _Applying()
+    p = Pipeline(rules=rules, inventory=NodeInventory("n1", (gpu(0),), ()),
+                 policy=GuardPolicy(mode=Mode.QUARANTINE, dry_run=dry_run), actuator=actuator,
+                 clock=lambda: 100.0, fleet=source)
+    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    return p, actuator
+
+
+def braked_events(actuator: _Applying) -> list[Step]:
+    return [s for s in actuator.applied if s.kind is StepKind.EVENT and s.details.get("reason") == "QuarantineBraked"]
+
+
 def test_a_refused_claim_keeps_the_taint_waiting_and_says_why(shipped_rules):
     """The count had room but other nodes claimed the places first: no taint, a QuarantineBraked Event owed,
     and the condition says the taint waits."""
-    actuator = _Applying()
-    refusal = "quarantine brake: 2 of 10 GPU nodes newly quarantined or claimed first within 600 s (bound 2)"
-    source = Source(quarantined={}, claim_refusal=refusal)
-    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0),), ()),
-                 policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator, clock=lambda: 100.0, fleet=source)
-    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    source = Source(quarantined={}, claim_refusal=REFUSAL)
+    p, actuator = xid79_on_a_braked_node(shipped_rules, source)
     assert source.claimed == ["n1"] and not p.record.node.tainted
     assert StepKind.TAINT not in [s.kind for s in actuator.applied]
-    assert "QuarantineBraked" in [s.details.get("reason") for s in actuator.applied if s.kind is StepKind.EVENT]
+    assert len(braked_events(actuator)) == 1
     assert any(BRAKED in str(s.details.get("message")) for s in actuator.applied
                if s.kind is StepKind.SET_CONDITION)
 
 
 def test_a_granted_claim_lets_the_taint_go(shipped_rules):
     """The claim is granted: the node is tainted, after one claim."""
-    actuator = _Applying()
     source = Source(quarantined={})
-    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0),), ()),
-                 policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator, clock=lambda: 100.0, fleet=source)
-    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    p, _ = xid79_on_a_braked_node(shipped_rules, source)
     assert source.claimed == ["n1"] and p.record.node.tainted
 
 
 def test_a_wait_on_a_refused_claim_owes_one_event_however_many_passes_ask_again(shipped_rules):
     """The count keeps having room and each pass's claim is refused: the wait goes on through the passes
     (the claim to come does not end it), so its Event is sent once."""
-    actuator = _Applying()
-    refusal = "quarantine brake: 2 of 10 GPU nodes newly quarantined or claimed first within 600 s (bound 2)"
-    source = Source(quarantined={}, claim_refusal=refusal)
-    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0),), ()),
-                 policy=GuardPolicy(mode=Mode.QUARANTINE), actuator=actuator, clock=lambda: 100.0, fleet=source)
-    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    source = Source(quarantined={}, claim_refusal=REFUSAL)
+    p, actuator = xid79_on_a_braked_node(shipped_rules, source)
     p.reconcile(40.0)
-    assert len(source.claimed) == 2
-    braked = [s for s in actuator.applied if s.kind is StepKind.EVENT and s.details.get("reason") == "QuarantineBraked"]
-    assert len(braked) == 1
+    assert len(source.claimed) == 2 and len(braked_events(actuator)) == 1
 
 
 def test_a_dry_run_gives_back_no_claim(shipped_rules):
     """Dry-run writes nothing, so neither does the claims' tidying (a leftover claim stays)."""
     source = Source(quarantined={})
-    p = Pipeline(rules=shipped_rules, inventory=NodeInventory("n1", (gpu(0),), ()),
-                 policy=GuardPolicy(mode=Mode.QUARANTINE, dry_run=True), actuator=_Applying(),
-                 clock=lambda: 100.0, fleet=source)
-    p.handle(obs(Signal.XID, 79, 1.0, gpu_ref=gpu(0)), 1.0)
+    p, _ = xid79_on_a_braked_node(shipped_rules, source, dry_run=True)
     p.reconcile(40.0)
     assert source.tidied == 0 and source.claimed == []
