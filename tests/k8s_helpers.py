@@ -168,7 +168,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
     evictor = Evictor(apis, deadline_seconds=deadline, **({"clock": clock} if clock else {}))
     budget = LeaseBudget(apis, node_name=inventory.name, namespace="gpu-health", max_nodes=max_nodes,
                          max_percent=max_percent, max_per_hour=max_per_hour,
-                         rng=None if seed is None else random.Random(seed),
+                         rng=None if seed is None else random.Random(seed), node=writer,
                          **({"clock": budget_clock, "monotonic": budget_clock} if budget_clock else {}))
     stuck: list[str] = []
     actuator = K8sActuator(writer=writer, events=EventRecorder(apis, instance=f"{inventory.name}/test"),

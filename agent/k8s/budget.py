@@ -54,7 +54,7 @@ from agent.k8s.budget_slots import (
 )
 from agent.k8s.budget_units import Units, UnitView, counted_as, distinct
 from agent.k8s.errors import Conflict, NotFound
-from agent.k8s.node import DISRUPTION_LABEL
+from agent.k8s.node import DISRUPTION_LABEL, NodeWriter
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 from agent.k8s.watch import ListWatch, WatchOptions
@@ -75,7 +75,7 @@ class LeaseBudget:
                  monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
                  on_usage: Callable[[int, int], None] = lambda in_use, limit: None,
                  rng: random.Random | None = None, units: Callable[[], Units] | None = None,
-                 census: Callable[[str], int | None] | None = None) -> None:
+                 census: Callable[[str], int | None] | None = None, node: NodeWriter | None = None) -> None:
         self.raw = raw
         self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=namespace)
         self.node = node_name
@@ -92,6 +92,9 @@ class LeaseBudget:
         #: The GPU nodes by a live fleet controller's census for a selector (agent.k8s.fleet_gate), None where
         #: it has none: then this agent lists them itself.
         self.census = census
+        #: The agent's writer of its Node: the label goes through it, so its view of the Node stays current
+        #: (None: a patch of its own, which leaves that view stale and the writer's next patch a 409).
+        self.node_writer = node
         #: Wall clock: only for the stamps people read (renewTime); never for a decision.
         self.clock = clock
         self.monotonic = monotonic
@@ -264,8 +267,12 @@ class LeaseBudget:
 
     def show(self, holding: bool) -> None:
         """The node label as a view of the slot: set while holding, removed otherwise."""
+        value = "active" if holding else None
+        if self.node_writer is not None:
+            self.node_writer.set_metadata(labels={DISRUPTION_LABEL: value})
+            return
         path = api_path("", "v1", "nodes", name=self.node)
-        body = {"metadata": {"labels": {DISRUPTION_LABEL: "active" if holding else None}}}
+        body = {"metadata": {"labels": {DISRUPTION_LABEL: value}}}
         self._retried(lambda: self.raw.strategic_patch(path, body))
 
     # ---- requests ----

@@ -106,7 +106,7 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
                          max_per_hour=settings.budget_max_nodes_per_hour,
                          gpu_node_selector=settings.gpu_node_selector, clock=clock, monotonic=monotonic,
                          on_usage=on_budget, units=fleet.units if fleet is not None else None,
-                         census=fleet.census_gpu_nodes if fleet is not None else None)
+                         census=fleet.census_gpu_nodes if fleet is not None else None, node=writer)
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
                      gpus_by_pod_uid=hooks.gpus_by_pod_uid, mig_parents=hooks.mig_parents,
                      dra_gpus=devices.gpus_by_pod)

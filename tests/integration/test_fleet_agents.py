@@ -16,6 +16,7 @@ from agent.fleetctl.settings import FleetSettings
 from agent.k8s.cluster import request_release
 from agent.k8s.events import EventRecorder
 from agent.k8s.fleet_gate import FleetGate
+from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.logs import capture_logs
@@ -478,3 +479,17 @@ def test_without_a_live_controller_the_budget_lists_the_gpu_nodes_itself(fake):
     falls_off_the_bus(agent)
     assert "n0" in agent.side.gate.holders()
     assert node_lists(cluster, before) == 1
+
+
+@pytest.mark.fake_only  # counts the requests in the fake's log
+def test_a_disrupting_fault_writes_its_node_without_a_conflict(fake):
+    """The budget's disruption label goes through the agent's Node writer, whose view of the Node stays current:
+    no Node write of the fault's pass is answered 409 and read again (its one GET is the pass's read)."""
+    cluster, _ = fake
+    agent = disrupting_agent(fake)
+    correlate(fake, fleet_controller(fake))
+    before = len(cluster.log)
+    falls_off_the_bus(agent)
+    assert DISRUPTION_LABEL in fake[0].node("n0")["metadata"]["labels"]
+    node_requests = [(method, code) for method, path, code in cluster.log[before:] if path == "/api/v1/nodes/n0"]
+    assert ("PATCH", 409) not in node_requests and node_requests.count(("GET", 200)) == 1
