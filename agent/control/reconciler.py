@@ -91,11 +91,10 @@ class Reconciler:
                     self.refresh_pods()
             actions += runner.deliver_owed(now, opted_out, self._taint_if_wanted)
             actions += self._taint_if_wanted(opted_out)
-            self.brake.end_pass(writes_refused=bool(node_writes_refused(
-                policy=runner.policy, cluster=ClusterView(opted_out=opted_out))))
+            writes_refused = bool(node_writes_refused(policy=runner.policy, cluster=ClusterView(opted_out=opted_out)))
+            self.brake.end_pass(writes_refused=writes_refused)
             runner.hold_slot(observed, now, opted_out, first_pass=self._passes == 0)
-            if shared.fleet is not None and not node_writes_refused(policy=runner.policy,
-                                                                    cluster=ClusterView(opted_out=opted_out)):
+            if shared.fleet is not None and not writes_refused:
                 shared.fleet.tidy()  # this node's claim on the brake, once its window has passed
             runner.forget_skips()
             self._mirror(observed, opted_out, bool(actions))

@@ -45,7 +45,12 @@ def newly_quarantined(quarantined_at: Mapping[str, float], *, now: float, policy
     return len(_window(quarantined_at, now=now, policy=policy, units=units or {}))
 
 
+def quarantined_within(quarantined_at: Mapping[str, float], *, now: float, policy: BrakePolicy) -> list[str]:
+    """The nodes newly quarantined within the window (each by name)."""
+    return [name for name, at in quarantined_at.items() if 0.0 <= now - at < policy.window_seconds]
+
+
 def _window(quarantined_at: Mapping[str, float], *, now: float, policy: BrakePolicy,
             units: Mapping[str, str]) -> set[str]:
     """The nodes (a unit by its id) newly quarantined within the window."""
-    return {units.get(name, name) for name, at in quarantined_at.items() if 0.0 <= now - at < policy.window_seconds}
+    return {units.get(name, name) for name in quarantined_within(quarantined_at, now=now, policy=policy)}

@@ -110,8 +110,6 @@ class BrakeClaims:
         self._held_from: float | None = None
         #: Whether this process gave back what an earlier one left (expire's first call).
         self._started = False
-        #: Requests made (tests and the bench read it).
-        self.requests = 0
 
     def rank(self, *, bound: int, units: Mapping[str, str], unclaimed: Iterable[str] = ()) -> tuple[bool, int]:
         """Create this node's claim, list every claim, and rank it (with the `unclaimed` quarantines the count
@@ -134,7 +132,6 @@ class BrakeClaims:
         """Delete this node's claim (already gone is fine)."""
 
         def delete() -> JsonDocument:
-            self.requests += 1
             try:
                 return self.raw.delete(f"{self.leases}/{self.name}")
             except NotFound:
@@ -168,14 +165,12 @@ class BrakeClaims:
                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.window)}}
         path = f"{self.leases}/{self.name}"
         for _ in range(3):
-            self.requests += 1
             try:
                 lease = self.raw.create(self.leases, body)
                 self._held_from = self.monotonic()
                 return lease
             except Conflict:
                 pass
-            self.requests += 1
             try:
                 if self._holds():
                     return self.raw.get(path)
@@ -187,7 +182,6 @@ class BrakeClaims:
 
     def _list(self) -> list[Claim]:
         """The claims: labelled, and named as one (a slot someone labelled as a claim is no claim)."""
-        self.requests += 1
         listed = self._retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"{CLAIM_LABEL}=true"}))
         claims = [Claim.of(item) for item in listed.get("items") or []]
         return [c for c in claims if c.name.startswith(CLAIM_PREFIX)]

@@ -128,14 +128,12 @@ class Cleaner:
         return None
 
     def _leases(self) -> Iterator[Mark]:
-        slots = self.raw.get(self.leases, query={"labelSelector": f"{SLOT_LABEL}=true"})
-        for item in slots.get("items") or []:
-            name = str(item["metadata"]["name"])
-            yield Mark("lease", f"lease/{self.scope.namespace}/{name}", name, "a node's disruption-budget slot")
-        claims = self.raw.get(self.leases, query={"labelSelector": f"{CLAIM_LABEL}=true"})
-        for item in claims.get("items") or []:
-            name = str(item["metadata"]["name"])
-            yield Mark("lease", f"lease/{self.scope.namespace}/{name}", name, "a node's quarantine-brake claim")
+        for label, what in ((SLOT_LABEL, "a node's disruption-budget slot"),
+                            (CLAIM_LABEL, "a node's quarantine-brake claim")):
+            listed = self.raw.get(self.leases, query={"labelSelector": f"{label}=true"})
+            for item in listed.get("items") or []:
+                name = str(item["metadata"]["name"])
+                yield Mark("lease", f"lease/{self.scope.namespace}/{name}", name, what)
         try:  # the one shared budget Lease of earlier versions
             self.raw.get(f"{self.leases}/{BUDGET_LEASE}")
         except NotFound:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from agent.errors import InputError
 from agent.fleet import BrakePolicy, Hold, NodeSummary, brake_bound
+from agent.fleet.brake import quarantined_within
 from agent.fleet.node_side import FleetReading, brake_refusal
 from agent.fleet.published import (
     HOLDS_CONFIGMAP,
@@ -105,7 +106,7 @@ class FleetGate:
             bound = brake_bound(counted[1], brake)
             # The count's quarantines within the window: those with no claim (an older agent's, a confirmed
             # one, a claim given back) take their places too.
-            unclaimed = [n for n, at in counted[2].items() if 0.0 <= now - at < brake.window_seconds]
+            unclaimed = quarantined_within(counted[2], now=now, policy=brake)
             try:
                 admitted, ahead = self.claims.rank(bound=bound, units=units, unclaimed=unclaimed)
             except K8sError as exc:

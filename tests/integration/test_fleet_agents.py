@@ -444,52 +444,46 @@ def test_every_nvlink_down_on_several_fabric_domains_heard_node_by_node_is_one_v
     assert len([e for e in cluster.events() if e.get("reason") == "FleetCorrelation"]) == 1
 
 
-def node_lists(cluster: Any, since: int) -> int:
-    """The lists of Nodes in the fake's request log since entry `since`."""
-    return sum(1 for method, path, _ in cluster.log[since:] if (method, path) == ("GET", "/api/v1/nodes"))
-
-
-def disrupting_agent(fake: Any) -> Agent:
-    """One remediating agent with the fleet view on and the brake off: its Xid 79 takes a budget slot to evict
-    and to ask for a reboot, and nothing but the budget would list Nodes."""
+def disrupting_fault(fake: Any, *, controller: bool) -> tuple[Agent, list[tuple[str, str, int]]]:
+    """One remediating agent with the fleet view on and the brake off (with the controller's census, or none):
+    its Xid 79 takes a budget slot to evict and to ask for a reboot, and nothing but the budget would list
+    Nodes. The agent, and the requests in the fake's log while it handled the fault."""
     cluster, server = fake
-    return make_agent(cluster, server, gpu_node("n0", gpus=2), mode=Mode.REMEDIATE, fleet=True,
-                      fleet_clock=Clock(1.7e9))
+    agent = make_agent(cluster, server, gpu_node("n0", gpus=2), mode=Mode.REMEDIATE, fleet=True,
+                       fleet_clock=Clock(1.7e9))
+    if controller:
+        correlate(fake, fleet_controller(fake))
+    before = len(cluster.log)
+    falls_off_the_bus(agent)
+    return agent, cluster.log[before:]
+
+
+def node_lists(log: list[tuple[str, str, int]]) -> int:
+    return sum(1 for method, path, _ in log if (method, path) == ("GET", "/api/v1/nodes"))
 
 
 @pytest.mark.fake_only  # counts the requests in the fake's log
 def test_with_a_live_controller_the_budget_counts_the_gpu_nodes_by_its_census(fake):
     """A node that disrupts while the controller runs lists no Nodes: its budget's limit comes from the census
     (at 1,000 nodes, listing every GPU node's metadata was most of a disrupting agent's work)."""
-    cluster, _ = fake
-    agent = disrupting_agent(fake)
-    correlate(fake, fleet_controller(fake))
-    before = len(cluster.log)
-    falls_off_the_bus(agent)
+    agent, log = disrupting_fault(fake, controller=True)
     assert "n0" in agent.side.gate.holders()
-    assert node_lists(cluster, before) == 0
+    assert node_lists(log) == 0
 
 
 @pytest.mark.fake_only  # counts the requests in the fake's log
 def test_without_a_live_controller_the_budget_lists_the_gpu_nodes_itself(fake):
     """No controller, so no census: the budget counts the GPU nodes with its own list."""
-    cluster, _ = fake
-    agent = disrupting_agent(fake)
-    before = len(cluster.log)
-    falls_off_the_bus(agent)
+    agent, log = disrupting_fault(fake, controller=False)
     assert "n0" in agent.side.gate.holders()
-    assert node_lists(cluster, before) == 1
+    assert node_lists(log) == 1
 
 
 @pytest.mark.fake_only  # counts the requests in the fake's log
 def test_a_disrupting_fault_writes_its_node_without_a_conflict(fake):
     """The budget's disruption label goes through the agent's Node writer, whose view of the Node stays current:
     no Node write of the fault's pass is answered 409 and read again (its one GET is the pass's read)."""
-    cluster, _ = fake
-    agent = disrupting_agent(fake)
-    correlate(fake, fleet_controller(fake))
-    before = len(cluster.log)
-    falls_off_the_bus(agent)
+    _, log = disrupting_fault(fake, controller=True)
     assert DISRUPTION_LABEL in fake[0].node("n0")["metadata"]["labels"]
-    node_requests = [(method, code) for method, path, code in cluster.log[before:] if path == "/api/v1/nodes/n0"]
+    node_requests = [(method, code) for method, path, code in log if path == "/api/v1/nodes/n0"]
     assert ("PATCH", 409) not in node_requests and node_requests.count(("GET", 200)) == 1
