@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from agent.fleet.unit import UNIT_ANNOTATION, unit_of_node
+from agent.k8s.brake_claims import CLAIM_LABEL
 from agent.k8s.budget_slots import (
     BUDGET_LEASE,
     RELEASED_ANNOTATION,
@@ -146,10 +147,10 @@ class LeaseBudget:
 
     # ---- reading ----
     def read(self) -> GateReading:
-        """The pause Lease and the live slots, in one go (three requests at most, each retried)."""
-        if self._paused():
+        """The pause Lease and the live slots, from one list of the namespace's Leases (retried)."""
+        live, recent, paused = self._listing()
+        if paused:
             return GateReading(paused=True, held=self._granted, limit=self._limit or 1, rate=self.max_per_hour)
-        live, recent = self._list()
         if self._written is not None:
             self._listed = live, recent
         own = next((s for s in live if s.name == self.slot), None)
@@ -276,33 +277,34 @@ class LeaseBudget:
         self._retried(lambda: self.raw.strategic_patch(path, body))
 
     # ---- requests ----
-    def _paused(self) -> bool:
-        try:
-            self._retried(lambda: self.raw.get(f"{self.leases}/{PAUSE_LEASE}"))
-        except NotFound:
-            return False
-        return True
-
     def _slots(self) -> list[Slot]:
         return self._list()[0]
 
     def _list(self) -> tuple[list[Slot], list[Slot]]:
-        """The live slots and the recently taken ones, from one list of the namespace's Leases (a handful:
-        slots, the pause, the fleet's leader): the labelled slot Leases not released, and the other nodes'
-        entries in an earlier version's shared Lease (disrupted by an old agent: recent while they are live)."""
-        listed = self._retried(lambda: self.raw.get(self.leases))
+        live, recent, _ = self._listing()
+        return live, recent
+
+    def _listing(self) -> tuple[list[Slot], list[Slot], bool]:
+        """The live slots, the recently taken ones, and whether the pause Lease is there, from one list of the
+        namespace's Leases but the brake's claims (a handful: slots, the pause, the fleet's leader; the claims,
+        a hundred in a fault storm, are agent.k8s.brake_claims'): the labelled slot Leases not released, and
+        the other nodes' entries in an earlier version's shared Lease (disrupted by an old agent: recent while
+        they are live)."""
+        listed = self._retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"!{CLAIM_LABEL}"}))
         slots: list[Slot] = []
         legacy: list[Slot] = []
+        paused = False
         for item in listed.get("items") or []:
             meta = item.get("metadata") or {}
             if (meta.get("labels") or {}).get(SLOT_LABEL) == "true":
                 slots.append(Slot.of(item))
             elif meta.get("name") == BUDGET_LEASE:
                 legacy.extend(s for s in legacy_slots(item) if s.holder != self.node)
+            paused = paused or meta.get("name") == PAUSE_LEASE
         live = self.sightings.live([s for s in slots if not s.released] + legacy, own=self.slot)
         if self.max_per_hour <= 0:
-            return live, []
-        return live, self.takings.recent(slots) + [s for s in live if s in legacy]
+            return live, [], paused
+        return live, self.takings.recent(slots) + [s for s in live if s in legacy], paused
 
     def _confirmed(self) -> bool:
         """This process granted its slot and wrote it recently enough that no reader can have let it lapse."""

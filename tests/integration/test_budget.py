@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agent.k8s.brake_claims import CLAIM_PREFIX, BrakeClaims
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.budget_slots import SLOT_LABEL, slot_name
 from agent.k8s.client import client_for
@@ -221,9 +222,10 @@ def test_a_transient_error_on_the_slot_write_is_retried_within_the_pass(fake):
 
 
 def test_a_transient_error_on_reading_the_gate_is_retried_within_the_pass(fake):
-    """One 503 on the pause read: the eviction still happens in the same pass."""
+    """One 503 on the gate's read (the list of slots and the pause): the eviction still happens in the same
+    pass."""
     cluster, server = fake
-    faulty = Faulty(client_for(server.url), lambda method, path: method == "GET" and "/leases/" in path)
+    faulty = Faulty(client_for(server.url), lambda method, path: method == "GET" and path.endswith("/leases"))
     faulty.fail_at = 1
     agent = make_agent(cluster, server, gpu_node("n1"), populate_node=False, api_client=faulty.api)
     outcome = agent.fault(0)
@@ -253,14 +255,16 @@ def test_the_disruption_label_is_a_repaired_view_of_the_slot(fake):
 
 
 def test_the_guard_decides_on_one_read_of_the_gate_per_pass(fake):
-    """A pass with several disruptive steps reads the pause Lease once."""
+    """A pass with several disruptive steps lists the Leases twice, to read the gate (the pause Lease is in that
+    list) and to rank its slot after writing it, and never reads the pause Lease by name."""
     cluster, server = fake
-    probe = Faulty(client_for(server.url), lambda method, path: method == "GET" and path.endswith("/gpu-health-pause"))
-    agent = make_agent(cluster, server, gpu_node("n1"), populate_node=False, api_client=probe.api)
+    lists = Faulty(client_for(server.url), lambda method, path: method == "GET" and path.endswith("/leases"))
+    pause = Faulty(lists.api, lambda method, path: method == "GET" and path.endswith("/gpu-health-pause"))
+    agent = make_agent(cluster, server, gpu_node("n1"), populate_node=False, api_client=pause.api)
     outcome = agent.fault(0)
     disruptive = [a for a in outcome.actions if a.step.disruptive and a.result is StepResult.APPLIED]
     assert len(disruptive) >= 2
-    assert probe.seen == 1
+    assert (lists.seen, pause.seen) == (2, 0)
 
 
 def test_a_slot_deleted_under_its_holder_is_ranked_again_not_assumed(fake):
@@ -390,3 +394,25 @@ def test_a_slot_written_but_not_ranked_is_ranked_by_the_gate_reading_listed_afte
     assert gate.acquire().held
     assert lists.seen == listed
     assert slots(cluster) == {slot_name("n1")}
+
+
+def test_the_gate_reads_the_slots_without_the_brakes_claims(fake):
+    """The gate's one list of the Leases leaves out the quarantine brake's claims (a hundred in a fault storm,
+    each a Lease in the same namespace), and still finds the slots."""
+    _, server = fake
+    raw = RawApi(client_for(server.url))
+    for node in ("n1", "n2", "n3"):
+        BrakeClaims(raw, node_name=node, namespace="gpu-health", window_seconds=300.0).rank(
+            bound=10, units={}, unclaimed={})
+    answers: list[str] = []
+    original = raw.get
+
+    def recorded(path: str, **kwargs: Any) -> Any:
+        answer = original(path, **kwargs)
+        answers.extend(str(i["metadata"]["name"]) for i in answer.get("items") or [])
+        return answer
+
+    raw.get = recorded  # type: ignore[method-assign]
+    gate = LeaseBudget(raw, node_name="n1", namespace="gpu-health", max_nodes=1, max_percent=0)
+    assert gate.acquire().held
+    assert slot_name("n1") in answers and not [a for a in answers if a.startswith(CLAIM_PREFIX)]
