@@ -459,7 +459,9 @@ def throughput(bench: Bench, agents: list[AgentProcess]) -> None:
 
 def independent_faults(bench: Bench, agents: list[AgentProcess], *, rate: float, label: str) -> None:
     """(f): Xid 79 (fell off the bus) on each agent's node in turn, `rate` a second; a row of how soon each node
-    was tainted, the throughput, and the budget slots sampled meanwhile."""
+    was tainted, the throughput, and the budget slots sampled meanwhile. The throughput is the rate the taints
+    came at, from the first to the last (a fleet that keeps up with the faults taints as fast as they arrive);
+    first_fault_to_last_taint_s is the whole burst, the last node's delay included."""
     sent_at: dict[str, float] = {}
     samples: list[int] = []
     cpu0, busy0 = sum(cpu_seconds(a.process.pid) for a in agents), machine_busy()
@@ -472,8 +474,8 @@ def independent_faults(bench: Bench, agents: list[AgentProcess], *, rate: float,
         samples.append(bench.slots())
         time.sleep(0.5)
     delays = sorted(bench.taints.became[n] - t for n, t in sent_at.items() if bench.taints.became.get(n, 0) >= t)
-    done = max((bench.taints.became[n] for n in sent_at if bench.taints.became.get(n, 0) >= sent_at[n]),
-               default=started)
+    taints = sorted(bench.taints.became[n] for n in sent_at if bench.taints.became.get(n, 0) >= sent_at[n])
+    done = taints[-1] if taints else started
     agents_cpu, (busy, total) = sum(cpu_seconds(a.process.pid) for a in agents) - cpu0, machine_busy()
     for _ in range(10):
         samples.append(bench.slots())
@@ -482,7 +484,8 @@ def independent_faults(bench: Bench, agents: list[AgentProcess], *, rate: float,
     row(label, faults=len(sent_at), arrived_per_s=rate, quarantined=len(delays),
         p50_s=round(delays[len(delays) // 2], 3) if delays else "n/a",
         max_s=round(delays[-1], 3) if delays else "n/a",
-        throughput_nodes_per_s=round(len(delays) / max(done - started, 1e-9), 1),
+        throughput_nodes_per_s=round((len(taints) - 1) / max(taints[-1] - taints[0], 1e-9), 1) if len(taints) > 1
+        else "n/a", first_fault_to_last_taint_s=round(done - started, 2),
         evicted=steps.get("evict", 0), reboot_requests=steps.get("reboot_request", 0),
         budget_slots_max_sampled=max(samples, default=0), agent_req_per_s=bench.audit.per_s(AGENT_USER, started),
         agents_cpu_ms_per_fault=round(1000 * agents_cpu / max(len(sent_at), 1), 1),
