@@ -59,6 +59,18 @@ def attempts(raw: RawApi, own: str, other: str) -> dict[str, Callable[[], object
     }
 
 
+def hiding_slot_attempts(raw: RawApi, own: str) -> dict[str, Callable[[], object]]:
+    """Its own slot labelled as a brake claim too, which every other agent's budget list leaves out: created
+    so (none there yet), or so labelled once it is there."""
+    hidden = slot_body(slot_name(own), own)
+    hidden["metadata"]["labels"][CLAIM_LABEL] = "true"
+    return {
+        "create its own slot labelled as a brake claim": lambda: raw.create(LEASES, hidden),
+        "label its own slot as a brake claim": lambda: raw.merge_patch(
+            f"{LEASES}/{slot_name(own)}", {"metadata": {"labels": {CLAIM_LABEL: "true"}}}),
+    }
+
+
 def claim_body(name: str, holder: str, *, labelled: bool = True) -> JsonDocument:
     return {"metadata": {"name": name, "namespace": "gpu-health", "labels": {CLAIM_LABEL: "true"} if labelled else {}},
             "spec": {"holderIdentity": holder, "leaseDurationSeconds": 600}}

@@ -16,6 +16,7 @@ from tests.realcluster.budget_tokens import (
     agent_raw,
     attempts,
     claim_attempts,
+    hiding_slot_attempts,
     operator_pause_attempts,
     own_claim_attempts,
     pause,
@@ -64,6 +65,19 @@ def test_an_agent_may_not_touch_another_nodes_slot_or_create_the_pause(control_p
     assert accepted(attempts(agent_raw(control_plane, own), own, other)) == []
     assert lease(control_plane, slot_name(other)) == before
     assert lease(control_plane, PAUSE_LEASE) is None
+
+
+def test_no_agent_may_hide_its_slot_from_the_others_count(control_plane, two_nodes):
+    """Every budget read lists the Leases but the brake's claims: an agent may neither create its slot
+    labelled as a claim nor label its live slot so, and the other node still counts the slot."""
+    a, b = two_nodes
+    control_plane.forget("coordination.k8s.io", "leases", "gpu-health", slot_name(a))
+    tries = hiding_slot_attempts(agent_raw(control_plane, a), a)
+    create, label = list(tries)
+    assert accepted({create: tries[create]}) == []
+    assert agent_budget(control_plane, a).acquire().held
+    assert accepted({label: tries[label]}) == []
+    assert a in agent_budget(control_plane, b).holders()
 
 
 def test_no_agent_may_lift_or_change_an_operators_pause(control_plane, two_nodes):
