@@ -44,7 +44,7 @@ def used(events: list[dict]) -> set[Permission]:
 
 def remediate_once(plane: ControlPlane) -> None:
     """Fault -> condition, taint, eviction, events, budget slot (taken, renewed, given back); an operator's
-    release; recovery -> clear."""
+    release; recovery -> clear; the agent restarted."""
     cluster, server = RealCluster(plane), RealServer(plane)
     name = plane.unique("rbac")
     inventory = gpu_node(name)
@@ -67,6 +67,11 @@ def remediate_once(plane: ControlPlane) -> None:
     assert agent.pipeline.tick(1400.0).verdicts
     assert TAINT not in {t["key"] for t in cluster.node(name)["spec"].get("taints") or []}
     agent.close()
+    # Restarted: its first pass looks for a budget slot an earlier process may have left (a GET by name).
+    again = make_agent(cluster, server, inventory, restore=True, fleet=True, brake=BrakePolicy(),
+                       populate_node=False)
+    again.pipeline.reconcile(1500.0)
+    again.close()
     server.stop()
 
 
