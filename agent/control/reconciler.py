@@ -97,13 +97,13 @@ class Reconciler:
             if shared.fleet is not None and not writes_refused:
                 shared.fleet.tidy()  # this node's claim on the brake, once its window has passed
             runner.forget_skips()
-            self._mirror(observed, opted_out, bool(actions))
+            self._mirror(observed, writes_refused, bool(actions))
             self._schedule(actions, now)
             self._passes += 1
             shared.update_metrics(bool(actions))
             return Outcome(self._pass_verdicts, actions)
 
-    def _mirror(self, observed: NodeObservation | None, opted_out: bool, acted: bool) -> None:
+    def _mirror(self, observed: NodeObservation | None, writes_refused: bool, acted: bool) -> None:
         """The record to the Node's annotation where it differs (never where the guard refuses Node writes)."""
         shared = self.shared
         with shared.lock:
@@ -117,8 +117,7 @@ class Reconciler:
         # so a correlated cause's hold covers its healthy nodes too.
         publishes = shared.fleet is not None
         if observed is not None and (observed.record is not None or worth_mirroring or publishes) and \
-                not _same_record(observed.record, document) and \
-                not node_writes_refused(policy=self.runner.policy, cluster=ClusterView(opted_out=opted_out)):
+                not _same_record(observed.record, document) and not writes_refused:
             shared.store.safely("mirror_failed", self.runner.actuator.mirror, document)
 
     def _schedule(self, actions: list[ActionRecord], now: float) -> None:
