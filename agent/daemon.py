@@ -220,6 +220,9 @@ class Daemon:
             facts=lambda: NodeFacts(driver_version=getattr(nvml, "driver_version", ""),
                                     fabric_domain=getattr(nvml, "fabric_domain", "")),
             reset_of=reset_of,
+            # the rules loaded at the call: a hot reload swaps the pipeline's RuleSet
+            rule_class=lambda rule_id: self.pipeline.rules.fault_class_of(rule_id),  # noqa: PLW0108
+            on_fleet_set_aside=lambda what: self.metrics.fleet_set_aside.labels(what).inc(),
         )
 
     def _restore_operands(self) -> None:

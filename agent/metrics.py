@@ -115,6 +115,11 @@ class Metrics:
             "gpu_health_brake_confirms_total",
             "Operators' confirms of a braked taint consumed: used (it let the taint through), unused, expired.",
             ["result"], registry=registry)
+        self.fleet_set_aside = Counter(
+            "gpu_health_fleet_entries_set_aside_total",
+            "Entries of the fleet's shared objects this agent could not read or does not trust (a newer "
+            "format, a damaged entry, a unit its rules do not back), by object; the rest is used.",
+            ["what"], registry=registry)
         self.evictions_stuck = Counter(
             "gpu_health_evictions_stuck_total", "Evictions still refused (429) at their deadline; never forced.",
             registry=registry)

@@ -157,7 +157,7 @@ def _node(scenario: Scenario, fleet: ScenarioFleet, number: int, cluster: FakeCl
                       else "")
     config = base.model_copy(update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
     hooks = NodeHooks(pods=lambda: node.pods, facts=lambda: facts, reset_of=_simulated_reset,
-                      uptime=lambda: UPTIME_AT_START + clock())
+                      uptime=lambda: UPTIME_AT_START + clock(), rule_class=rules.fault_class_of)
     side = build_cluster_side(api_client, config, hooks, on_stuck=lambda pod: None, clock=wall, monotonic=clock)
     own_pod = next(p.key for p in node.pods if p.daemonset) if any(p.daemonset for p in node.pods) else ""
     pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=side.actuator, gate=side.gate,

@@ -195,7 +195,8 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
                                brake=brake, holds=fleet, cache_seconds=0.0, count_seconds=0.0,
                                clock=monotonic, wall=wall, settle_seconds=settle_seconds,
                                settle_max_seconds=settle_max_seconds, claims=claims,
-                               claim_retry_seconds=2 * retry_seconds)
+                               claim_retry_seconds=2 * retry_seconds, node=inventory.name,
+                               rule_class=RULES.fault_class_of, fabric_domain=lambda: fabric_domain)
         side.summariser = actuator.summarise = Summariser(
             inventory.name, wall=wall, uptime=lambda: 86400.0, pods=lambda: inventory.pods,
             facts=lambda: NodeFacts(driver_version=driver, fabric_domain=fabric_domain))

@@ -82,6 +82,8 @@ class StepRunner:
         with shared.lock:
             if result in TOOK_EFFECT:
                 shared.record.node.apply(step)
+                if shared.fleet is not None:  # the quarantine's start, on the clock its summary publishes
+                    shared.record.node.mark_quarantine(shared.fleet.wall())
             if step.kind is StepKind.EVICT:
                 self._settle_eviction_event(step, result)
             if step.kind is StepKind.RESET_GPU and result not in TOOK_EFFECT and result is not StepResult.FAILED:

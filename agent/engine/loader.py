@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from agent.engine.schema import Rule
 from agent.errors import InputErrors, RuleError
-from agent.model import Signal
+from agent.model import FaultClass, Signal
 from agent.yamlload import safe_load
 
 
@@ -46,6 +46,11 @@ class RuleSet:
 
     def get(self, rule_id: str) -> Rule | None:
         return self._by_id.get(rule_id)
+
+    def fault_class_of(self, rule_id: str) -> FaultClass | None:
+        """The rule's fault class; None for a rule not in the set."""
+        rule = self._by_id.get(rule_id)
+        return rule.fault_class if rule is not None else None
 
     def effective(self, rule: Rule, model: str) -> Rule:
         """The rule as it applies to a GPU of this model (overrides applied)."""

@@ -76,18 +76,47 @@ def _seconds(value: object) -> float:
     return float(value)
 
 
-def holds_to_json(holds: Iterable[Hold]) -> str:
-    return json.dumps([h.to_json() for h in sorted(holds, key=lambda h: h.id)], separators=(",", ":"))
+def holds_to_json(holds: Iterable[Hold], *, unread: Iterable[Mapping[str, object]] = ()) -> str:
+    """The holds' published form, with `unread` (entries a reader of this version could not read: a newer
+    format) carried over unchanged after them."""
+    entries = [h.to_json() for h in sorted(holds, key=lambda h: h.id)] + [dict(e) for e in unread]
+    return json.dumps(entries, separators=(",", ":"))
 
 
-def holds_from_json(text: str, *, source: str = "") -> list[Hold]:
+@dataclass(frozen=True, slots=True)
+class Unread:
+    """One entry of the holds this reader cannot read (a newer writer's kind, dimension or class, or damaged),
+    with why, kept as written."""
+
+    reason: str
+    entry: Mapping[str, object]
+
+
+def parse_holds(text: str, *, source: str = "") -> tuple[list[Hold], list[Unread]]:
+    """The holds, parsed entry by entry: an entry this reader cannot read is set aside (with why), never a
+    reason to drop the others. Text that is not a JSON list of objects is one InputError naming `source`."""
     try:
         document = json.loads(text)
     except ValueError as exc:
         raise InputError(f"holds are not JSON: {exc}", file=source) from None
-    if not isinstance(document, list) or not all(isinstance(v, dict) for v in document):
-        raise InputError("holds are not a list of objects", file=source)
-    return [Hold.from_json(v, source=source) for v in document]
+    if not isinstance(document, list):
+        raise InputError("holds are not a list", file=source)
+    holds: list[Hold] = []
+    unread: list[Unread] = []
+    for entry in document:
+        if not isinstance(entry, dict):
+            unread.append(Unread("an entry is not an object", {"value": entry}))
+            continue
+        try:
+            holds.append(Hold.from_json(entry, source=source))
+        except InputError as exc:
+            unread.append(Unread(f"entry {str(entry.get('id', '?'))[:120]!r}: {exc.message}", entry))
+    return holds, unread
+
+
+def holds_from_json(text: str, *, source: str = "") -> list[Hold]:
+    """The holds this reader can read (parse_holds without what it set aside)."""
+    return parse_holds(text, source=source)[0]
 
 
 def next_holds(previous: Mapping[str, Hold], correlations: Iterable[Correlation], *, now: float,

@@ -37,7 +37,12 @@ class FleetReading:
     now: float = 0.0
     gpu_nodes: int | None = None
     quarantined_at: Mapping[str, float] = field(default_factory=dict)
-    error: str = ""
+    #: Why the holds could not be read this time: `holds` are then the last ones read (each standing until
+    #: its own expiry on this clock), never none for a failed read.
+    holds_error: str = ""
+    #: Why the brake's count could not be read (gpu_nodes is then None): the node's new quarantine may take
+    #: only the brake's floor of places, by its claim (FleetSource.claim).
+    count_error: str = ""
     #: Whether a fleet controller publishes holds here (the holds object exists): only then does a new
     #: quarantine of a holdable fault wait the settle for its word.
     published: bool = False
@@ -118,8 +123,9 @@ def acts(action: Action) -> bool:
 def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultLike], quarantined: bool,
                first_seen: Mapping[tuple[str, str], float] | None = None) -> FleetView:
     """The fleet's word on this node's faults, read only when it can change what the node does: a holdable
-    fault that acts, or a new quarantine the brake counts. An unreadable view holds nothing and brakes
-    nothing (the node acts as it would without a fleet view).
+    fault that acts, or a new quarantine the brake counts. A read error switches neither off: the last holds
+    read stand until their own expiry, and the brake, left without a count, lets the node's claim rank it
+    against the brake's floor.
 
     The settle: where a controller publishes holds, a node not yet quarantined takes no step for a holdable
     fault until `settle_seconds` after it first saw the fault (`first_seen`, on the source's clock), and then
@@ -144,9 +150,9 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     limits = {key: at + max(settle, source.settle_max_seconds) for key, at in seen.items()}
     fresh = [end if now >= limits[key] else max(end, now - HEARD_REREAD_SECONDS)
              for key, end in ends.items() if end <= now]
+    # An unreadable holds object leaves the last holds read standing (their own expiry), and an unreadable
+    # count leaves the brake its floor (the claim decides): a read error never switches either off.
     reading = source.read(count=wants_quarantine, fresh_after=max(fresh, default=None))
-    if reading.error:
-        return FleetView(judged=judged)
     rules = {(f.gpu_key, f.rule_id): f.rule_id for f in holdable_acting}
     held: dict[tuple[str, str], str] = {}
     for fault in holdable_acting:
@@ -172,7 +178,9 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     brake, claim = "", False
     if wants_quarantine and still_quarantines and source.brake is not None:
         brake = brake_refusal(reading, node=node, policy=source.brake)
-        claim = not brake  # room by the count: the taint claims its place once the guard lets it past
+        # Room by the count (or no count: the floor's room): the taint claims its place once the guard lets
+        # it past, and the claim decides.
+        claim = not brake
     return FleetView(held, brake, settle_until, judged, claim)
 
 
@@ -181,6 +189,8 @@ def brake_refusal(reading: FleetReading, *, node: str, policy: BrakePolicy) -> s
     published unit count as one (the controller judged them one fabric fault)."""
     if reading.refused:
         return reading.refused
+    if reading.count_error:
+        return ""  # nothing counted: the claim ranks this node against the floor (FleetSource.claim)
     units = by_unit(live_units(reading.holds, now=reading.now))
     if reading.gpu_nodes is None or brake_allows(node=node, quarantined_at=reading.quarantined_at,
                                                  gpu_nodes=reading.gpu_nodes, now=reading.now, policy=policy,

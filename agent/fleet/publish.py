@@ -21,8 +21,9 @@ class NodeFacts:
 
 
 class Summariser:
-    """Turns the mirrored record into the summary's JSON. Remembers when the node was first seen quarantined
-    (node or device taint) on the node's wall clock, so a re-publish keeps the brake's count stable."""
+    """Turns the mirrored record into the summary's JSON. The quarantine's start (node or device taint) is the
+    record's (agent.remediation.state.NodeState.quarantined_since, durable across restarts), so a re-publish
+    or a restarted agent keeps the brake's count stable; a record without one is stamped here once."""
 
     def __init__(self, node: str, *, wall: Callable[[], float], uptime: Callable[[], float],
                  pods: Callable[[], Iterable[PodRef]] = tuple, facts: Callable[[], NodeFacts] = NodeFacts) -> None:
@@ -42,10 +43,13 @@ class Summariser:
         remediation = document.get("remediation")
         state = remediation if isinstance(remediation, Mapping) else {}
         taints = [t for t in _dicts(state.get("device_taints")) if t.get("effect") in {"NoSchedule", "NoExecute"}]
-        if state.get("tainted") or taints:
-            self._quarantined_since = self._quarantined_since or self.wall()
-        else:
+        recorded = state.get("quarantined_since")
+        if not (state.get("tainted") or taints):
             self._quarantined_since = 0.0
+        elif isinstance(recorded, int | float) and not isinstance(recorded, bool) and recorded > 0:
+            self._quarantined_since = float(recorded)  # the record's: durable, never stamped anew
+        else:  # a record without it (an earlier version's): stamped once by this process
+            self._quarantined_since = self._quarantined_since or self.wall()
         cursors = document.get("cursors")
         models = sorted({str(g.get("model")) for g in _dicts(document.get("gpus")) if g.get("model")})
         facts = self.facts()

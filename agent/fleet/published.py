@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from agent.errors import InputError
-from agent.fleet import Hold, holds_from_json, holds_to_json
+from agent.fleet.hold import Hold, Unread, holds_to_json, parse_holds
 
 SUMMARY_ANNOTATION = "gpu-health-agent.io/fleet-summary"
 HOLDS_CONFIGMAP = "gpu-health-fleet-holds"
@@ -49,30 +49,52 @@ CENSUS_KEY = "census.json"
 QUARANTINE_LABEL = "gpu-health-agent.io/quarantined-since"
 
 
-def encode(holds: Iterable[Hold], *, now: float, wall: float, writer: str) -> dict[str, str]:
+def encode(holds: Iterable[Hold], *, now: float, wall: float, writer: str,
+           unread: Iterable[Unread] = ()) -> dict[str, str]:
     """The ConfigMap's data for holds kept on the writer's monotonic clock (`now`), stamped on its wall
-    clock (`wall`): every time shifts by the same offset, so a reader recovers the differences."""
+    clock (`wall`): every time shifts by the same offset, so a reader recovers the differences. Entries the
+    writer could not read (`unread`: a newer writer's) go with them unchanged."""
     offset = wall - now
     shifted = [replace(h, started_at=round(h.started_at + offset, 3), expires_at=round(h.expires_at + offset, 3))
                for h in holds]
-    return {HOLDS_KEY: holds_to_json(shifted), WRITTEN_KEY: f"{wall:.3f}", WRITER_KEY: writer}
+    return {HOLDS_KEY: holds_to_json(shifted, unread=[u.entry for u in unread]), WRITTEN_KEY: f"{wall:.3f}",
+            WRITER_KEY: writer}
 
 
 def decode(data: Mapping[str, str] | None, *, observed_at: float, wall: float | None = None,
            source: str = "") -> list[Hold]:
+    """The holds of a ConfigMap's data this reader can read (decode_all without what it set aside)."""
+    return decode_all(data, observed_at=observed_at, wall=wall, source=source)[0]
+
+
+def decode_all(data: Mapping[str, str] | None, *, observed_at: float, wall: float | None = None,
+               source: str = "") -> tuple[list[Hold], list[Unread]]:
     """The holds of a ConfigMap's data on the reader's monotonic clock, placed from `observed_at` (when
     the reader first saw this version of the object), less the time since `written` by the reader's wall
-    clock `wall` when given and positive. An empty or absent object holds nothing; a malformed one is an
-    InputError naming `source`."""
+    clock `wall` when given and positive; and the entries it could not read, each with why (a newer
+    writer's kind, dimension or class: skipped, never a reason to drop the rest). An empty or absent object
+    holds nothing; one whose holds are not a list, or whose `written` is not a number (nothing in it can be
+    placed), is an InputError naming `source`."""
     if not data or not data.get(HOLDS_KEY):
-        return []
+        return [], []
     try:
         written = float(data.get(WRITTEN_KEY, ""))
     except ValueError:
         raise InputError(f"{WRITTEN_KEY} {data.get(WRITTEN_KEY)!r} is not a number", file=source) from None
     offset = observed_at - written - (max(0.0, wall - written) if wall is not None else 0.0)
-    return [replace(h, started_at=h.started_at + offset, expires_at=h.expires_at + offset)
-            for h in holds_from_json(data[HOLDS_KEY], source=source)]
+    holds, unread = parse_holds(data[HOLDS_KEY], source=source)
+    return [replace(h, started_at=h.started_at + offset, expires_at=h.expires_at + offset) for h in holds], unread
+
+
+def still_written(unread: Iterable[Unread], *, wall: float) -> list[Unread]:
+    """The entries set aside that a writer carries over: those whose own `expires` (the writer's wall clock)
+    is still ahead of `wall`. One with no readable expiry is dropped: nothing says how long it may stand."""
+    kept = []
+    for entry in unread:
+        expires = entry.entry.get("expires")
+        if isinstance(expires, int | float) and not isinstance(expires, bool) and expires > wall:
+            kept.append(entry)
+    return kept
 
 
 def same_holds(left: Iterable[Hold], right: Iterable[Hold], *, slack: float = 1.0) -> bool:

@@ -59,6 +59,8 @@ class FleetController:
         self.correlations: list[Correlation] = []
         #: When a unit settling now may be named (the controller's clock): the pass to run then.
         self.recheck_at: float | None = None
+        #: The unreadable entries already logged (each reason once).
+        self._told: set[str] = set()
 
     # ---- the watch's side ----
     def on_sync(self, objects: list[dict[str, Any]]) -> None:
@@ -97,6 +99,11 @@ class FleetController:
                 if holdable(sighting.fault_class) and (sighting.rule_id, sighting.node) not in withheld:
                     heard.setdefault(sighting.rule_id, set()).add(sighting.node)
         read = self.store.read()
+        for entry in self.store.unread:  # a newer writer's entries: kept as written, never a reason to stop
+            if entry.reason not in self._told:
+                self._told.add(entry.reason)
+                self.metrics.errors.labels("holds-entry").inc()
+                log.warning("fleet_holds_entry_unread", reason=entry.reason)
         known = self._standing | {h.id for h in read[0]}
         fresh = [c for c in correlations if c.id not in known]
         for correlation in fresh:  # before the hold is written: a crash in between sends it once more, by name

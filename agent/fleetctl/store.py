@@ -10,16 +10,18 @@ from collections.abc import Callable
 
 from agent.errors import InputError
 from agent.fleet import Hold
+from agent.fleet.hold import Unread
 from agent.fleet.published import (
     ALIVE_KEY,
     CENSUS_KEY,
     HEARD_KEY,
     HOLDS_CONFIGMAP,
-    decode,
+    decode_all,
     decode_census,
     encode,
     encode_heard,
     same_holds,
+    still_written,
 )
 from agent.k8s.errors import NotFound
 from agent.k8s.raw import JsonDocument, RawApi, api_path
@@ -38,6 +40,9 @@ class HoldsStore:
         self.wall = wall
         self.path = api_path("", "v1", "configmaps", namespace=namespace, name=HOLDS_CONFIGMAP)
         self._placed: tuple[str, list[Hold]] | None = None
+        #: The entries of the object last read that this version cannot read (a newer writer's), carried over
+        #: unchanged by its writes until their own expiry; each reason logged once by the caller.
+        self.unread: list[Unread] = []
         #: The controller's word in the object last read (HEARD_KEY, ALIVE_KEY, CENSUS_KEY), as text.
         self._word: dict[str, str] = {}
         #: When this process last wrote (its monotonic clock); None before its first write.
@@ -60,7 +65,8 @@ class HoldsStore:
         self._word = {key: str(data[key]) for key in (HEARD_KEY, ALIVE_KEY, CENSUS_KEY) if key in data}
         if self._placed is not None and self._placed[0] == version:
             return list(self._placed[1]), version
-        holds = decode(obj.get("data"), observed_at=self.clock(), wall=self.wall(), source=self.source)
+        holds, self.unread = decode_all(obj.get("data"), observed_at=self.clock(), wall=self.wall(),
+                                        source=self.source)
         self._placed = (version, holds)
         return list(holds), version
 
@@ -84,7 +90,9 @@ class HoldsStore:
     def write(self, holds: list[Hold], version: str, *, word: dict[str, str] | None = None) -> str:
         """Publish `holds` over the version read (create it when there was none), with the controller's `word`
         (agent.fleet.published.encode_heard), or without one the word last read; Conflict when it moved."""
-        data = encode(holds, now=self.clock(), wall=self.wall(), writer=self.writer)
+        wall = self.wall()
+        data = encode(holds, now=self.clock(), wall=wall, writer=self.writer,
+                      unread=still_written(self.unread, wall=wall))
         data.update(self._word if word is None else word)
         body: JsonDocument = {
             "apiVersion": "v1", "kind": "ConfigMap",

@@ -25,7 +25,7 @@ from agent.k8s.node_watch import NodeWatch
 from agent.k8s.operands import OperandPauser
 from agent.k8s.pods import PodFinder
 from agent.k8s.raw import RawApi
-from agent.model import PodRef
+from agent.model import FaultClass, PodRef
 from agent.timefmt import rfc3339
 
 
@@ -45,6 +45,10 @@ class NodeHooks:
     reset_of: Callable[[OperandPauser], ResetRunner] | None = None
     #: Seconds since the node booted (the fleet summary's boot window).
     uptime: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME)
+    #: The fault class this node's rules give a rule (None: no such rule): what a published unit is checked by.
+    rule_class: Callable[[str], FaultClass | None] = lambda rule_id: None
+    #: Called for each entry of the fleet's shared objects the fleet view set aside (the daemon's metric).
+    on_fleet_set_aside: Callable[[str], None] = lambda what: None
 
 
 @dataclass(slots=True)
@@ -118,6 +122,7 @@ def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time
                hooks: NodeHooks | None = None) -> tuple[FleetGate | None, Summariser | None]:
     """The fleet view's reader and the summariser, when `fleet_holds` or the brake is on."""
     settings = config.remediation
+    hooks = hooks or NodeHooks()
     brake = BrakePolicy(max_share=settings.brake_max_share, min_nodes=settings.brake_min_nodes,
                         max_nodes=settings.brake_max_nodes, window_seconds=settings.brake_window_seconds) \
         if settings.brake_window_seconds > 0 else None
@@ -129,8 +134,9 @@ def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time
                      holds=settings.fleet_holds, clock=monotonic, wall=clock, claims=claims,
                      claim_retry_seconds=2 * settings.retry_seconds,
                      settle_seconds=settings.fleet_settle_seconds if settings.fleet_holds else 0.0,
-                     settle_max_seconds=settings.fleet_settle_max_seconds if settings.fleet_holds else 0.0)
-    hooks = hooks or NodeHooks()
+                     settle_max_seconds=settings.fleet_settle_max_seconds if settings.fleet_holds else 0.0,
+                     node=config.node_name, rule_class=hooks.rule_class,
+                     fabric_domain=lambda: hooks.facts().fabric_domain, on_unread=hooks.on_fleet_set_aside)
     return gate, Summariser(config.node_name, wall=clock, uptime=hooks.uptime, pods=hooks.pods, facts=hooks.facts)
 
 

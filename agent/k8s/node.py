@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from agent.fleet.published import QUARANTINE_LABEL, quarantined_since
 from agent.k8s.bodies import MetadataPatch, Node, NodeCondition, NodePatch, as_node
 from agent.k8s.errors import Conflict
 from agent.k8s.node_cache import NodeCache
@@ -66,7 +67,8 @@ class NodeView:
             record=saved_record(self), release=self.annotations.get(RELEASE_ANNOTATION, ""),
             confirm=self.annotations.get(CONFIRM_ANNOTATION, ""),
             opted_out=bool(opt_out_label) and self.labels.get(opt_out_label) == "true",
-            holds_slot=DISRUPTION_LABEL in self.labels)
+            holds_slot=DISRUPTION_LABEL in self.labels,
+            quarantine_label=quarantined_since(self.labels.get(QUARANTINE_LABEL)))
 
 
 #: A patch built from the Node as observed, or None when the Node already is as wanted.

@@ -20,7 +20,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from agent.k8s.errors import Conflict, K8sError
+from agent.k8s.errors import Conflict, K8sError, TooManyRequests
 
 T = TypeVar("T")
 
@@ -48,6 +48,10 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, K8sError) and exc.transient
 
 
+def _transient_or_throttled(exc: BaseException) -> bool:
+    return _transient(exc) or isinstance(exc, TooManyRequests)
+
+
 class _Jittered(wait_exponential):
     """Full jitter (a uniform wait up to the exponential bound), drawn from the given random state."""
 
@@ -64,7 +68,7 @@ def _wait(rng: random.Random | None, multiplier: float, maximum: float) -> wait_
 
 
 def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None, wait_multiplier: float = 0.05,
-                 wait_max: float = 1.0, rng: random.Random | None = None) -> T:
+                 wait_max: float = 1.0, rng: random.Random | None = None, throttled: bool = False) -> T:
     """func(), retried on transient errors (5xx, unreachable, timed out) until the deadline.
 
     No attempt starts, and no backoff sleeps, past the deadline; requests sent meanwhile have their
@@ -72,7 +76,9 @@ def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None
     exponentially from `wait_multiplier` up to `wait_max` seconds: short, so a call gets about fifteen tries
     within the default 5 s (with waits up to 5 s it got six, and one server answering half its requests with
     503 failed one call in 64: a fatal step blocked for the pipeline's 30-s back-off). The jitter comes from
-    `rng` (default `JITTER`).
+    `rng` (default `JITTER`). With `throttled`, a 429 is transient too: for a read, it is the API server's
+    priority and fairness asking to come back (for an eviction it is a PodDisruptionBudget's no, so never
+    there).
     """
     seconds = DEFAULT_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds
     outer = _deadline.get()
@@ -80,7 +86,7 @@ def with_retries(func: Callable[[], T], *, deadline_seconds: float | None = None
     token = _deadline.set(deadline if outer is None else min(outer, deadline))
     try:
         retrying = Retrying(
-            retry=retry_if_exception(_transient),
+            retry=retry_if_exception(_transient_or_throttled if throttled else _transient),
             stop=stop_after_delay(seconds) | stop_before_delay(seconds),
             wait=_wait(rng, wait_multiplier, wait_max),
             reraise=True,

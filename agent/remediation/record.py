@@ -243,6 +243,9 @@ class NodeObservation:
     devices: DeviceIsolation | None = None
     #: An operator's confirm of the taint the quarantine brake keeps waiting (agent.fleet.confirm); "" none.
     confirm: str = ""
+    #: The quarantine's start the Node's label shows (its wall-clock second; 0: none): what a record that
+    #: lacks it (an earlier version's, or a lost journal) takes, so the start is never stamped anew.
+    quarantine_label: float = 0.0
 
     def actual(self, facts: NodeState) -> NodeState:
         """The record's remediation facts with what the Node itself shows in place of the marks."""
@@ -251,4 +254,5 @@ class NodeObservation:
                          reboot_requested=self.reboot_requested, replacement=set(self.replacement),
                          recoveries=facts.recoveries.copy(), verifying=dict(facts.verifying),
                          diagnosed=set(facts.diagnosed),
-                         device_taints=dict(facts.device_taints if self.device_taints is None else self.device_taints))
+                         device_taints=dict(facts.device_taints if self.device_taints is None else self.device_taints),
+                         quarantined_since=facts.quarantined_since or self.quarantine_label)

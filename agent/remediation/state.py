@@ -124,6 +124,22 @@ class NodeState:
     #: GPUs whose diagnostic gave a verdict (pass or fail) for their current faults: not run again.
     diagnosed: set[str] = field(default_factory=set)
     device_taints: dict[DeviceRef, DeviceMark] = field(default_factory=dict)
+    #: When the node was first quarantined (node taint, or a device taint that keeps work off), on the node's
+    #: wall clock; 0 while it is not. Durable, so a restarted agent never re-stamps it (the quarantine brake
+    #: counts the fleet's new quarantines by it).
+    quarantined_since: float = 0.0
+
+    @property
+    def quarantined(self) -> bool:
+        """Whether the node, or one of its devices, is tainted against new work."""
+        return self.tainted or any(m.effect in {"NoSchedule", "NoExecute"} for m in self.device_taints.values())
+
+    def mark_quarantine(self, wall: float) -> bool:
+        """The quarantine's start kept while it lasts (stamped `wall` when it begins), 0 once it ended; whether
+        that changed anything."""
+        since = (self.quarantined_since or wall) if self.quarantined else 0.0
+        changed, self.quarantined_since = since != self.quarantined_since, since
+        return changed
 
     def apply(self, step: Step) -> None:
         """Record that a step took effect (or would have, in dry-run and local mode)."""
@@ -172,7 +188,8 @@ class NodeState:
         self.diagnosed &= active_gpu_keys
 
     def to_json(self) -> dict[str, object]:
-        return {"conditions": {k: {"status": v.status, "message": v.message} for k, v in self.conditions.items()},
+        since = {"quarantined_since": self.quarantined_since} if self.quarantined_since else {}
+        return since | {"conditions": {k: {"status": v.status, "message": v.message} for k, v in self.conditions.items()},
                 "tainted": self.tainted, "evicted": {k: sorted(v) for k, v in self.evicted.items()},
                 "resets": sorted(self.resets), "reboot_requested": self.reboot_requested,
                 "replacement": sorted(self.replacement), "recoveries": self.recoveries.to_json(),
@@ -203,6 +220,9 @@ class NodeState:
         verifying = data.get("verifying")
         if isinstance(verifying, dict):
             state.verifying = {str(k): float(v) for k, v in verifying.items() if isinstance(v, int | float)}
+        since = data.get("quarantined_since")
+        state.quarantined_since = float(since) if isinstance(since, int | float) and not isinstance(since, bool) \
+            and since > 0 else 0.0
         taints = data.get("device_taints")
         for entry in taints if isinstance(taints, list) else []:
             if isinstance(entry, dict) and all(entry.get(k) for k in ("driver", "pool", "device")):

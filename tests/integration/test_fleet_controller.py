@@ -3,6 +3,7 @@ restart-safe, and an operator's edits kept."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from agent.k8s.events import EventRecorder
 from agent.k8s.leader import LeaderElector, LeaseConfig
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
+from agent.logs import capture_logs
 from agent.model import Action, FaultClass, Severity
 from agent.simulation.fake_apiserver import ApiError, FakeApiServer, FakeCluster
 from agent.simulation.fake_apiserver.resources import RESOURCES
@@ -503,3 +505,25 @@ def test_a_fabric_fault_that_reaches_another_domain_while_settling_is_one_fabric
     assert (held.dimension, held.key, held.unit, len(held.nodes)) == \
         (Dimension.FABRIC_DOMAIN, "several-domains", False, 12)
     assert len(fleet_events(server)) == 1
+
+
+def test_an_entry_of_a_newer_format_is_kept_and_every_other_hold_renewed(server):
+    """One holds entry this controller cannot read (a newer controller's dimension): its passes go on, the
+    holds it can read are renewed, and the entry is written back as it was until its own expiry."""
+    clock, wall = Clock(), Clock(1.7e9)
+    add_nodes(server.cluster, 4, XID13)
+    made = controller(server, clock, wall=wall)
+    made.reconcile()
+    raw = RawApi(client_for(server.url))
+    path = f"/api/v1/namespaces/{NS}/configmaps/{HOLDS_CONFIGMAP}"
+    entries = json.loads(holds_data(server)["holds.json"])
+    newer = dict(entries[0], id="xid-13/pcie-switch/sw-3", dimension="pcie-switch", expires=1.7e9 + 900.0)
+    raw.merge_patch(path, {"data": {"holds.json": json.dumps([*entries, newer])}})
+    clock.now += 300.0
+    wall.now += 300.0
+    with capture_logs() as captured:
+        made.reconcile()
+    written = json.loads(holds_data(server)["holds.json"])
+    assert [e["id"] for e in written] == ["xid-13/workload/ml/Job/train", "xid-13/pcie-switch/sw-3"]
+    assert written[0]["expires"] > entries[0]["expires"] and written[1] == newer
+    assert [e["event"] for e in captured].count("fleet_holds_entry_unread") == 1

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agent.errors import InputError
 from agent.fleet import Correlation, Dimension, covering_hold, holds_from_json, holds_to_json, next_holds
+from agent.fleet.hold import parse_holds
 from agent.model import FaultClass
 
 
@@ -79,7 +82,28 @@ def test_holds_survive_their_json_form():
     assert holds_from_json(holds_to_json(holds.values())) == list(holds.values())
 
 
-def test_malformed_holds_are_one_input_error():
-    """A damaged holds object is one line naming it, never a traceback."""
-    with pytest.raises(InputError, match="gpu-health/holds: hold is malformed"):
-        holds_from_json('[{"id": "x"}]', source="gpu-health/holds")
+def test_holds_that_are_not_a_list_are_one_input_error():
+    """A holds object that is not a list of entries is one line naming it, never a traceback."""
+    with pytest.raises(InputError, match="gpu-health/holds: holds are not a list"):
+        parse_holds('{"id": "x"}', source="gpu-health/holds")
+
+
+def test_an_entry_of_a_newer_format_is_set_aside_and_the_rest_read():
+    """One entry with a dimension, kind or class this reader does not know (a newer writer's), or damaged,
+    is set aside with why; every other entry is read as ever."""
+    known = next_holds({}, [correlation()], now=10.0, hold_seconds=600, max_hold_seconds=6 * 3600)
+    newer = [dict(h.to_json(), id=f"x/{field}", **{field: value}) for h in known.values()
+             for field, value in (("dimension", "pcie-switch"), ("kind", "quarantine"), ("class", "thermal"))]
+    text = json.dumps([*json.loads(holds_to_json(known.values())), *newer, {"id": "damaged"}, 7])
+    holds, unread = parse_holds(text, source="gpu-health/holds")
+    assert holds == list(known.values())
+    assert [u.entry.get("id") for u in unread] == ["x/dimension", "x/kind", "x/class", "damaged", None]
+    assert "pcie-switch" in unread[0].reason and "quarantine" in unread[1].reason
+
+
+def test_an_entry_set_aside_is_written_back_unchanged():
+    """A writer that could not read an entry carries it over as it was (a newer controller's hold is not an
+    older one's to delete)."""
+    entry = {"id": "x", "kind": "quarantine", "expires": 99.0}
+    holds, unread = parse_holds(holds_to_json([], unread=[entry]))
+    assert holds == [] and [u.entry for u in unread] == [entry]

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.fleet import BrakePolicy, Dimension, Hold
-from agent.fleet.node_side import FleetReading, FleetView, fleet_view
+from agent.fleet.node_side import FleetReading, fleet_view
 from agent.fleet.publish import Summariser
 from agent.model import Action, FaultClass, NodeInventory, PodRef, Severity, Signal, Step, StepKind, StepResult
 from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import ActiveFault, AttemptHistory, ClusterView, GuardPolicy, Mode, decide
 from agent.remediation.guard import BRAKED, held_back
+from agent.remediation.state import NodeState
 from tests.conftest import gpu, obs
 
 BRAKE = BrakePolicy(max_share=0.15, min_nodes=2, max_nodes=200, window_seconds=600.0)
@@ -27,7 +28,8 @@ class Source:
     quarantined: dict[str, float] = field(default_factory=dict)
     gpu_nodes: int = 10
     brake: BrakePolicy | None = BRAKE
-    error: str = ""
+    holds_error: str = ""
+    count_error: str = ""
     reads: int = 0
     settle_seconds: float = 0.0
     settle_max_seconds: float = 0.0
@@ -68,8 +70,11 @@ class Source:
         self.fresh_counts += fresh_count
         fresh = fresh_count and self.fresh_quarantined is not None
         quarantined = self.fresh_quarantined if fresh and self.fresh_quarantined is not None else self.quarantined
-        return FleetReading(self.holds, self.now, self.gpu_nodes if count else None, quarantined, self.error,
-                            published=self.published, heard=self.heard, controller_alive=self.controller_alive,
+        counted = count and not self.count_error
+        return FleetReading(self.holds, self.now, self.gpu_nodes if counted else None,
+                            quarantined if counted else {}, holds_error=self.holds_error,
+                            count_error=self.count_error if count else "", published=self.published,
+                            heard=self.heard, controller_alive=self.controller_alive,
                             controller_gone=self.controller_gone, count_cached=count and self.count_cached
                             and not fresh_count)
 
@@ -105,11 +110,19 @@ def test_a_hold_never_covers_another_rule_another_node_or_a_hardware_fault():
     assert fleet_view(Source(holds=(hold(),)), node="n2", faults=[fault()], quarantined=False).held == {}
 
 
-def test_an_unreadable_fleet_view_holds_and_brakes_nothing():
-    """The node acts as it would without a fleet view."""
-    source = Source(holds=(hold(),), quarantined={"a": 100.0, "b": 100.0}, error="Unavailable: 503")
-    assert fleet_view(source, node="n1", faults=[fault()], quarantined=False) == \
-        FleetView(judged=frozenset({("GPU-0", "xid-119")}))
+def test_holds_that_cannot_be_read_again_still_hold():
+    """A 503 on the holds read: the holds last read (each to its own expiry) still hold the node's fault."""
+    source = Source(holds=(hold(),), holds_error="Unavailable: 503")
+    view = fleet_view(source, node="n1", faults=[fault()], quarantined=False)
+    assert view.held == {("GPU-0", "xid-119"): "held by fleet hold xid-119/driver-version/570: driver 570"}
+
+
+def test_an_unreadable_count_leaves_the_claim_to_decide():
+    """The brake cannot count the quarantined nodes: the taint is not let through on the count's say, it
+    must claim its place (ranked against the brake's floor), and it is not refused for nothing counted."""
+    source = Source(quarantined={"a": 50.0, "b": 60.0}, count_error="Unavailable: 503")
+    view = fleet_view(source, node="n1", faults=[fault("xid-48", FaultClass.HARDWARE)], quarantined=False)
+    assert (view.brake, view.claim) == ("", True)
 
 
 def test_the_brake_keeps_a_new_quarantine_waiting_beyond_its_bound():
@@ -190,6 +203,26 @@ def test_the_summary_names_each_faults_workloads_and_when_the_node_was_quarantin
     assert first.faults[0].owners == ("ml/Job/train",)
     assert (first.quarantined_since, again.quarantined_since) == (500.0, 500.0)
     assert summarise.summary({"faults": [], "remediation": {"tainted": False}}).quarantined_since == 0.0
+
+
+def test_the_summary_takes_the_quarantine_start_the_record_keeps():
+    """A restarted agent's summariser (no memory, its wall clock an hour on) publishes the start the durable
+    record says, never a new one."""
+    summarise = Summariser("n1", wall=lambda: 4100.0, uptime=lambda: 10.0)
+    document = {"faults": [fault().to_dict()], "remediation": {"tainted": True, "quarantined_since": 500.0}}
+    assert summarise.summary(document).quarantined_since == 500.0
+
+
+def test_the_record_stamps_a_quarantine_once_keeps_it_and_clears_it_when_lifted():
+    """The node state stamps the quarantine's start when a taint (node or device) takes effect, keeps it
+    through its JSON form, and clears it once nothing keeps work off."""
+    state = NodeState()
+    state.apply(Step(StepKind.TAINT, "n1", "x"))
+    assert state.mark_quarantine(500.0) and not state.mark_quarantine(900.0)
+    restored = NodeState.from_json(state.to_json())
+    assert restored.quarantined_since == 500.0
+    restored.apply(Step(StepKind.UNTAINT, "n1", "x"))
+    assert restored.mark_quarantine(1000.0) and restored.quarantined_since == 0.0
 
 
 class _FaultDuringAnEvent(LocalActuator):

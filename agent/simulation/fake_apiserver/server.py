@@ -99,6 +99,9 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                 faults.requests += 1
                 writing = method in {"POST", "PUT", "PATCH", "DELETE"}
                 forced = faults.fail_next_writes.pop(0) if writing and faults.fail_next_writes else None
+                if method == "GET" and query.get("watch") not in {"1", "true"}:
+                    reads = faults.fail_next_reads.get(url.path)
+                    forced = reads.pop(0) if reads else faults.fail_reads.get(url.path, forced)
                 if writing and method in {"PUT", "PATCH"} and faults.conflict_first_write and forced is None:
                     # every first write to an object is answered 409; the retry (after a fresh read) goes through
                     if url.path in faults._conflicted:
@@ -118,7 +121,8 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                 if faults.down:
                     raise ApiError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
                 if forced is not None:
-                    reason = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError"}.get(forced, "Error")
+                    reason = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError",
+                              503: "ServiceUnavailable"}.get(forced, "Error")
                     raise ApiError(forced, reason, f"injected {forced}")
                 code, result = self._route(method, url.path, query, body)
                 cluster.log.append((method, url.path, code))

@@ -32,11 +32,17 @@ from agent.simulation.fake_apiserver.watch import WatchHistory
 
 @dataclass(slots=True)
 class Faults:
-    """What to break: every request answered 503 while down, extra latency, the next writes failed."""
+    """What to break: every request answered 503 while down, extra latency, the next writes (or the next
+    reads of a path) failed."""
 
     down: bool = False
     latency_seconds: float = 0.0
     fail_next_writes: list[int] = field(default_factory=list)
+    #: The next GETs of one path answered with these codes (503, 429, ...), one each, as a loaded server or
+    #: a failing etcd answers one read and not the next; and every GET of a path answered with one code
+    #: while it is set (a watch is not).
+    fail_next_reads: dict[str, list[int]] = field(default_factory=dict)
+    fail_reads: dict[str, int] = field(default_factory=dict)
     conflict_first_write: bool = False
     requests: int = 0
     writes: int = 0

@@ -1,0 +1,205 @@
+"""Issue 38: the fleet tier fails safe. What several agents share (the holds object, its units, the brake's
+count) is read entry by entry, checked against what the reader knows itself, and a read that fails leaves
+the last holds standing and the brake at its floor: no unknown entry, API fault or forged unit puts a broken
+node back in service or takes more nodes out than the brake's bound."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agent.fleet import BrakePolicy, Dimension, Hold
+from agent.fleet.published import HOLDS_CONFIGMAP, QUARANTINE_LABEL, encode
+from agent.k8s.raw import RawApi
+from agent.logs import capture_logs
+from agent.model import FaultClass
+from tests.integration.test_fleet_agents import (
+    NS,
+    Clock,
+    agents,
+    correlate,
+    fleet_controller,
+    gsp_timeouts,
+    storm,
+    tainted,
+)
+from tests.k8s_helpers import operator_client, restart
+
+pytestmark = pytest.mark.usefixtures("no_retry_sleep")
+BRAKE = BrakePolicy(max_share=0.15, min_nodes=2, max_nodes=200, window_seconds=600.0)
+HOLDS_PATH = f"/api/v1/namespaces/{NS}/configmaps/{HOLDS_CONFIGMAP}"
+#: The brake's bound counts every GPU node of the cluster: on the real control plane, shared by the
+#: session's tests, it is checked on the fake alone.
+BRAKE_ON_THE_FAKE = pytest.mark.fake_only
+
+
+def operator(fake: Any) -> RawApi:
+    return RawApi(operator_client(fake[1]))
+
+
+def add_entries(fake: Any, *entries: dict[str, object]) -> None:
+    """An operator's (or a newer controller's) entries appended to the published holds."""
+    raw = operator(fake)
+    data = raw.get(HOLDS_PATH)["data"]
+    raw.merge_patch(HOLDS_PATH, {"data": {"holds.json": json.dumps([*json.loads(data["holds.json"]), *entries])}})
+
+
+def newer_entries() -> list[dict[str, object]]:
+    """Entries a newer controller might write: a dimension, a kind and a class this version does not know."""
+    base = {"rule": "xid-79", "class": "hardware", "dimension": "fabric-domain", "key": "k", "cause": "c",
+            "nodes": ["n0"], "started": 1.7e9, "expires": 1.7e9 + 900.0}
+    return [dict(base, id="a", dimension="pcie-switch"), dict(base, id="b", kind="quarantine"),
+            dict(base, id="c", **{"class": "thermal"})]
+
+
+def falls_off_the_bus(fleet: list[Any], at: float = 300.0) -> None:
+    for agent in fleet:
+        agent.fault(0, xid=79, at=at)
+
+
+def test_restarted_agents_still_honour_a_hold_beside_an_entry_of_a_newer_format(fake):
+    """A newer controller's entries beside a hold: agents that read the object afresh (restarted) set them
+    aside, one line each, and the hold still keeps its rule's taint off every node it names."""
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), gsp_timeouts)
+    add_entries(fake, *newer_entries())
+    with capture_logs() as captured:
+        fleet = [restart(agent) for agent in fleet]
+        for agent in fleet:
+            agent.settle(400.0)
+    assert tainted(fake, fleet) == []
+    set_aside = [e for e in captured if e["event"] == "fleet_entry_set_aside"]
+    assert sorted(str(e["reason"])[:11] for e in set_aside[:3]) == ["entry 'a': ", "entry 'b': ", "entry 'c': "]
+
+
+@BRAKE_ON_THE_FAKE
+def test_an_entry_of_a_newer_format_leaves_the_brake_on(fake):
+    """Xid 79 on six nodes while the holds object carries entries this version cannot read: the brake
+    still takes out 2, its bound, not all six."""
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
+    correlate(fake, fleet_controller(fake))
+    add_entries(fake, *newer_entries())
+    falls_off_the_bus(fleet)
+    assert len(tainted(fake, fleet)) == 2
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_holds_object_that_cannot_be_read_leaves_the_brake_on(fake):
+    """Xid 79 on six nodes while the holds object is damaged (its `written` unreadable): the brake counts
+    from its own sources and takes out 2, not six."""
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
+    correlate(fake, fleet_controller(fake))
+    operator(fake).merge_patch(HOLDS_PATH, {"data": {"written": "yesterday"}})
+    falls_off_the_bus(fleet)
+    assert len(tainted(fake, fleet)) == 2
+
+
+@BRAKE_ON_THE_FAKE
+def test_holds_that_cannot_be_read_again_stand_until_their_own_expiry(fake):
+    """The holds read answers 503 (retried, still failing): the holds last read still keep their rule's
+    taint off, and a damaged holds object does the same."""
+    cluster, _ = fake
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), gsp_timeouts)
+    cluster.faults.fail_reads[HOLDS_PATH] = 503
+    for agent in fleet:
+        agent.settle(400.0)
+    assert tainted(fake, fleet) == []
+    del cluster.faults.fail_reads[HOLDS_PATH]
+    operator(fake).merge_patch(HOLDS_PATH, {"data": {"written": "yesterday"}})
+    for agent in fleet:
+        agent.settle(600.0)
+    assert tainted(fake, fleet) == []
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_429_on_the_holds_read_is_retried(fake):
+    """The API server's priority and fairness answers the holds read 429 twice: the agent reads again
+    within the pass and the hold holds."""
+    cluster, _ = fake
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), gsp_timeouts)
+    fleet = [restart(agent) for agent in fleet]  # no holds read yet: only the retry can find the hold
+    cluster.faults.fail_next_reads[HOLDS_PATH] = [429, 429] * len(fleet)
+    for agent in fleet:
+        agent.settle(400.0)
+    assert tainted(fake, fleet) == []
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_brake_that_cannot_count_lets_only_its_floor_through(fake):
+    """Listing the quarantined nodes fails (503) on every agent: Xid 79 on six nodes takes out the brake's
+    floor of 2, ranked by the claims, never all six."""
+    cluster, _ = fake
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
+    cluster.faults.fail_reads["/api/v1/nodes"] = 503
+    falls_off_the_bus(fleet)
+    del cluster.faults.fail_reads["/api/v1/nodes"]
+    assert len(tainted(fake, fleet)) == 2
+
+
+def forged_unit(nodes: list[str], rule: str, domain: str, cls: FaultClass) -> dict[str, str]:
+    """A unit as a controller's token could write it, published for `nodes`."""
+    unit = Hold(f"{rule}/fabric-domain/{domain}", rule, cls, Dimension.FABRIC_DOMAIN, domain, "forged",
+                frozenset(nodes), 0.0, 900.0, unit=True)
+    return encode([unit], now=0.0, wall=1.7e9, writer="fleet-a")
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_unit_for_a_hardware_rule_is_not_counted_as_one(fake):
+    """A unit published for Xid 79 (hardware, never a fabric fault) on six nodes: each agent's own rules
+    say it is no unit, so the brake counts the six as six and takes out its bound of 2."""
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
+    correlate(fake, fleet_controller(fake))
+    names = [a.inventory.name for a in fleet]
+    operator(fake).merge_patch(HOLDS_PATH, {"data": forged_unit(names, "xid-79", "fabric-1",
+                                                                FaultClass.INTERCONNECT)})
+    falls_off_the_bus(fleet)
+    assert len(tainted(fake, fleet)) == 2
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_unit_of_another_fabric_domain_does_not_take_this_node_in(fake):
+    """A unit for NVLink down on fabric domain A names a node whose own fabric domain is B: that agent
+    counts itself as its own node (in the brake and the budget), one line says why, and the unit keeps its
+    other nodes."""
+    fleet = agents(fake, count=2, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9), fabric_domain="fabric-B")
+    correlate(fake, fleet_controller(fake))
+    operator(fake).merge_patch(HOLDS_PATH, {"data": forged_unit(["n0", "n1", "n9"], "nvlink-link-down",
+                                                                "fabric-A", FaultClass.INTERCONNECT)})
+    with capture_logs() as captured:
+        units = fleet[0].side.fleet.units()
+    assert units == {"nvlink-link-down/fabric-domain/fabric-A": frozenset({"n1", "n9"})}
+    assert any("whose fabric domain is fabric-B" in str(e.get("reason")) for e in captured)
+
+
+def test_a_quarantined_agent_that_restarts_keeps_its_quarantine_time(fake):
+    """A DaemonSet rollout restarts a quarantined agent an hour later: its quarantine label keeps the second
+    it was first quarantined, so the brake does not count it as new."""
+    clock = Clock(1.7e9)
+    [agent] = agents(fake, count=1, fleet=True, brake=BRAKE, fleet_clock=clock)
+    agent.fault(0, xid=79, at=1.0)
+    label = fake[0].node("n0")["metadata"]["labels"][QUARANTINE_LABEL]
+    clock.now += 3600.0
+    agent = restart(agent)
+    agent.settle(400.0)
+    agent.fault(1, xid=79, at=500.0)
+    assert fake[0].node("n0")["metadata"]["labels"][QUARANTINE_LABEL] == label
+
+
+@BRAKE_ON_THE_FAKE
+def test_an_agent_honours_a_hold_at_most_six_hours_from_its_own_first_sight(fake):
+    """A hold published to expire in ten days (a writer's clock far ahead, or a forged entry) covers this
+    node's fault for six hours from the agent's own first sight of it, then no longer."""
+    clock = Clock(1.7e9)
+    [agent] = agents(fake, count=1, fleet=True, fleet_clock=clock)
+    correlate(fake, fleet_controller(fake))
+    hold = Hold("xid-119/driver-version/570.86.15", "xid-119", FaultClass.DRIVER, Dimension.DRIVER_VERSION,
+                "570.86.15", "forged", frozenset({"n0"}), 0.0, 10 * 86400.0)
+    operator(fake).merge_patch(HOLDS_PATH, {"data": encode([hold], now=0.0, wall=1.7e9, writer="fleet-a")})
+    gate = agent.side.fleet
+    assert [h.id for h in gate.read(count=False).holds if h.expires_at > clock.now] == [hold.id]
+    clock.now += 6 * 3600.0 + 1.0
+    assert [h.id for h in gate.read(count=False).holds if h.expires_at > clock.now] == []
