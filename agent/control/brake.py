@@ -56,12 +56,17 @@ class BrakeWaits:
         waiting taint (the node's and its devices' quarantine), and nothing else: holds, the budget, the mode
         and every other gate decide as ever."""
         shared = self.shared
+        quarantined_at = None
         if shared.fleet is not None:
             now = shared.fleet.clock()
             self._first_seen = {(f.gpu_key, f.rule_id): self._first_seen.get((f.gpu_key, f.rule_id), now)
                                 for f in faults}
+            with shared.lock:
+                since = shared.record.node.quarantined_since
+            if since > 0:  # the record's start (this node's wall clock) on the fleet clock, one machine's clocks
+                quarantined_at = now - max(0.0, shared.fleet.wall() - since)
         view = fleet_view(shared.fleet, node=shared.inventory.name, faults=faults, quarantined=quarantined,
-                          first_seen=self._first_seen)
+                          first_seen=self._first_seen, quarantined_at=quarantined_at)
         self.settle_until = view.settle_until
         if (view.brake or view.claim) and self._live():  # the count's refusal, or the claim's to come
             if not self._used:
@@ -92,9 +97,7 @@ class BrakeWaits:
         value, until = self._confirm
         shared = self.shared
         with shared.lock:
-            node = shared.record.node
-            quarantined = node.tainted or any(m.effect in {"NoSchedule", "NoExecute"}
-                                              for m in node.device_taints.values())
+            quarantined = shared.record.node.quarantined
         expired = source.clock() >= until
         if not quarantined and not expired and self._used:
             return

@@ -120,8 +120,14 @@ def acts(action: Action) -> bool:
     return action.quarantines or action.resets
 
 
+#: A quarantine this much older than a hold's start (the reader's clock) was not the hold's to lift: the slack
+#: covers the placement's rounding and a pass between the write and the read.
+BEFORE_HOLD_SLACK_SECONDS = 1.0
+
+
 def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultLike], quarantined: bool,
-               first_seen: Mapping[tuple[str, str], float] | None = None) -> FleetView:
+               first_seen: Mapping[tuple[str, str], float] | None = None,
+               quarantined_at: float | None = None) -> FleetView:
     """The fleet's word on this node's faults, read only when it can change what the node does: a holdable
     fault that acts, or a new quarantine the brake counts. A read error switches neither off: the last holds
     read stand until their own expiry, and the brake, left without a count, lets the node's claim rank it
@@ -133,7 +139,11 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     before any node acts on it, not undone after. Past the settle, while the controller is alive and has not
     yet heard of the fault (a loaded API server delivers summaries late), the node keeps waiting for that
     word, reading again every HEARD_REREAD_SECONDS, until `settle_max_seconds` after it first saw it; a
-    controller whose promise to write again lapsed is gone, and no node waits for it at all."""
+    controller whose promise to write again lapsed is gone, and no node waits for it at all.
+
+    A hold lifts only what it explains: a node quarantined (`quarantined_at`, the source's clock) before a
+    controller's hold started acted on its own evidence before any correlation formed, so that hold does not
+    take its taint away (an operator's hold does: it is a person's decision)."""
     if source is None:
         return FleetView()
     faults = list(faults)
@@ -158,6 +168,9 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     for fault in holdable_acting:
         hold = covering_hold(reading.holds, node=node, rule_id=fault.rule_id, fault_class=fault.fault_class,
                              now=reading.now)
+        if hold is not None and quarantined and quarantined_at is not None and not hold.by_operator and \
+                quarantined_at < hold.started_at - BEFORE_HOLD_SLACK_SECONDS:
+            continue  # acted on before the correlation formed: not the hold's to undo
         if hold is not None:
             held[(fault.gpu_key, fault.rule_id)] = f"held by fleet hold {hold.id}: {hold.cause}"
     waiting: dict[tuple[str, str], float] = {}

@@ -42,6 +42,10 @@ WRITER_KEY = "writer"
 #: the next write (a reader past it counts the controller gone and waits for no word).
 HEARD_KEY = "heard.json"
 ALIVE_KEY = "controller-alive-until"
+#: When the controller first saw each fault it heard of ({rule: {node: t}}, t on the writer's wall clock,
+#: placed by a reader like the holds' times): a new leader (a restart, a failover) takes them, so faults first
+#: seen minutes apart are never correlated as if they came at once.
+SEEN_KEY = "seen.json"
 #: The census: {"selector": the GPU node selector, "gpu_nodes": how many nodes match it, "unlabelled":
 #: {node: quarantined since, its wall clock} for quarantined summaries without QUARANTINE_LABEL}.
 CENSUS_KEY = "census.json"
@@ -134,6 +138,34 @@ def decode_heard(data: Mapping[str, str] | None, *, source: str = "") -> tuple[d
             isinstance(nodes, list) and all(isinstance(n, str) for n in nodes) for nodes in parsed.values()):
         raise InputError(f"{HEARD_KEY} is not a map of rule to node names", file=source)
     return {str(rule): frozenset(nodes) for rule, nodes in parsed.items()}, alive_until
+
+
+def encode_seen(first_seen: Mapping[tuple[str, str], float], *, now: float, wall: float) -> dict[str, str]:
+    """The first sightings ((node, rule) -> the writer's monotonic time) on the writer's wall clock, by rule."""
+    by_rule: dict[str, dict[str, float]] = {}
+    for (node, rule), at in sorted(first_seen.items()):
+        by_rule.setdefault(rule, {})[node] = round(at + wall - now, 1)
+    return {SEEN_KEY: json.dumps(by_rule, separators=(",", ":"), sort_keys=True)}
+
+
+def decode_seen(data: Mapping[str, str] | None, *, observed_at: float, wall: float | None = None
+                ) -> dict[tuple[str, str], float]:
+    """The first sightings a controller published, on the reader's clock as the holds are placed (decode_all);
+    {} where there are none or they cannot be read (the reader then has only its own)."""
+    if not data or not data.get(SEEN_KEY):
+        return {}
+    try:
+        written = float(data.get(WRITTEN_KEY, ""))
+        parsed = json.loads(data[SEEN_KEY])
+    except ValueError:
+        return {}
+    offset = observed_at - written - (max(0.0, wall - written) if wall is not None else 0.0)
+    seen: dict[tuple[str, str], float] = {}
+    for rule, nodes in parsed.items() if isinstance(parsed, dict) else ():
+        for node, at in nodes.items() if isinstance(nodes, dict) else ():
+            if isinstance(at, int | float) and not isinstance(at, bool):
+                seen[(str(node), str(rule))] = float(at) + offset
+    return seen
 
 
 def quarantine_label(since: float) -> str | None:

@@ -145,10 +145,10 @@ def run_command(namespace: str | None, kubeconfig: str | None, identity: str | N
                              hold_seconds=hold_seconds, max_hold_seconds=max_hold, tick_seconds=tick,
                              unit_settle_seconds=unit_settle)
     metrics = FleetMetrics()
-    controller = FleetController(raw, settings, identity=me, metrics=metrics,
+    elector = LeaderElector(raw, LeaseConfig(namespace=ns, name=LEASE_NAME, identity=me))
+    controller = FleetController(raw, settings, identity=me, metrics=metrics, fence=lambda: elector.leading,
                                  events=EventRecorder(raw, instance=me, namespace=ns, fold_seconds=0.0))  # create only
     nodes = ListWatch(api, "/api/v1/nodes", WatchOptions(metadata_only=True))
-    elector = LeaderElector(raw, LeaseConfig(namespace=ns, name=LEASE_NAME, identity=me))
 
     def health() -> tuple[bool, dict[str, object]]:
         return bool(nodes.resource_version), {"leading": elector.leading, "nodes": len(controller.view.nodes),

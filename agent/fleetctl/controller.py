@@ -12,11 +12,11 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
-from agent.fleet.published import HOLDS_CONFIGMAP, encode_census
+from agent.fleet.published import HOLDS_CONFIGMAP, encode_census, encode_seen
 from agent.fleet.unit import settling, unit_ids
 from agent.fleetctl.metrics import FleetMetrics
 from agent.fleetctl.settings import FleetSettings
-from agent.fleetctl.store import HoldsStore
+from agent.fleetctl.store import Deposed, HoldsStore
 from agent.fleetctl.view import FleetView
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
@@ -36,6 +36,8 @@ WORKLOAD_API_VERSIONS = {
     "RayJob": "ray.io/v1", "RayCluster": "ray.io/v1", "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
 }
 REASON = "FleetCorrelation"
+#: The Event's reason when a hold ends, or is spent while its cause stands.
+ENDED_REASON = "FleetHoldEnded"
 
 
 class FleetController:
@@ -43,7 +45,7 @@ class FleetController:
 
     def __init__(self, raw: RawApi, settings: FleetSettings, *, identity: str, events: EventRecorder,
                  metrics: FleetMetrics | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, fence: Callable[[], bool] = lambda: True) -> None:
         self.raw = raw
         self.settings = settings
         self.identity = identity
@@ -51,7 +53,9 @@ class FleetController:
         self.metrics = metrics or FleetMetrics()
         self.clock = clock
         self.view = FleetView(settings.labels)
-        self.store = HoldsStore(raw, settings.namespace, writer=identity, clock=clock, wall=wall)
+        #: Whether this controller still leads (its elector's Lease renewed within the deadline): every write
+        #: of the holds object is fenced by it.
+        self.store = HoldsStore(raw, settings.namespace, writer=identity, clock=clock, wall=wall, fence=fence)
         self.lock = threading.Lock()
         self.changed = threading.Event()
         self._standing: set[str] = set()
@@ -80,25 +84,30 @@ class FleetController:
         """Correlate, announce what is new, publish the holds; returns the new correlations."""
         now = self.clock()
         s = self.settings
-        with self.lock:
-            sightings = self.view.sightings()
-            correlations = correlate(self.view.summaries, sightings, now=now, policy=s.policy)
-            units = unit_ids(correlations, sightings, now=now, policy=s.policy)
-            young = settling(correlations, now=now, settle_seconds=s.unit_settle_seconds)
-            # A fabric domain's cause still settling is neither named, held nor heard: its nodes wait on, and the
-            # pass at its end names it (a unit, or a hold), or the fabric-wide cause it turned out to be.
-            withheld = {(c.rule_id, node) for c in correlations if c.id in young for node in c.nodes}
-            correlations = [c for c in correlations if c.id not in young]
-            self.metrics.nodes.labels("valid").set(len(self.view.summaries))
-            self.metrics.nodes.labels("invalid").set(len(self.view.invalid))
-            self.metrics.nodes.labels("none").set(len(self.view.nodes - set(self.view.summaries)
-                                                      - set(self.view.invalid)))
-            census = encode_census(s.labels.gpu_nodes, len(self.view.gpu_nodes), self.view.unlabelled)
-            heard: dict[str, set[str]] = {}
-            for sighting in sightings:  # the word a settling node waits for: this pass correlated its fault
-                if holdable(sighting.fault_class) and (sighting.rule_id, sighting.node) not in withheld:
-                    heard.setdefault(sighting.rule_id, set()).add(sighting.node)
         read = self.store.read()
+        with self.lock:  # a copy of the view, and nothing else: the watch is never kept waiting on a pass
+            # A new leader takes its predecessor's first sightings: a fault it first hears of now may be old.
+            self.view.adopt_first_seen(self.store.seen)
+            sightings = self.view.sightings()
+            summaries = dict(self.view.summaries)
+            counts = {"valid": len(summaries), "invalid": len(self.view.invalid),
+                      "none": len(self.view.nodes - set(summaries) - set(self.view.invalid))}
+            census = encode_census(s.labels.gpu_nodes, len(self.view.gpu_nodes), self.view.unlabelled)
+        for state, count in counts.items():
+            self.metrics.nodes.labels(state).set(count)
+        correlations = correlate(summaries, sightings, now=now, policy=s.policy)
+        units = unit_ids(correlations, sightings, now=now, policy=s.policy)
+        young = settling(correlations, now=now, settle_seconds=s.unit_settle_seconds)
+        # A fabric domain's cause still settling is neither named, held nor heard: its nodes wait on, and the
+        # pass at its end names it (a unit, or a hold), or the fabric-wide cause it turned out to be.
+        withheld = {(c.rule_id, node) for c in correlations if c.id in young for node in c.nodes}
+        correlations = [c for c in correlations if c.id not in young]
+        heard: dict[str, set[str]] = {}
+        for sighting in sightings:  # the word a settling node waits for: this pass correlated its fault
+            if holdable(sighting.fault_class) and (sighting.rule_id, sighting.node) not in withheld:
+                heard.setdefault(sighting.rule_id, set()).add(sighting.node)
+        first = {(x.node, x.rule_id): x.seen_at for x in sightings
+                 if holdable(x.fault_class) and now - x.seen_at <= s.policy.window_seconds}
         for entry in self.store.unread:  # a newer writer's entries: kept as written, never a reason to stop
             if entry.reason not in self._told:
                 self._told.add(entry.reason)
@@ -107,13 +116,15 @@ class FleetController:
         known = self._standing | {h.id for h in read[0]}
         fresh = [c for c in correlations if c.id not in known]
         for correlation in fresh:  # before the hold is written: a crash in between sends it once more, by name
+            if not self.store.fence():  # deposed during the pass: its successor announces what it finds
+                raise Deposed(f"{self.identity} no longer holds the fleet controller's Lease: nothing announced")
             self._announce(correlation, unit=correlation.id in units)
         before, after = self.store.update(lambda held: list(next_holds(
             {h.id: h for h in held}, correlations, now=now, hold_seconds=s.hold_seconds,
             max_hold_seconds=s.max_hold_seconds, units=units).values()), read=read, heard=heard,
-            alive_seconds=3 * s.tick_seconds, census=census)
-        for gone in {h.id for h in before} - {h.id for h in after}:
-            log.info("fleet_hold_ended", hold=gone)
+            alive_seconds=3 * s.tick_seconds, census=census,
+            seen=lambda mono, wall: encode_seen(first, now=mono, wall=wall))
+        self._tell_ended(before, after)
         self._standing = {c.id for c in correlations}
         self.holds, self.correlations = after, correlations
         self.recheck_at = min(young.values(), default=None)
@@ -143,6 +154,33 @@ class FleetController:
         except K8sError as exc:
             self.metrics.errors.labels("event").inc()
             log.warning("fleet_event_failed", hold=correlation.id, error=str(exc))
+
+    def _tell_ended(self, before: list[Hold], after: list[Hold]) -> None:
+        """One Event (on the holds object) for each hold that ended, and for each that is spent while its cause
+        still stands (its nodes act from now on): whoever watched it start sees it go."""
+        now_held = {h.id: h for h in after}
+        for hold in before:
+            later = now_held.get(hold.id)
+            if later is None:
+                what, note = "ended", (f"The fleet hold {hold.id} ended: its cause ({hold.cause}) no longer "
+                                       "stands, or it expired or was released. Its nodes act on their own "
+                                       "evidence again.")
+            elif later.spent and not hold.spent:
+                what, note = "spent", (f"The fleet hold {hold.id} reached its longest life while its cause "
+                                       f"still stands ({hold.cause}); it is kept spent, covering nothing: its "
+                                       "nodes act on the rule from now on.")
+            else:
+                continue
+            log.info("fleet_hold_ended", hold=hold.id, result=what)
+            digest = hashlib.sha256(f"{hold.id}/{what}/{hold.started_at:.0f}".encode()).hexdigest()[:16]
+            try:
+                self.events.record(regarding={"apiVersion": "v1", "kind": "ConfigMap",
+                                              "namespace": self.settings.namespace, "name": HOLDS_CONFIGMAP},
+                                   reason=ENDED_REASON, action="Release", note=note, type_="Normal",
+                                   event_id=digest)
+            except K8sError as exc:
+                self.metrics.errors.labels("event").inc()
+                log.warning("fleet_event_failed", hold=hold.id, error=str(exc))
 
     def _regarding(self, correlation: Correlation) -> dict[str, str]:
         if correlation.dimension is Dimension.WORKLOAD:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agent.errors import InputError
+from agent.errors import AgentError, InputError
 from agent.fleet import Hold
 from agent.fleet.hold import Unread
 from agent.fleet.published import (
@@ -16,8 +16,10 @@ from agent.fleet.published import (
     CENSUS_KEY,
     HEARD_KEY,
     HOLDS_CONFIGMAP,
+    SEEN_KEY,
     decode_all,
     decode_census,
+    decode_seen,
     encode,
     encode_heard,
     same_holds,
@@ -28,12 +30,19 @@ from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 
 
+class Deposed(AgentError):
+    """A write refused because this controller no longer leads (its Lease not renewed within the deadline)."""
+
+
 class HoldsStore:
-    """One namespace's holds object; holds come and go on this process's monotonic clock (`clock`)."""
+    """One namespace's holds object; holds come and go on this process's monotonic clock (`clock`). Every write
+    is fenced by `fence` (the controller: whether it still holds its Lease), checked just before it is sent, so
+    a deposed leader's pass that was under way writes nothing after a new leader may have taken over."""
 
     def __init__(self, raw: RawApi, namespace: str, *, writer: str, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, fence: Callable[[], bool] = lambda: True) -> None:
         self.raw = raw
+        self.fence = fence
         self.namespace = namespace
         self.writer = writer
         self.clock = clock
@@ -43,6 +52,8 @@ class HoldsStore:
         #: The entries of the object last read that this version cannot read (a newer writer's), carried over
         #: unchanged by its writes until their own expiry; each reason logged once by the caller.
         self.unread: list[Unread] = []
+        #: The first sightings the object last read publishes ((node, rule) -> this process's clock).
+        self.seen: dict[tuple[str, str], float] = {}
         #: The controller's word in the object last read (HEARD_KEY, ALIVE_KEY, CENSUS_KEY), as text.
         self._word: dict[str, str] = {}
         #: When this process last wrote (its monotonic clock); None before its first write.
@@ -62,11 +73,12 @@ class HoldsStore:
             return [], ""
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         data = obj.get("data") or {}
-        self._word = {key: str(data[key]) for key in (HEARD_KEY, ALIVE_KEY, CENSUS_KEY) if key in data}
+        self._word = {key: str(data[key]) for key in (HEARD_KEY, ALIVE_KEY, CENSUS_KEY, SEEN_KEY) if key in data}
         if self._placed is not None and self._placed[0] == version:
             return list(self._placed[1]), version
         holds, self.unread = decode_all(obj.get("data"), observed_at=self.clock(), wall=self.wall(),
                                         source=self.source)
+        self.seen = decode_seen(obj.get("data"), observed_at=self.clock(), wall=self.wall())
         self._placed = (version, holds)
         return list(holds), version
 
@@ -89,7 +101,10 @@ class HoldsStore:
 
     def write(self, holds: list[Hold], version: str, *, word: dict[str, str] | None = None) -> str:
         """Publish `holds` over the version read (create it when there was none), with the controller's `word`
-        (agent.fleet.published.encode_heard), or without one the word last read; Conflict when it moved."""
+        (agent.fleet.published.encode_heard), or without one the word last read; Conflict when it moved,
+        Deposed when the fence says this writer no longer leads."""
+        if not self.fence():
+            raise Deposed(f"{self.writer} no longer holds the fleet controller's Lease: {self.source} not written")
         wall = self.wall()
         data = encode(holds, now=self.clock(), wall=wall, writer=self.writer,
                       unread=still_written(self.unread, wall=wall))
@@ -115,14 +130,16 @@ class HoldsStore:
 
     def update(self, change: Callable[[list[Hold]], list[Hold]], *,
                read: tuple[list[Hold], str] | None = None, heard: dict[str, set[str]] | None = None,
-               alive_seconds: float = 0.0, census: dict[str, str] | None = None) -> tuple[list[Hold], list[Hold]]:
+               alive_seconds: float = 0.0, census: dict[str, str] | None = None,
+               seen: Callable[[float, float], dict[str, str]] | None = None) -> tuple[list[Hold], list[Hold]]:
         """(before, after): read (or start from `read`, what the caller just read), apply `change`, write only
         when it changed something; a 409 reads again and re-applies the change (so an operator's edit in
         between is kept). The controller passes what it `heard`: a change in it is a change too, and so is
         its promise to write again within `alive_seconds` coming due (a write at least every third of it). The
         brake's `census` (agent.fleet.published.encode_census) goes with the word; it forces a write when its
         selector or its unlabelled quarantines moved (what the brake must see at once), not for the count of
-        GPU nodes alone (it may be a tick old)."""
+        GPU nodes alone (it may be a tick old). `seen` gives the first sightings' data key for a write's
+        clocks (monotonic, wall): what a new leader takes over."""
         first = [read]
 
         def attempt() -> tuple[list[Hold], list[Hold]]:
@@ -134,6 +151,8 @@ class HoldsStore:
             word = None
             if heard is not None:
                 word = encode_heard(heard, alive_until=self.wall() + alive_seconds) | (census or {})
+                if seen is not None:  # the first sightings, on this write's clocks
+                    word |= seen(self.clock(), self.wall())
             changed = not version or not same_holds(before, after) or (word is not None and (
                 word[HEARD_KEY] != self.heard_text() or self.written_at is None or self._census_moved(census)
                 or self.clock() - self.written_at >= alive_seconds / 3))

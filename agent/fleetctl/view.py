@@ -96,6 +96,14 @@ class FleetView:
             self.first_seen.setdefault((name, rule), now)
         return True
 
+    def adopt_first_seen(self, seen: Mapping[tuple[str, str], float]) -> None:
+        """First sightings another controller published (this clock): each standing fault keeps the earlier
+        of its own and that one, so a new leader never takes an old fault for a new one."""
+        for key, at in seen.items():
+            own = self.first_seen.get(key)
+            if own is not None and at < own:
+                self.first_seen[key] = at
+
     def forget(self, name: str) -> bool:
         """The Node was deleted."""
         self.nodes.discard(name)

@@ -189,7 +189,8 @@ class NodeState:
 
     def to_json(self) -> dict[str, object]:
         since = {"quarantined_since": self.quarantined_since} if self.quarantined_since else {}
-        return since | {"conditions": {k: {"status": v.status, "message": v.message} for k, v in self.conditions.items()},
+        conditions = {k: {"status": v.status, "message": v.message} for k, v in self.conditions.items()}
+        return since | {"conditions": conditions,
                 "tainted": self.tainted, "evicted": {k: sorted(v) for k, v in self.evicted.items()},
                 "resets": sorted(self.resets), "reboot_requested": self.reboot_requested,
                 "replacement": sorted(self.replacement), "recoveries": self.recoveries.to_json(),

@@ -3,6 +3,7 @@ restart-safe, and an operator's edits kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -24,7 +25,7 @@ from agent.fleet.published import (
 )
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
-from agent.fleetctl.store import HoldsStore
+from agent.fleetctl.store import Deposed, HoldsStore
 from agent.k8s.client import client_for
 from agent.k8s.events import EventRecorder
 from agent.k8s.leader import LeaderElector, LeaseConfig
@@ -527,3 +528,86 @@ def test_an_entry_of_a_newer_format_is_kept_and_every_other_hold_renewed(server)
     assert [e["id"] for e in written] == ["xid-13/workload/ml/Job/train", "xid-13/pcie-switch/sw-3"]
     assert written[0]["expires"] > entries[0]["expires"] and written[1] == newer
     assert [e["event"] for e in captured].count("fleet_holds_entry_unread") == 1
+
+
+def test_a_hold_that_ends_is_announced_once_on_the_holds_object(server):
+    """The cause ended and the hold lived out its last renewal: one FleetHoldEnded Event says so, and a later
+    pass sends no second one."""
+    names = add_nodes(server.cluster, 4, XID13)
+    clock, wall = Clock(), Clock(1.7e9)
+    made = controller(server, clock, wall=wall)
+    made.reconcile()
+    for name in names:
+        set_faults(server.cluster, name)
+    made.on_sync(server.cluster.list_objects(NODES, None))
+    clock.now += 601.0
+    wall.now += 601.0
+    made.reconcile()
+    made.reconcile()
+    ended = [e for e in server.cluster.events() if e.get("reason") == "FleetHoldEnded"]
+    assert len(ended) == 1 and "xid-13/workload/ml/Job/train ended" in ended[0]["note"]
+    assert ended[0]["regarding"]["name"] == HOLDS_CONFIGMAP
+
+
+def test_a_hold_spent_while_its_cause_stands_is_announced(server):
+    """A hold renewed for its whole bound while the faults go on is kept spent: one Event says its nodes act
+    on the rule from now on."""
+    add_nodes(server.cluster, 4, XID13)
+    clock, wall = Clock(), Clock(1.7e9)
+    made = controller(server, clock, wall=wall)
+    made.settings = dataclasses.replace(SETTINGS, policy=CorrelationPolicy(min_nodes=3, window_seconds=1e6))
+    made.reconcile()
+    for _ in range(7):  # renewed each pass while the cause stands, up to max_hold (3,600 s)
+        clock.now += 590.0
+        wall.now += 590.0
+        made.on_sync(server.cluster.list_objects(NODES, None))
+        made.reconcile()
+    spent = [e for e in server.cluster.events() if e.get("reason") == "FleetHoldEnded"]
+    assert [("reached its longest life" in e["note"]) for e in spent] == [True]
+
+
+def test_the_watch_is_not_kept_waiting_while_a_pass_correlates(server, monkeypatch):
+    """A pass whose correlation takes long (hundreds of jobs at 10,000 nodes): the watch's events are taken
+    in meanwhile, not queued behind the pass's lock."""
+    import agent.fleetctl.controller as module
+
+    add_nodes(server.cluster, 4, XID13)
+    made = controller(server, Clock())
+    entered, finish = threading.Event(), threading.Event()
+    real = module.correlate
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        finish.wait(10.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "correlate", slow)
+    passing = threading.Thread(target=made.reconcile, daemon=True)
+    passing.start()
+    try:
+        assert entered.wait(10.0)
+        observed = threading.Thread(target=made.on_event, daemon=True, args=("ADDED", {"metadata": {
+            "name": "gpu-9", "annotations": {SUMMARY_ANNOTATION: summary("gpu-9", XID13)}}}))
+        observed.start()
+        observed.join(2.0)
+        assert not observed.is_alive()
+    finally:
+        finish.set()
+        passing.join(10.0)
+
+
+def test_a_deposed_leader_writes_nothing(server):
+    """A pass under way when the controller lost its Lease (not renewed within the deadline): its write is
+    refused before it is sent, and the holds object stays as the new leader will find it."""
+    add_nodes(server.cluster, 4, XID13)
+    leading = [True]
+    raw = RawApi(client_for(server.url))
+    made = FleetController(raw, SETTINGS, identity="fleet-a", clock=Clock(), wall=Clock(1.7e9),
+                           events=EventRecorder(raw, instance="fleet-a", namespace=NS), fence=lambda: leading[0])
+    made.on_sync(server.cluster.list_objects(NODES, None))
+    leading[0] = False
+    with pytest.raises(Deposed):
+        made.reconcile()
+    with pytest.raises(ApiError):
+        server.cluster.get(next(r for r in RESOURCES if r.plural == "configmaps"), NS, HOLDS_CONFIGMAP)
+    assert fleet_events(server) == []

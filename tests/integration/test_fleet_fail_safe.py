@@ -203,3 +203,61 @@ def test_an_agent_honours_a_hold_at_most_six_hours_from_its_own_first_sight(fake
     assert [h.id for h in gate.read(count=False).holds if h.expires_at > clock.now] == [hold.id]
     clock.now += 6 * 3600.0 + 1.0
     assert [h.id for h in gate.read(count=False).holds if h.expires_at > clock.now] == []
+
+
+def restart_storm(fake: Any, settings: Any) -> tuple[list[Any], Clock, Clock]:
+    """GSP timeouts on n0, n1 and n2, 65 s apart (the window is 60 s): each tainted alone. Then the
+    controller restarts (a rollout, an OOM): the new leader's first pass. The agents' clocks and the
+    controllers' wall clock move together; each controller has its own monotonic clock."""
+    from agent.fleetctl.controller import FleetController
+    from agent.k8s.events import EventRecorder
+
+    wall, mono = Clock(1.7e9), Clock(1000.0)
+    fleet = agents(fake, fleet=True, fleet_clock=wall)
+
+    def controller(identity: str) -> FleetController:
+        raw = RawApi(operator_client(fake[1]))
+        return FleetController(raw, settings, identity=identity, clock=mono, wall=wall,
+                               events=EventRecorder(raw, instance=identity, namespace=NS))
+
+    first = controller("fleet-a")
+    for agent in fleet[:3]:
+        gsp_timeouts(agent)
+        correlate(fake, first)
+        agent.settle(agent.pipeline.due_at + 1.0)
+        wall.now += 65.0
+        mono.now += 65.0
+    correlate(fake, controller("fleet-b"))  # the restarted leader: every standing fault new to it
+    return fleet, wall, mono
+
+
+@pytest.mark.fake_only  # on the shared real control plane, earlier tests' GSP timeouts stand beside these
+def test_a_controller_restart_puts_no_broken_node_back_in_service(fake):
+    """Three GSP timeouts 65 s apart, each tainted alone; the restarted controller sees all three at once
+    and holds the driver version: the three nodes, quarantined before that hold started, stay tainted."""
+    from dataclasses import replace as _replace
+
+    from agent.fleet import CorrelationPolicy
+    from tests.integration.test_fleet_agents import SETTINGS
+
+    settings = _replace(SETTINGS, policy=CorrelationPolicy(min_nodes=3, window_seconds=60.0))
+    fleet, _, _ = restart_storm(fake, settings)
+    for agent in fleet:
+        agent.settle(agent.pipeline.due_at + 1.0)
+    assert tainted(fake, fleet) == ["n0", "n1", "n2"]
+
+
+@pytest.mark.fake_only  # the shared real control plane holds earlier tests' FleetCorrelation Events
+def test_a_restarted_controller_takes_its_predecessors_first_sightings(fake):
+    """The same three GSP timeouts 65 s apart: the new leader places each where the old one first saw it,
+    so it names no cause (no hold, no FleetCorrelation Event) for faults that never came together."""
+    from dataclasses import replace as _replace
+
+    from agent.fleet import CorrelationPolicy
+    from tests.integration.test_fleet_agents import SETTINGS
+
+    settings = _replace(SETTINGS, policy=CorrelationPolicy(min_nodes=3, window_seconds=60.0))
+    restart_storm(fake, settings)
+    data = operator(fake).get(HOLDS_PATH)["data"]
+    assert json.loads(data["holds.json"]) == []
+    assert [e for e in fake[0].events() if e.get("reason") == "FleetCorrelation"] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent.engine import builtin_rules_dir, load_rules
 from agent.fleet import CorrelationPolicy, FaultSummary, NodeSummary
 from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode
 from agent.fleetctl.controller import FleetController
@@ -53,5 +54,7 @@ def test_an_nvswitch_fault_of_one_domain_is_published_as_a_unit_of_the_whole_dom
     [unit] = [h for h in decode(published.data, observed_at=0.0) if h.key == domain]
     assert unit.unit and unit.nodes == set(names)
     admin = load_api_client(kubeconfig=str(plane.admin_kubeconfig))[0]
-    gate = FleetGate(RawApi(admin), namespace=AGENT_NAMESPACE, gpu_node_selector="", brake=None)
+    # Wired as an agent's is: its own rules say whether the unit's rule is a fabric fault.
+    gate = FleetGate(RawApi(admin), namespace=AGENT_NAMESPACE, gpu_node_selector="", brake=None,
+                     rule_class=load_rules(builtin_rules_dir()).fault_class_of)
     assert gate.units()[unit.id] == frozenset(names)
