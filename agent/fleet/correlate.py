@@ -209,7 +209,8 @@ def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sightin
 
 def _fabric_wide(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sighting],
                  summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy) -> Correlation | None:
-    """A fabric fault on two or more fabric domains at once, at least `min_nodes` nodes in all: one cause, the
+    """A fabric fault on two or more fabric domains at once, at least `min_nodes` nodes in all (both also with any
+    one node's summary taken away): one cause, the
     fabric, over the domains it touched (their every node is its group: the hold's scope). A node counts when
     its domain shows the fault on FABRIC_WIDE_MIN_PER_DOMAIN nodes or more, or when it was first seen within
     FABRIC_WIDE_AT_ONCE_SECONDS of the rule's first sighting; a lone node's fault in another domain later on
@@ -227,7 +228,9 @@ def _fabric_wide(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, 
                for domain, nodes in by_domain.items()}
     touched = {domain: nodes for domain, nodes in touched.items() if nodes}
     nodes = [node for members in touched.values() for node in members]
-    if len(touched) < 2 or len(nodes) < policy.min_nodes:
+    # It must stand without any one node's summary: the lone node of a domain taken away leaves one domain less.
+    lone = any(len(members) == 1 for members in touched.values())
+    if len(touched) - lone < 2 or len(nodes) - 1 < policy.min_nodes:
         return None
     if all(at_boot(sightings[node], policy) for node in nodes):
         return None
@@ -244,6 +247,12 @@ def at_boot(sighting: Sighting, policy: CorrelationPolicy) -> bool:
 
 
 def _enough(nodes: int, group: int, policy: CorrelationPolicy) -> bool:
+    """Whether `nodes` faulty nodes of a `group` are one cause, also with any one node's summary taken away
+    (the worst case is a faulty one, gone from both counts): no single agent's word makes a cause."""
+    return _stands(nodes - 1, group - 1, policy)
+
+
+def _stands(nodes: int, group: int, policy: CorrelationPolicy) -> bool:
     if nodes < 2:
         return False
     return nodes >= policy.min_nodes or (group >= policy.min_group and nodes / group >= policy.min_share)

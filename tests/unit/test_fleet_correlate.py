@@ -153,11 +153,11 @@ def test_a_driver_fault_on_one_whole_rack_is_named_as_the_rack_not_its_driver_ve
 
 
 def test_a_driver_faults_first_nodes_in_one_rack_are_named_as_the_driver_not_the_part_rack():
-    """GSP timeouts first reach three of rack-0's nodes, all on driver 570 (which 20 of 40 run): no place
+    """GSP timeouts first reach four of rack-0's nodes, all on driver 570 (which 20 of 40 run): no place
     shows it whole, so the driver version, the class's first cause, names it, not the rack of which the
-    three are a larger share (a hold per rack first, then the driver's, was four verdicts for one cause)."""
+    four are a larger share (a hold per rack first, then the driver's, was four verdicts for one cause)."""
     summaries = fleet()
-    sightings = with_fault(summaries, ["n0", "n2", "n4"], "xid-119", FaultClass.DRIVER)
+    sightings = with_fault(summaries, ["n0", "n2", "n4", "n6"], "xid-119", FaultClass.DRIVER)
     [found] = correlate(summaries, sightings, now=10.0, policy=POLICY)
     assert (found.dimension, found.key) == (Dimension.DRIVER_VERSION, "570.86.15")
 
@@ -176,21 +176,39 @@ def test_links_down_on_several_fabric_domains_at_once_are_one_fabric_wide_cause(
 
 
 def test_a_lone_link_fault_in_another_domain_later_is_left_to_its_own_cause():
-    """fabric-1's outage on three nodes, and a minute later one node of fabric-2 alone: fabric-1 is the cause
-    of its three, and the lone node is no part of any cause (it acts on its own evidence)."""
+    """fabric-1's outage on four nodes, and a minute later one node of fabric-2 alone: fabric-1 is the cause
+    of its four, and the lone node is no part of any cause (it acts on its own evidence)."""
     summaries = fleet()
-    sightings = with_fault(summaries, ["n10", "n11", "n12", "n25"], "nvlink-link-down", FaultClass.INTERCONNECT)
+    sightings = with_fault(summaries, ["n10", "n11", "n12", "n13", "n25"], "nvlink-link-down",
+                           FaultClass.INTERCONNECT)
     sightings[-1] = Sighting("n25", "nvlink-link-down", FaultClass.INTERCONNECT, seen_at=60.0)
     [found] = correlate(summaries, sightings, now=70.0, policy=POLICY)
-    assert (found.dimension, found.key, found.nodes) == (Dimension.FABRIC_DOMAIN, "fabric-1", {"n10", "n11", "n12"})
+    assert (found.dimension, found.key, found.nodes) == \
+        (Dimension.FABRIC_DOMAIN, "fabric-1", {"n10", "n11", "n12", "n13"})
 
 
 def test_links_down_on_one_node_of_each_of_three_domains_at_once_are_one_fabric_wide_cause():
-    """Three nodes of three domains within seconds, none with a neighbour: one fabric-wide event, not the job
-    or the driver version they also share."""
+    """Four nodes of four domains within seconds, none with a neighbour: one fabric-wide event (it stands with
+    any one of them taken away), not the job or the driver version they also share."""
     summaries = fleet()
-    sightings = with_fault(summaries, ["n0", "n12", "n24"], "nvlink-link-down", FaultClass.INTERCONNECT,
+    sightings = with_fault(summaries, ["n0", "n12", "n24", "n36"], "nvlink-link-down", FaultClass.INTERCONNECT,
                            owner="ml/Job/train")
     [found] = correlate(summaries, sightings, now=30.0, policy=POLICY)
     assert (found.key, found.nodes, found.touched) == \
-        ("several-domains", {"n0", "n12", "n24"}, {"fabric-0", "fabric-1", "fabric-2"})
+        ("several-domains", {"n0", "n12", "n24", "n36"}, {"fabric-0", "fabric-1", "fabric-2", "fabric-3"})
+
+
+def test_no_single_nodes_word_makes_a_cause():
+    """Two real GSP timeouts on one driver version and one agent that writes the same fault into its own
+    summary: no cause stands with that one summary taken away, so there is no hold and the two act."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n0", "n2", "n4"], "xid-119", FaultClass.DRIVER)
+    assert correlate(summaries, sightings, now=10.0, policy=POLICY) == []
+
+
+def test_three_lone_link_faults_in_three_domains_are_no_fabric_wide_cause():
+    """One node of each of three domains at once: with any one taken away, two nodes of two domains remain,
+    fewer than the three a cause needs: each node acts on its own evidence."""
+    summaries = fleet()
+    sightings = with_fault(summaries, ["n0", "n12", "n24"], "nvlink-link-down", FaultClass.INTERCONNECT)
+    assert correlate(summaries, sightings, now=30.0, policy=POLICY) == []

@@ -144,7 +144,7 @@ def passes(*steps: tuple[float, list[str]]) -> dict[str, Hold]:
 def test_a_unit_overtaken_by_a_fabric_wide_cause_becomes_a_hold():
     """fabric-1 taken out as a unit, then the fault shows on fabric-2 too: the unit is renewed as a hold,
     beside the fabric-wide hold (its nodes no longer act, nor count as a unit)."""
-    holds = passes((30.0, ["n10", "n11", "n12"]), (60.0, ["n10", "n11", "n12", "n20", "n21"]))
+    holds = passes((30.0, ["n10", "n11", "n12", "n13"]), (60.0, ["n10", "n11", "n12", "n13", "n20", "n21"]))
     assert {h.id: h.unit for h in holds.values()} == {f"{LINKS}/fabric-domain/fabric-1": False,
                                                       f"{LINKS}/fabric-domain/several-domains": False}
 
@@ -152,5 +152,5 @@ def test_a_unit_overtaken_by_a_fabric_wide_cause_becomes_a_hold():
 def test_a_domain_left_alone_by_a_fabric_wide_hold_is_not_taken_out():
     """The fabric-wide hold stands on fabric-1 and fabric-2; fabric-2's faults clear: fabric-1's own cause is
     a hold, not a unit (the judgment never moves back toward acting)."""
-    holds = passes((30.0, ["n10", "n11", "n12", "n20", "n21"]), (60.0, ["n10", "n11", "n12"]))
+    holds = passes((30.0, ["n10", "n11", "n12", "n13", "n20", "n21"]), (60.0, ["n10", "n11", "n12", "n13"]))
     assert holds[f"{LINKS}/fabric-domain/fabric-1"].unit is False
