@@ -1,6 +1,7 @@
-"""The controller's view of the fleet: each node's summary (topology from its labels), when this controller
-first saw each (node, rule) and where each node's boot lies, all on the controller's own monotonic clock;
-and for the brake's census, which nodes are GPU nodes and which quarantined ones carry no label."""
+"""The controller's view of the fleet: each node's summary (topology, driver version and GPU product from its
+labels where it has them), when this controller first saw each (node, rule) and where each node's boot lies,
+all on the controller's own monotonic clock; and for the brake's census, which nodes are GPU nodes and which
+quarantined ones carry no label."""
 
 from __future__ import annotations
 
@@ -16,6 +17,22 @@ from agent.fleet.published import QUARANTINE_LABEL, SUMMARY_ANNOTATION
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "topology.kubernetes.io/rack"
 GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
+#: GPU Feature Discovery's labels (the NVIDIA device plugin's GFD, or the GPU Operator's): the driver version
+#: (whole, or as its three parts) and the GPU product. An agent's token may not write them (its admission
+#: policy: only gpu-health-agent.io/ labels on its own Node), so the controller groups by them where a node
+#: has them, not by what the agent's summary says.
+GFD_DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+GFD_DRIVER_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev")
+GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def gfd_driver(labels: Mapping[str, object]) -> str:
+    """The driver version GFD labelled the node with ("" where it did not)."""
+    whole = str(labels.get(GFD_DRIVER_LABEL) or "")
+    if whole:
+        return whole
+    parts = [str(labels.get(key) or "") for key in GFD_DRIVER_PARTS]
+    return ".".join(parts) if all(parts) else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +98,11 @@ class FleetView:
         self.invalid.pop(name, None)
         if summary.quarantined_since > 0 and QUARANTINE_LABEL not in labels:
             self.unlabelled[name] = summary.quarantined_since
+        # What agents cannot write wins over what their summaries say: topology, driver and product labels.
         summary = replace(summary, node=name, rack=str(labels.get(self.labels.rack) or summary.rack),
-                          zone=str(labels.get(self.labels.zone) or summary.zone))
+                          zone=str(labels.get(self.labels.zone) or summary.zone),
+                          driver_version=gfd_driver(labels) or summary.driver_version,
+                          gpu_model=str(labels.get(GFD_PRODUCT_LABEL) or summary.gpu_model))
         if self.summaries.get(name) == summary:
             return False
         self.summaries[name] = summary

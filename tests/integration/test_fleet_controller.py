@@ -611,3 +611,17 @@ def test_a_deposed_leader_writes_nothing(server):
     with pytest.raises(ApiError):
         server.cluster.get(next(r for r in RESOURCES if r.plural == "configmaps"), NS, HOLDS_CONFIGMAP)
     assert fleet_events(server) == []
+
+
+def test_the_driver_version_is_grouped_by_its_gfd_label_not_by_the_summary(server):
+    """Four nodes' summaries say driver 575 while GPU Feature Discovery labelled two of them 570 (a label no
+    agent token may write): grouped by what the labels say, the four are no one cause of driver 575."""
+    names = add_nodes(server.cluster, 4, ("xid-119", FaultClass.DRIVER), driver="575.51.03")
+    for name in names[:2]:
+        server.cluster.patch(NODES, "", name, "application/merge-patch+json",
+                             {"metadata": {"labels": {"nvidia.com/cuda.driver.major": "570",
+                                                      "nvidia.com/cuda.driver.minor": "86",
+                                                      "nvidia.com/cuda.driver.rev": "15"}}})
+    made = controller(server, Clock())
+    assert {s.driver_version for s in made.view.summaries.values()} == {"570.86.15", "575.51.03"}
+    assert made.reconcile() == []
