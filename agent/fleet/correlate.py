@@ -7,7 +7,8 @@ comparison of wall clocks across machines decides anything.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -94,6 +95,14 @@ class CorrelationPolicy:
     min_group: int = 4
     window_seconds: float = 600.0
     boot_window_seconds: float = 900.0
+    #: The base-rate test: a group's faulty nodes must also be more than independent faults would give it by
+    #: chance (at most `chance`), at the rule's rate outside the group within the window, never taken below
+    #: `base_rate` per node and window (5e-4: one rule's independent faults on 0.07 of the nodes a day, well
+    #: above what a healthy fleet shows). So the minimum grows with the group: 4 nodes up to a group of about
+    #: 1,000, 8 of a driver version's 5,000 at 10,000 nodes; six independent GSP timeouts on one version there
+    #: are no cause, where three nodes were.
+    base_rate: float = 5e-4
+    chance: float = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +173,15 @@ def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting
     found: list[Correlation] = []
     for (rule_id, fault_class), by_node in sorted(recent.items()):
         left = dict(by_node)
-        wide = _fabric_wide(rule_id, fault_class, left, summaries, policy) if fault_class in FABRIC_WIDE else None
+        faulty = frozenset(by_node)
+        wide = _fabric_wide(rule_id, fault_class, left, summaries, policy, faulty) \
+            if fault_class in FABRIC_WIDE else None
         if wide is not None:
             found.append(wide)
             for node in wide.nodes:
                 del left[node]
         while len(left) >= 2:
-            best = _best(rule_id, fault_class, left, summaries, policy)
+            best = _best(rule_id, fault_class, left, summaries, policy, faulty)
             if best is None:
                 break
             found.append(best)
@@ -180,7 +191,8 @@ def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting
 
 
 def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sighting],
-          summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy) -> Correlation | None:
+          summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy,
+          faulty: frozenset[str]) -> Correlation | None:
     preference = PREFERENCE.get(fault_class, _DEFAULT_PREFERENCE)
     best: tuple[tuple[float, ...], Correlation] | None = None
     for rank, dimension in enumerate(preference):
@@ -190,7 +202,8 @@ def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sightin
                 members.setdefault(key, set()).add(node)
         for key, nodes in members.items():
             group = _group(dimension, key, summaries, sightings, policy) | nodes
-            if not _enough(len(nodes), len(group), policy):
+            if not _enough(len(nodes), len(group), policy) or \
+                    not beyond_chance(len(nodes), group, faulty=faulty, fleet=len(summaries), policy=policy):
                 continue
             times = [sightings[n].seen_at for n in nodes]
             candidate = Correlation(rule_id, fault_class, dimension, key, frozenset(nodes), frozenset(group),
@@ -208,7 +221,8 @@ def _best(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sightin
 
 
 def _fabric_wide(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, Sighting],
-                 summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy) -> Correlation | None:
+                 summaries: Mapping[str, NodeSummary], policy: CorrelationPolicy,
+                 faulty: frozenset[str]) -> Correlation | None:
     """A fabric fault on two or more fabric domains at once, at least `min_nodes` nodes in all (both also with any
     one node's summary taken away): one cause, the
     fabric, over the domains it touched (their every node is its group: the hold's scope). A node counts when
@@ -235,6 +249,8 @@ def _fabric_wide(rule_id: str, fault_class: FaultClass, sightings: Mapping[str, 
     if all(at_boot(sightings[node], policy) for node in nodes):
         return None
     group = {name for name, s in summaries.items() if s.fabric_domain in touched}
+    if not beyond_chance(len(nodes), group, faulty=faulty, fleet=len(summaries), policy=policy):
+        return None
     times = [sightings[node].seen_at for node in nodes]
     return Correlation(rule_id, fault_class, Dimension.FABRIC_DOMAIN, FABRIC_WIDE_KEY, frozenset(nodes),
                        frozenset(group), min(times), max(times), frozenset(touched))
@@ -244,6 +260,32 @@ def at_boot(sighting: Sighting, policy: CorrelationPolicy) -> bool:
     """Whether the node showed the fault within `boot_window_seconds` of its own boot."""
     booted = sighting.booted_at
     return booted is not None and 0.0 <= sighting.seen_at - booted <= policy.boot_window_seconds
+
+
+def beyond_chance(nodes: int, group: Set[str], *, faulty: Set[str], fleet: int, policy: CorrelationPolicy) -> bool:
+    """Whether `nodes` faulty nodes in `group` are more than independent faults would put there: the chance of
+    at least that many, at the rule's rate outside the group (`faulty` nodes among the `fleet`'s others; never
+    below the policy's base rate), is at most `policy.chance` (a Poisson tail)."""
+    outside = fleet - len(group)
+    rate = max(policy.base_rate, len(faulty - group) / outside if outside > 0 else 0.0)
+    return poisson_tail(nodes, rate * len(group)) <= policy.chance
+
+
+def poisson_tail(k: int, mean: float) -> float:
+    """P(X >= k) for X ~ Poisson(mean), summed in log space (no underflow at fleet-sized means)."""
+    if k <= 0:
+        return 1.0
+    if mean <= 0.0:
+        return 0.0
+    if k <= mean:
+        return 1.0  # at or below the mean: never beyond chance
+    total, i = 0.0, k
+    while True:
+        term = math.exp(-mean + i * math.log(mean) - math.lgamma(i + 1))
+        total += term
+        if term < 1e-18 * total or i > k + 1000:
+            return min(1.0, total)
+        i += 1
 
 
 def _enough(nodes: int, group: int, policy: CorrelationPolicy) -> bool:

@@ -104,6 +104,11 @@ def fleet() -> None:
 @click.option("--min-group", type=click.IntRange(min=2), default=_POLICY.min_group, show_default=True)
 @click.option("--window", type=click.FloatRange(min=1), default=_POLICY.window_seconds, show_default=True,
               help="Seconds within which first sightings count together.")
+@click.option("--base-rate", type=click.FloatRange(0, 1), default=_POLICY.base_rate, show_default=True,
+              help="The least rate of a rule's independent faults per node and window: a group's faults must be "
+              "beyond what it gives the group by chance.")
+@click.option("--chance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=_POLICY.chance,
+              show_default=True, help="The chance above which a group's faults count as independent.")
 @click.option("--hold", "hold_seconds", type=click.FloatRange(min=1), default=_SETTINGS.hold_seconds,
               show_default=True, help="Seconds a hold lasts after its correlation was last seen standing.")
 @click.option("--max-hold", type=click.FloatRange(min=1), default=_SETTINGS.max_hold_seconds, show_default=True,
@@ -120,7 +125,8 @@ def fleet() -> None:
 @_guarded
 def run_command(namespace: str | None, kubeconfig: str | None, identity: str | None, rack_label: str,
                 zone_label: str, gpu_node_selector: str, min_nodes: int, min_share: float, min_group: int,
-                window: float, hold_seconds: float, max_hold: float, tick: float, unit_settle: float, port: int,
+                window: float, base_rate: float, chance: float, hold_seconds: float, max_hold: float, tick: float,
+                unit_settle: float, port: int,
                 duration: float | None, log_level: str) -> None:
     """Run the fleet controller (a Deployment): leader-elected, it watches the nodes' summaries and
     publishes holds for the faults it correlates."""
@@ -141,7 +147,7 @@ def run_command(namespace: str | None, kubeconfig: str | None, identity: str | N
     raw = RawApi(api)
     settings = FleetSettings(namespace=ns, labels=Labels(rack=rack_label, zone=zone_label, gpu_nodes=gpu_node_selector),
                              policy=CorrelationPolicy(min_nodes=min_nodes, min_share=min_share, min_group=min_group,
-                                                      window_seconds=window),
+                                                      window_seconds=window, base_rate=base_rate, chance=chance),
                              hold_seconds=hold_seconds, max_hold_seconds=max_hold, tick_seconds=tick,
                              unit_settle_seconds=unit_settle)
     metrics = FleetMetrics()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from agent.fleet import CorrelationPolicy, Dimension, FaultSummary, NodeSummary, Sighting, correlate
+from agent.fleet.correlate import poisson_tail
 from agent.model import Action, FaultClass, Severity
 
 POLICY = CorrelationPolicy()
@@ -212,3 +215,39 @@ def test_three_lone_link_faults_in_three_domains_are_no_fabric_wide_cause():
     summaries = fleet()
     sightings = with_fault(summaries, ["n0", "n12", "n24"], "nvlink-link-down", FaultClass.INTERCONNECT)
     assert correlate(summaries, sightings, now=30.0, policy=POLICY) == []
+
+
+def test_independent_faults_at_fleet_scale_are_no_cause():
+    """10,000 nodes, half on each driver version: six GSP timeouts on one version within the window are what
+    independent faults give 5,000 nodes by chance, so no cause (the old three-node threshold held 5,000)."""
+    summaries = fleet(10_000, domain_size=18)
+    nodes = [f"n{i}" for i in range(0, 10_000, 1_666)][:6]  # even: one version, each its own rack and domain
+    sightings = with_fault(summaries, nodes, "xid-119", FaultClass.DRIVER)
+    assert correlate(summaries, sightings, now=10.0, policy=POLICY) == []
+
+
+def test_a_driver_fault_on_many_nodes_of_a_version_at_fleet_scale_is_its_cause():
+    """The same fleet, thirty GSP timeouts on one version within the window: far beyond chance, the version."""
+    summaries = fleet(10_000, domain_size=18)
+    nodes = [f"n{i}" for i in range(0, 10_000, 332)][:30]
+    sightings = with_fault(summaries, nodes, "xid-119", FaultClass.DRIVER)
+    [found] = correlate(summaries, sightings, now=10.0, policy=POLICY)
+    assert (found.dimension, found.key, len(found.nodes)) == (Dimension.DRIVER_VERSION, "570.86.15", 30)
+
+
+def test_the_chance_of_so_many_faults_is_a_poisson_tail():
+    """The base-rate test's tail: exact against the sum of the first terms, and no underflow at fleet scale."""
+    assert poisson_tail(0, 3.0) == 1.0 and poisson_tail(4, 0.0) == 0.0
+    assert abs(poisson_tail(2, 1.0) - (1 - 2 / math.e)) < 1e-12
+    assert 0.0 < poisson_tail(2000, 1000.0) < 1e-100
+
+
+def test_a_group_is_judged_against_the_rules_rate_outside_it():
+    """A fifth of a 1,000-node fleet shows the rule; one rack (and fabric domain) of 10 shows it on 4 nodes,
+    what that rate gives ten nodes by chance: neither is named, only the fleet-wide cause."""
+    summaries = fleet(1_000)
+    elsewhere = [f"n{i}" for i in range(10, 1_000, 5)]
+    rack = ["n0", "n1", "n2", "n3"]
+    sightings = with_fault(summaries, rack + elsewhere, "thermal-slowdown", FaultClass.TELEMETRY)
+    found = correlate(summaries, sightings, now=10.0, policy=POLICY)
+    assert [(c.dimension, len(c.group)) for c in found] == [(Dimension.GPU_MODEL, 1_000)]
