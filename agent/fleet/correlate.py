@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from agent.fleet.summary import NodeSummary
@@ -159,13 +159,15 @@ class Correlation:
 
 
 def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting], *, now: float,
-              policy: CorrelationPolicy) -> list[Correlation]:
+              policy: CorrelationPolicy, booted: Mapping[str, float] | None = None) -> list[Correlation]:
     """The causes that explain the recent sightings of each rule, best first: each pass takes the key that
     explains its nodes best (the largest share of its group, then the most nodes, then the fault class's
     preference; for an application fault the preference first: BY_PREFERENCE; for a driver fault a group
     shown whole first, then the preference: WHOLE_FIRST) and goes on with
     the nodes it did not explain; nodes no cause explains stay on their own. A fabric fault on several
-    fabric domains at once is first named as one fabric-wide cause (FABRIC_WIDE)."""
+    fabric domains at once is first named as one fabric-wide cause (FABRIC_WIDE). A boot-time flap is judged
+    against the whole fleet, and its group (the hold's scope) is the nodes at boot now: those whose boot
+    (`booted`, each node's on the reader's clock; without it, the faulty nodes) lies within the boot window."""
     recent: dict[tuple[str, FaultClass], dict[str, Sighting]] = {}
     for sighting in sightings:
         if now - sighting.seen_at <= policy.window_seconds and sighting.node in summaries:
@@ -182,6 +184,9 @@ def correlate(summaries: Mapping[str, NodeSummary], sightings: Iterable[Sighting
                 del left[node]
         while len(left) >= 2:
             best = _best(rule_id, fault_class, left, summaries, policy, faulty)
+            if best is not None and best.dimension is Dimension.BOOT_WINDOW:
+                at_boot_now = {n for n, at in (booted or {}).items() if 0.0 <= now - at <= policy.boot_window_seconds}
+                best = replace(best, group=frozenset(best.nodes | (at_boot_now & set(summaries))))
             if best is None:
                 break
             found.append(best)

@@ -90,12 +90,13 @@ class FleetController:
             self.view.adopt_first_seen(self.store.seen)
             sightings = self.view.sightings()
             summaries = dict(self.view.summaries)
+            booted = {name: at for name, (_, at) in self.view.boots.items()}
             counts = {"valid": len(summaries), "invalid": len(self.view.invalid),
                       "none": len(self.view.nodes - set(summaries) - set(self.view.invalid))}
             census = encode_census(s.labels.gpu_nodes, len(self.view.gpu_nodes), self.view.unlabelled)
         for state, count in counts.items():
             self.metrics.nodes.labels(state).set(count)
-        correlations = correlate(summaries, sightings, now=now, policy=s.policy)
+        correlations = correlate(summaries, sightings, now=now, policy=s.policy, booted=booted)
         units = unit_ids(correlations, sightings, now=now, policy=s.policy)
         young = settling(correlations, now=now, settle_seconds=s.unit_settle_seconds)
         # A fabric domain's cause still settling is neither named, held nor heard: its nodes wait on, and the

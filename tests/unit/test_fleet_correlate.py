@@ -77,6 +77,19 @@ def test_links_down_right_after_each_boot_are_named_as_a_boot_time_flap():
     assert found.nodes == set(nodes)
 
 
+def test_a_boot_time_flap_holds_only_the_nodes_at_boot():
+    """Links down within minutes of each node's boot on four of six nodes booting now: a boot-time flap, whose
+    hold covers those six, not the 34 nodes long past their boot."""
+    summaries = fleet()
+    booting = ["n1", "n12", "n25", "n38", "n2", "n3"]
+    now = 1000.0
+    sightings = [Sighting(s.node, s.rule_id, s.fault_class, seen_at=now - i, booted_at=now - 120.0)
+                 for i, s in enumerate(with_fault(summaries, booting[:4], "nvlink-down", FaultClass.INTERCONNECT))]
+    booted = {name: (now - 120.0 if name in booting else now - 86_400.0) for name in summaries}
+    [found] = correlate(summaries, sightings, now=now, policy=POLICY, booted=booted)
+    assert found.dimension is Dimension.BOOT_WINDOW and found.group == set(booting)
+
+
 def test_one_node_alone_is_never_a_fleet_cause():
     """A single node's fault is that node's, whatever its group."""
     summaries = fleet()
