@@ -22,6 +22,7 @@ from agent.model import Observation, Signal
 from agent.model_json import action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
+from agent.remediation.planner import INCIDENT_SETTLE_SECONDS
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from agent.simulation.gpu_operator import OPERANDS, SimulatedGpuOperator
 from agent.sources.scenario import Scenario, expand, inventory
@@ -170,15 +171,17 @@ def simulate(
     clock = clock or _VirtualClock()
     pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=actuator, gate=gate,
                         journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p",
-                        diagnostic_available=scenario.node.diagnostic)
+                        diagnostic_available=scenario.node.diagnostic, incident_settle_seconds=INCIDENT_SETTLE_SECONDS)
     lines: list[TimelineLine] = []
     current: dict[int, TimelineLine] = {}
     next_tick = scenario.tick_seconds
     for timed in expand(scenario, node):
         at = timed.observation.at
         while next_tick <= at:
+            _settle(pipeline, clock, next_tick, lines)
             _tick(pipeline, clock, next_tick, lines)
             next_tick += scenario.tick_seconds
+        _settle(pipeline, clock, at, lines)
         clock.now = at
         outcome = pipeline.handle(timed.observation, at)
         line = current.get(timed.entry)
@@ -190,6 +193,7 @@ def simulate(
             line.repeats += 1
         line.outcome.extend(outcome)
     while next_tick <= scenario.end:
+        _settle(pipeline, clock, next_tick, lines)
         _tick(pipeline, clock, next_tick, lines)
         next_tick += scenario.tick_seconds
     return SimulationReport(scenario, [line for line in lines if _worth_showing(line)], pipeline)
@@ -200,6 +204,13 @@ def _tick(pipeline: Pipeline, clock: _VirtualClock, at: float, lines: list[Timel
     outcome = pipeline.tick(at)
     if outcome.verdicts or outcome.actions:
         lines.append(TimelineLine(at, None, outcome=outcome))
+
+
+def _settle(pipeline: Pipeline, clock: _VirtualClock, before: float, lines: list[TimelineLine]) -> None:
+    """A pass where an incident's settle window ends before `before`: the agent's reconciler wakes for it
+    (remediation.incident_settle_seconds, 1 s), whatever the scenario's ticks."""
+    while (due := pipeline.incident_settled(clock.now)) is not None and due < before:
+        _tick(pipeline, clock, due, lines)
 
 
 def _worth_showing(line: TimelineLine) -> bool:

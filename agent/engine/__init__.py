@@ -1,11 +1,12 @@
 """The rules engine: rule schema and loading, and the pure evaluation over per-GPU state."""
 
-from agent.engine.evaluate import evaluate, restore, tick
-from agent.engine.loader import RuleSet, builtin_rules_dir, lint_rules, load_rule_texts, load_rules
+from agent.engine.evaluate import evaluate, restore, tick, withdraw
+from agent.engine.loader import CONTAINED_BY, RuleSet, builtin_rules_dir, lint_rules, load_rule_texts, load_rules
 from agent.engine.schema import Rule
 from agent.engine.state import EngineState
 
 __all__ = [
+    "CONTAINED_BY",
     "EngineState",
     "Rule",
     "RuleSet",
@@ -16,4 +17,5 @@ __all__ = [
     "load_rules",
     "restore",
     "tick",
+    "withdraw",
 ]

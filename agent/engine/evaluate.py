@@ -108,6 +108,16 @@ def tick(state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
     return verdicts
 
 
+def withdraw(state: EngineState, gpu_key: str, rule_id: str, now: float, *, rules: RuleSet, why: str) -> Verdict | None:
+    """End one active fault that a later judgement of the same observation replaces (a contained incident governs
+    it): its CLEARED verdict, None when the rule is not active on that GPU."""
+    st = state.rules.get((gpu_key, rule_id))
+    rule = rules.get(rule_id)
+    if st is None or not st.active or rule is None:
+        return None
+    return _clear(rules.effective(rule, st.gpu.model if st.gpu else ""), gpu_key, st, now, why)
+
+
 def restore(state: EngineState, active: Iterable[Verdict]) -> None:
     """Mark faults recorded before a restart as active again, so they are not raised twice."""
     for verdict in active:
