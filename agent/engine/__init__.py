@@ -1,6 +1,6 @@
 """The rules engine: rule schema and loading, and the pure evaluation over per-GPU state."""
 
-from agent.engine.evaluate import evaluate, restore, tick, withdraw
+from agent.engine.evaluate import evaluate, reset_clears, restore, tick, withdraw
 from agent.engine.loader import CONTAINED_BY, RuleSet, builtin_rules_dir, lint_rules, load_rule_texts, load_rules
 from agent.engine.schema import Rule
 from agent.engine.state import EngineState
@@ -15,6 +15,7 @@ __all__ = [
     "lint_rules",
     "load_rule_texts",
     "load_rules",
+    "reset_clears",
     "restore",
     "tick",
     "withdraw",
