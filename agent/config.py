@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from agent.errors import ConfigError
 from agent.remediation.guard import Mode
+from agent.remediation.planner import INCIDENT_SETTLE_SECONDS
 from agent.yamlload import safe_load
 
 ENV_PREFIX = "GPU_HEALTH_"
@@ -90,6 +91,10 @@ class RemediationConfig(_Section):
     reset_command: list[str] = Field(default_factory=lambda: list(RESET_COMMANDS[0]))
     reset_timeout_seconds: float = Field(default=120.0, gt=0)
     reset_settle_seconds: float = Field(default=10.0, ge=0)
+    #: Faults of one GPU raised within this long of each other are judged as one incident before anything is
+    #: evicted: a contained incident (Xid 94, recovery action drain-and-reset) that follows its own DBE, Xid 48
+    #: or Xid 64 within it governs them (nobody evicted, reset once idle). docs/remediation.md argues the value.
+    incident_settle_seconds: float = Field(default=INCIDENT_SETTLE_SECONDS, ge=0, le=10)
     #: The reset container's socket (daemonset/): the privileged part of a reset runs there. Empty: in the
     #: agent's own process (which then needs the privileges itself; docs/remediation.md).
     reset_helper_socket: str = ""
@@ -202,6 +207,7 @@ class PipelineOptions(TypedDict):
     max_faulty_gpus: int
     replace_after_recoveries: int
     reset_settle_seconds: float
+    incident_settle_seconds: float
     reset_verify_seconds: float
     recovery_window_days: float
     diagnose: bool
@@ -215,6 +221,7 @@ def pipeline_options(config: Config) -> PipelineOptions:
     return PipelineOptions(
         max_faulty_gpus=settings.max_faulty_gpus, replace_after_recoveries=settings.replace_after_recoveries,
         reset_settle_seconds=settings.reset_settle_seconds, reset_verify_seconds=settings.reset_verify_seconds,
+        incident_settle_seconds=settings.incident_settle_seconds,
         recovery_window_days=settings.recovery_window_days, diagnose=bool(settings.diagnostic_command),
         repair_condition=settings.accelerated_hardware_condition, sync_seconds=settings.node_sync_seconds,
         retry_seconds=settings.retry_seconds)

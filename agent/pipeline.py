@@ -28,6 +28,7 @@ from agent.logs import get_logger
 from agent.metrics import Metrics
 from agent.model import NodeInventory, Observation, PodRef, Verdict
 from agent.remediation import ActiveFault, GuardPolicy, NodeState, PlanOptions
+from agent.remediation.planner import incident_settled
 from agent.remediation.record import NodeRecord
 from agent.sources.checkpoint import InputCheckpoint
 from agent.sources.kmsg import KernelLogCheckpoint
@@ -58,6 +59,7 @@ class Pipeline:
         max_faulty_gpus: int = 2,
         replace_after_recoveries: int = 2,
         reset_settle_seconds: float = 10.0,
+        incident_settle_seconds: float = 0.0,
         reset_verify_seconds: float = 300.0,
         recovery_window_days: float = 30.0,
         diagnose: bool = False,
@@ -77,7 +79,9 @@ class Pipeline:
         self.store = RecordStore(journal=journal, node_name=inventory.name, checkpoints=self.checkpoints,
                                  metrics=metrics, log=log)
         options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
-                              reset_settle_seconds=reset_settle_seconds, pods_live=pods is not None, diagnose=diagnose,
+                              reset_settle_seconds=reset_settle_seconds,
+                              incident_settle_seconds=incident_settle_seconds, pods_live=pods is not None,
+                              diagnose=diagnose,
                               repair_condition=repair_condition)
         self.shared = Shared(rules=rules, inventory=inventory, options=options, store=self.store, metrics=metrics,
                              clock=clock, log=log, fleet=fleet)
@@ -162,6 +166,11 @@ class Pipeline:
 
     def occurrences(self, gpu_key: str, rule_id: str) -> int:
         return self.classifier.occurrences(gpu_key, rule_id)
+
+    def incident_settled(self, now: float) -> float | None:
+        """When the earliest eviction waiting for its incident to settle is due (None when none waits)."""
+        with self.shared.lock:
+            return incident_settled(list(self.shared.record.faults.values()), self.shared.options, now)
 
     def gpu_statuses(self) -> dict[str, str]:
         """healthy | degraded | fatal | unknown for every GPU of the inventory and every faulty key."""

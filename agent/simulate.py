@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.engine import RuleSet
-from agent.gpu.reset import ResetOutcome, ResetProcedure, ResetRunner
+from agent.gpu.reset import IN_USE, ResetOutcome, ResetProcedure, ResetRunner, without_persistence
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.budget import LeaseBudget
@@ -22,8 +23,9 @@ from agent.model import Observation, Signal
 from agent.model_json import action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
 from agent.remediation import GuardPolicy
+from agent.remediation.planner import INCIDENT_SETTLE_SECONDS
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
-from agent.simulation.gpu_operator import OPERANDS, SimulatedGpuOperator
+from agent.simulation.gpu_operator import OPERANDS, HostHolder, SimulatedGpuOperator
 from agent.sources.scenario import Scenario, expand, inventory
 
 
@@ -109,7 +111,7 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
         budget = LeaseBudget(raw, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
         devices = DeviceIsolator(raw, node_name=name, taint_key=writer.taint_key,
                                  setting="device") if scenario.node.dra else None
-        reset = _operator_node_reset(cluster, scenario, writer, raw) if scenario.node.gpu_operator \
+        reset = _operator_node_reset(cluster, scenario, writer, raw, clock) if scenario.node.gpu_operator \
             else _no_gpu_reset
         actuator = K8sActuator(writer=writer, events=EventRecorder(raw, instance=f"{name}/simulate"),
                                evictor=Evictor(raw), reset=reset, devices=devices)
@@ -121,20 +123,28 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
     return report
 
 
-def _no_gpu_reset(uuid: str) -> tuple[bool, str]:
+def _no_gpu_reset(uuid: str) -> tuple[bool | None, str]:
     return True, f"simulated reset of {uuid} (no GPU here)"
 
 
-def _operator_node_reset(cluster: FakeCluster, scenario: Scenario, writer: NodeWriter, raw: RawApi) -> ResetRunner:
+def _operator_node_reset(cluster: FakeCluster, scenario: Scenario, writer: NodeWriter, raw: RawApi,
+                         clock: Callable[[], float]) -> ResetRunner:
     """The real reset procedure on a simulated GPU Operator node: its operands paused through the fake API
     server (their pods go as the DaemonSet controller removes them), the agent's NVML released, and a simulated
     nvidia-smi that refuses while anything still holds the GPU."""
-    operator = SimulatedGpuOperator(cluster, inventory(scenario))
+    node = inventory(scenario)
+    holders = tuple(HostHolder(node.gpus[h.gpu].uuid, h.name, h.until) for h in scenario.node.host_holders)
+    operator = SimulatedGpuOperator(cluster, node, host_holders=holders, clock=clock,
+                                    persistent={g.uuid for g in node.gpus} if scenario.node.persistence_mode else set())
     operator.install()
 
     def nvidia_smi(uuid: str) -> ResetOutcome:
-        ok, message = operator.nvidia_smi(uuid)
-        return ResetOutcome(ok, message)
+        """The privileged part as DeviceReset runs it: persistence mode off, the reset, persistence back on; a
+        refusal because the GPU is in use is the GPU still held (not idle yet), as DeviceReset says."""
+        def reset() -> ResetOutcome:
+            ok, message = operator.nvidia_smi(uuid)
+            return ResetOutcome(ok, message, held=not ok and bool(IN_USE.search(message)))
+        return without_persistence(lambda args: operator.persistence(uuid, args), reset)
 
     waited = [0.0]  # the pause's own clock: each wait lets the DaemonSet controller act once, no real time passes
 
@@ -146,7 +156,7 @@ def _operator_node_reset(cluster: FakeCluster, scenario: Scenario, writer: NodeW
                              sleep=wait)
     procedure = ResetProcedure(nvidia_smi, operands=operands, nvml=operator.nvml)
 
-    def reset(uuid: str) -> tuple[bool, str]:
+    def reset(uuid: str) -> tuple[bool | None, str]:
         try:
             return procedure(uuid)
         finally:
@@ -170,15 +180,17 @@ def simulate(
     clock = clock or _VirtualClock()
     pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=actuator, gate=gate,
                         journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p",
-                        diagnostic_available=scenario.node.diagnostic)
+                        diagnostic_available=scenario.node.diagnostic, incident_settle_seconds=INCIDENT_SETTLE_SECONDS)
     lines: list[TimelineLine] = []
     current: dict[int, TimelineLine] = {}
     next_tick = scenario.tick_seconds
     for timed in expand(scenario, node):
         at = timed.observation.at
         while next_tick <= at:
+            _settle(pipeline, clock, next_tick, lines)
             _tick(pipeline, clock, next_tick, lines)
             next_tick += scenario.tick_seconds
+        _settle(pipeline, clock, at, lines)
         clock.now = at
         outcome = pipeline.handle(timed.observation, at)
         line = current.get(timed.entry)
@@ -190,6 +202,7 @@ def simulate(
             line.repeats += 1
         line.outcome.extend(outcome)
     while next_tick <= scenario.end:
+        _settle(pipeline, clock, next_tick, lines)
         _tick(pipeline, clock, next_tick, lines)
         next_tick += scenario.tick_seconds
     return SimulationReport(scenario, [line for line in lines if _worth_showing(line)], pipeline)
@@ -200,6 +213,13 @@ def _tick(pipeline: Pipeline, clock: _VirtualClock, at: float, lines: list[Timel
     outcome = pipeline.tick(at)
     if outcome.verdicts or outcome.actions:
         lines.append(TimelineLine(at, None, outcome=outcome))
+
+
+def _settle(pipeline: Pipeline, clock: _VirtualClock, before: float, lines: list[TimelineLine]) -> None:
+    """A pass where an incident's settle window ends before `before`: the agent's reconciler wakes for it
+    (remediation.incident_settle_seconds, 1 s), whatever the scenario's ticks."""
+    while (due := pipeline.incident_settled(clock.now)) is not None and due < before:
+        _tick(pipeline, clock, due, lines)
 
 
 def _worth_showing(line: TimelineLine) -> bool:

@@ -154,8 +154,10 @@ def xid_rules(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             rules.extend(_xid74(row))
         elif xid == 154:
             rules.extend(_xid154(row))
+        elif xid == 48:
+            rules.extend(_governed_by_containment(row))
         elif xid == 64:
-            rules.extend([_plain(row), _xid64_remap_unreadable(row)])
+            rules.extend([*_governed_by_containment(row), _xid64_remap_unreadable(row)])
         elif bucket == "WORKFLOW_NVLINK5_ERR":
             rules.extend(_nvlink5(row))
         else:
@@ -200,7 +202,10 @@ def _plain(row: dict[str, str]) -> dict[str, Any]:
     if xid in FAULT_CLASS:
         policy = Policy(policy.severity, policy.action, FAULT_CLASS[xid], policy.recovery, policy.reason)
     summary = f"Xid {xid} ({row['mnemonic'].split(' /')[0]}): {row['description'].split(' --')[0]} on {{gpu}}"
-    return _base(row, f"xid-{xid}", policy, summary)
+    rule = _base(row, f"xid-{xid}", policy, summary)
+    if xid == CONTAINED_ERROR_XID:
+        rule["contains"] = True
+    return rule
 
 
 def _xid45(row: dict[str, str]) -> list[dict[str, Any]]:
@@ -277,6 +282,34 @@ def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
     return [_hopper_only(ignorable), _hopper_only(sympathetic), _hopper_only(serious), undecoded]
 
 
+#: A contained incident (`contains: true`): Xid 94 and the recovery action drain-and-reset that follows it.
+CONTAINED_ERROR_XID = 94
+DRAIN_AND_RESET = 4
+#: The Xids a contained incident (Xid 94, recovery action drain-and-reset) on the same GPU governs: the engine's
+#: classifier names the incident in `contained_by` (in either order, within remediation.incident_settle_seconds).
+CONTAINED_REASON = (
+    "The driver prints Xid {xid} for the very error that it then contains (Xid 94, Xid 154 to drain and reset): "
+    "NVIDIA's catalog says the other applications are unaffected and the GPU is reset when convenient, and that "
+    "Xid 48 with 63/64 is drain-and-reset only when not contained. So, with a contained incident active on the "
+    "GPU, nobody is evicted: new work stays off (NoSchedule) and the GPU is reset once idle; a clean poll "
+    "verifies it. Without one, xid-{xid} (fatal, reset at once) decides."
+)
+
+
+def _governed_by_containment(row: dict[str, str]) -> list[dict[str, Any]]:
+    """The Xid's own rule, for when no contained incident is active on its GPU, and the rule it defers to one."""
+    xid = int(row["xid"])
+    alone = _plain(row)
+    alone["when"] = [{"field": "contained_by", "op": "absent"}]
+    contained = _base(
+        row, f"xid-{xid}-contained",
+        Policy("degraded", "quarantine_reset_when_idle", "hardware", RESET, CONTAINED_REASON.format(xid=xid)),
+        f"Xid {xid} ({row['mnemonic'].split(' /')[0]}) on {{gpu}}, contained ({{contained_by}}): reset once idle",
+    )
+    contained["when"] = [{"field": "contained_by", "op": "present"}]
+    return [alone, contained]
+
+
 def _xid64_remap_unreadable(row: dict[str, str]) -> dict[str, Any]:
     """Xid 64 while the remap state cannot be read (e.g. MIG on): the failure cannot be ruled out."""
     rule = _base(
@@ -297,6 +330,8 @@ def _xid154(row: dict[str, str]) -> list[dict[str, Any]]:
         policy = Policy(severity, action, fault_class, recovery, "NVIDIA: follow the recovery action Xid 154 reports.")
         rule = _base(row, f"xid-154-action-{value}", policy, f"Xid 154: GPU recovery action is {name} on {{gpu}}")
         rule["when"] = [{"field": "recovery_action", "op": "eq", "value": value}]
+        if value == DRAIN_AND_RESET:
+            rule["contains"] = True  # it follows a contained error (Xid 94): that incident, as the driver sums it up
         rules.append(rule)
     other = _base(
         row, "xid-154-unrecognised",

@@ -22,14 +22,14 @@ DEFAULT_MODE = Config.model_fields["mode"].default
 @click.argument("scenario", required=False)
 @click.option("--list", "list_only", is_flag=True, help="List the built-in scenarios.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document with verdicts and actions.")
-@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=str(DEFAULT_MODE), show_default=True,
-              help="The agent's mode (default: the agent's own default).")
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=None,
+              help=f"The agent's mode (default: the scenario's `mode`, else the agent's own default, {DEFAULT_MODE}).")
 @click.option("--dry-run", is_flag=True, help="Record what would be done.")
 @click.option("--rules", "rules_dir", type=click.Path(), help="Rules directory (default: the shipped rules).")
 @click.option("--journal", "journal_path", type=click.Path(), help="Also record into this journal file.")
 @click.option("--local", is_flag=True, help="No fake cluster: steps are only planned (local mode).")
 @reporting_bad_input
-def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode: str, dry_run: bool,
+def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode: str | None, dry_run: bool,
                      rules_dir: str | None, journal_path: str | None, local: bool) -> None:
     """Replay a fault scenario (built-in NAME or FILE) through the agent on a virtual clock."""
     if list_only:
@@ -46,6 +46,7 @@ def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode:
     from agent.simulate import simulate, simulate_in_cluster  # noqa: PLC0415 - brings the fake cluster
 
     loaded = load_scenario(scenario)
+    mode = mode or loaded.mode or str(DEFAULT_MODE)
     rules = load_rules(Path(rules_dir) if rules_dir else builtin_rules_dir())
     configure_logging("error", "auto")
     if loaded.fleet is not None:

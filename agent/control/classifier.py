@@ -10,7 +10,7 @@ from agent.control.feedback import Feedback
 from agent.control.shared import Shared
 from agent.control.store import BOOT_CURSOR, RecordStore
 from agent.drill import contain
-from agent.engine import evaluate, restore, tick
+from agent.engine import CONTAINED_BY, evaluate, restore, tick, withdraw
 from agent.model import (
     Action,
     FaultClass,
@@ -96,6 +96,7 @@ class Classifier:
             shared.record.node.recoveries.release(observation.gpu_key)
         previous_boot = shared.engine.boot_id
         verdicts = evaluate(observation, shared.engine, now, rules=shared.rules)
+        verdicts += self._governed(verdicts, observation, now)
         verdicts += self.feedback.orphan_clears(observation, previous_boot, now)
         if observation.signal is Signal.BOOT and shared.engine.boot_id:
             shared.record.cursors[BOOT_CURSOR] = shared.engine.boot_id
@@ -107,6 +108,40 @@ class Classifier:
             for verdict in verdicts:
                 self.store.safely("release_hook_failed", self.on_released, verdict)
         return replaced + verdicts + self.feedback.after_observation(observation, now)
+
+    def _governed(self, verdicts: list[Verdict], observation: Observation, now: float) -> list[Verdict]:
+        """One incident, one verdict: a contained incident raised now (a `contains` rule: Xid 94, the driver's
+        drain-and-reset) governs the errors of its GPU judged without it within the settle window (its own DBE,
+        Xid 48, Xid 64, seen first). Each is judged again naming the incident: the fault it raised ends (CLEARED,
+        why says so) and its contained rule decides (nobody evicted; reset once idle). Nothing was evicted for
+        them meanwhile: evictions wait the same window (PlanOptions.incident_settle_seconds)."""
+        shared = self.shared
+        out: list[Verdict] = []
+        for verdict in verdicts:
+            rule = shared.rules.get(verdict.rule_id)
+            if verdict.kind is not VerdictKind.FAULT or rule is None or not rule.contains:
+                continue
+            for governed in self.enricher.governed(verdict.gpu_key, observation.at, verdict.rule_id):
+                why = (f"judged with the contained incident {verdict.rule_id} seen "
+                       f"{abs(observation.at - governed.at) * 1000:.0f} ms from it (one incident)")
+                ended = [v for rule_id in self._uncontained_rules(governed, verdict.gpu_key, now)
+                         if (v := withdraw(shared.engine, verdict.gpu_key, rule_id, now, rules=shared.rules,
+                                           why=why)) is not None]
+                if ended:
+                    out += ended + evaluate(governed, shared.engine, now, rules=shared.rules)
+        return out
+
+    def _uncontained_rules(self, observation: Observation, gpu_key: str, now: float) -> list[str]:
+        """The rules that judge this observation only while no contained incident governs it, and whose fault on
+        the GPU was raised within the settle window (an older one is another incident's)."""
+        shared = self.shared
+        since = now - shared.options.incident_settle_seconds
+        code = int(observation.value) if observation.signal is Signal.XID else None
+        faults = shared.record.faults
+        return [r.id for r in shared.rules.for_signal(observation.signal)
+                if (code is None or not r.codes or code in r.codes)
+                and any(c.field == CONTAINED_BY and c.op == "absent" for c in r.when)
+                and (fault := faults.get((gpu_key, r.id))) is not None and fault.since >= since]
 
     def _acknowledge(self, observation: Observation) -> list[str]:
         """Move the checkpoints this observation passes (the names moved). Each is written in the same journal

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
+
 from agent.control.shared import Shared
-from agent.model import Action, Observation, Signal, frozen_attrs, new_observation
+from agent.engine import CONTAINED_BY
+from agent.model import Observation, Signal, frozen_attrs, new_observation
 from agent.remediation.spread import APPLICATION_XIDS, LocationRepeats, WorkloadSpread
+
+#: What is remembered of the observations judged without a contained incident, for one that follows within the
+#: settle window: per GPU, and GPUs in all (an incident's own errors are a handful; more is a storm of repeats).
+RECENT_PER_GPU = 16
+RECENT_GPUS = 64
 
 
 class Enricher:
@@ -16,6 +24,9 @@ class Enricher:
         self.locations = LocationRepeats()
         #: A diagnostic can decide the repeat patterns (one is configured; a scenario may stand in for it).
         self.diagnostic_available = diagnostic_available
+        #: Per GPU, the observations a contained incident would govern that were judged without one, newest last,
+        #: none older than the settle window before the newest.
+        self._uncontained: OrderedDict[str, deque[Observation]] = OrderedDict()
 
     def enrich(self, observation: Observation) -> Observation:
         return self._contained_if_so(self._repeat_facts(self._not_the_gpus_if_elsewhere(observation)))
@@ -63,16 +74,46 @@ class Enricher:
                                observation.gpu, frozen_attrs(attrs), observation.count)
 
     def _contained_if_so(self, observation: Observation) -> Observation:
-        """A volatile DBE on a GPU whose contained incident is active (Xid 94, or the driver's drain-and-reset)
-        is that incident's error, counted by NVML: it names the incident (`contained_by`), so the ECC rule defers
-        to it (nobody evicted, the reset once idle) instead of resetting the GPU under its co-tenants."""
-        if observation.signal is not Signal.ECC_DBE:
+        """An error a contained incident governs (a rule reads `contained_by` for it: the DBE that NVML counts,
+        Xid 48, Xid 64) on a GPU whose contained incident is active (a `contains` rule: Xid 94, the driver's
+        drain-and-reset) is that incident's error: it names the incident, so its rule defers to it (nobody
+        evicted, the reset once idle) instead of resetting the GPU under its co-tenants. One judged with no
+        incident active is remembered for the settle window: an incident that follows governs it too."""
+        if not self.shared.rules.containable(observation.signal, observation.value):
             return observation
+        incident = self.incident_on(observation.gpu_key)
+        if not incident:
+            self._remember(observation)
+            return observation
+        return contained_by(observation, incident)
+
+    def incident_on(self, gpu_key: str) -> str:
+        """The contained incident active on this GPU: the first of its `contains` faults' rule ids ("" if none)."""
+        rules = self.shared.rules
+        return min((rule_id for key, rule_id in self.shared.record.faults
+                    if key == gpu_key and (rule := rules.get(rule_id)) is not None and rule.contains), default="")
+
+    def _remember(self, observation: Observation) -> None:
+        settle = self.shared.options.incident_settle_seconds
         key = observation.gpu_key
-        contained = sorted(rule_id for (gpu_key, rule_id), f in self.shared.record.faults.items()
-                           if gpu_key == key and f.action is Action.QUARANTINE_RESET_WHEN_IDLE)
-        if not contained:
-            return observation
-        attrs = {**observation.attrs, "contained_by": contained[0]}
-        return new_observation(observation.signal, observation.value, observation.at, observation.source,
-                               observation.gpu, frozen_attrs(attrs), observation.count)
+        recent = self._uncontained.pop(key, None) or deque(maxlen=RECENT_PER_GPU)
+        recent.append(observation)
+        while recent and recent[0].at < observation.at - settle:
+            recent.popleft()
+        self._uncontained[key] = recent  # most recently noted last
+        while len(self._uncontained) > RECENT_GPUS:
+            self._uncontained.popitem(last=False)
+
+    def governed(self, gpu_key: str, at: float, incident: str) -> list[Observation]:
+        """The observations of this GPU judged without a contained incident within the settle window of `at`
+        (when `incident` was seen), each naming it now; forgotten here, so each is judged again once."""
+        settle = self.shared.options.incident_settle_seconds
+        recent = self._uncontained.pop(gpu_key, None) or ()
+        return [contained_by(o, incident) for o in recent if abs(o.at - at) <= settle]
+
+
+def contained_by(observation: Observation, incident: str) -> Observation:
+    """The observation naming the contained incident (a rule id) that governs it."""
+    return new_observation(observation.signal, observation.value, observation.at, observation.source,
+                           observation.gpu, frozen_attrs({**observation.attrs, CONTAINED_BY: incident}),
+                           observation.count)

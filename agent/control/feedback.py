@@ -7,6 +7,7 @@ from collections.abc import Callable
 from agent.control.shared import Shared
 from agent.diagnostics import DiagnosticOutcome, outcome_of
 from agent.drill import DRILL_PREFIX, DRILL_SECONDS
+from agent.engine import reset_clears
 from agent.model import (
     LIFECYCLE_SIGNALS,
     NODE_KEY,
@@ -25,7 +26,7 @@ from agent.model import (
 )
 from agent.remediation import ActiveFault
 from agent.remediation.recoveries import family_of
-from agent.remediation.resets import reset_by_driver_log, unclean
+from agent.remediation.resets import driver_log_recovery, unclean
 
 #: Why a fault cleared whose recovery the driver reported done (no reset): not a recovery of the GPU's hardware.
 DRIVER_RECOVERED = "recovery reported done by the driver, verified by a clean poll"
@@ -107,14 +108,23 @@ class Feedback:
         return self.classify(release, now)
 
     def _verify_reset(self, observation: Observation, now: float) -> list[Verdict]:
-        """A reset awaits a clean poll of its GPU; a reset by someone else (the driver's Xid 154 line) too."""
+        """A reset awaits a clean poll of its GPU; a reset by someone else (the driver's Xid 154 line) too. A
+        recovery the driver reports done that is no reset (Xid 154 5 -> 0, the IMEX domain) awaits one too, and
+        that poll verifies only it: each recovery action is its own requirement (a GSP timeout still wants its
+        reset)."""
         key = observation.gpu_key
         record = self.shared.record
         node = record.node
-        if reset_by_driver_log(observation) and key not in node.verifying and \
-                any(f.recovery in {"reset", "recovered"} for (k, _), f in record.faults.items() if k == key):
-            node.verifying[key] = now
-            self.shared.log.bind(gpu=key).info("reset_seen_in_driver_log", awaiting="a clean poll")
+        reported = driver_log_recovery(observation)
+        if reported and any(f.recovery in {"reset", "recovered"} for (k, _), f in record.faults.items() if k == key):
+            if reported == "reset":
+                node.recovering.discard(key)
+            elif key not in node.verifying:
+                node.recovering.add(key)
+            if key not in node.verifying:
+                node.verifying[key] = now
+                self.shared.log.bind(gpu=key).info("reset_seen_in_driver_log", awaiting="a clean poll",
+                                                   reported=reported)
             return []
         since = node.verifying.get(key)
         if observation.signal is not Signal.GPU_POLLED or since is None or observation.at <= since:
@@ -124,9 +134,14 @@ class Feedback:
             self.shared.log.bind(gpu=key).info("reset_not_verified_yet", poll="; ".join(reasons))
             return []
         del node.verifying[key]
+        recovered_only = key in node.recovering and key not in node.resets  # the agent reset nothing either
+        node.recovering.discard(key)
         awaiting = {f.recovery for (k, _), f in record.faults.items() if k == key} & {"reset", "recovered"}
         attrs = {"by": "a reset verified by a clean poll"}
-        if awaiting == {"recovered"}:  # no reset: the driver reported the recovery it asked of someone else done
+        if recovered_only:
+            attrs = {"by": "the driver's report verified by a clean poll", "why": DRIVER_RECOVERED,
+                     "clears": "recovered"}
+        elif awaiting == {"recovered"}:  # no reset: the driver reported the recovery it asked of someone else done
             attrs = {"by": "the driver's report verified by a clean poll", "why": DRIVER_RECOVERED}
         reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu, frozen_attrs(attrs))
         return self.classify(reset, now)
@@ -160,6 +175,7 @@ class Feedback:
         for key, since in list(verifying.items()):
             if key in verifying and now - since >= self.reset_verify_seconds:  # a verdict below may end another
                 del verifying[key]
+                self.shared.record.node.recovering.discard(key)
                 verdicts += self.reset_failed(self.shared.inventory.gpu_by_key(key), now,
                                               f"no clean poll within {self.reset_verify_seconds:g}s of the reset")
         return verdicts
@@ -191,7 +207,7 @@ class Feedback:
                     fault.recovery in {"boot", "reset", "recovered"} else ""
             elif observation.signal is Signal.GPU_RESET:
                 why = "verified GPU reset" if observation.value and observation.gpu_key == key and \
-                    fault.recovery in {"reset", "recovered"} else ""
+                    fault.recovery in reset_clears(observation) else ""
             else:
                 why = f"released by {observation.attrs.get('by', 'operator')}" \
                     if observation.gpu_key in {NODE_KEY, key} else ""

@@ -32,6 +32,12 @@ class StepRunner:
         self.slot_renew_seconds = slot_renew_seconds
         self.history = AttemptHistory()
         self.backoff_until = 0.0
+        #: Per GPU, the resets in a row the procedure found the GPU still held for (not idle yet: asked again once
+        #: the guard's reset cooldown has passed, never charged as failed, until as many as its attempt cap
+        #: allows within the hour say that it stays held).
+        self.held_resets: dict[str, int] = {}
+        #: Per GPU found held, when its reset may be asked again (the guard's cooldown): not before, not recorded.
+        self._held_until: dict[str, float] = {}
         self._renewed_at: float | None = None
         #: This pass's one reading of the cluster gate (None until a step needs it).
         self.gate_reading: GateReading | None = None
@@ -58,6 +64,8 @@ class StepRunner:
         """The guard decides, on the pass's one reading of the cluster gate (read only for a step that gets as
         far as the gate); a step it lets past takes its budget slot first, and the guard decides again on
         what that write found (another node may have taken the last slot meanwhile)."""
+        if step.kind is StepKind.RESET_GPU and now < self._held_until.get(step.gpu_key, 0.0):
+            return None  # found held: asked again once the cooldown has passed, not recorded meanwhile
         gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
         if gated and now < self.backoff_until:
             self.owes_disruption = self.owes_disruption or (step.disruptive and self._owed_before)
@@ -76,6 +84,8 @@ class StepRunner:
             self.backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
         if result is None:
             result, message = self._apply(step, now)
+            if step.kind is StepKind.RESET_GPU:
+                result, message = self._held_bounded(step, result, message, now)
         if step.disruptive and (result is StepResult.FAILED or (decision.by_gate and self._gate_failed())):
             self.owes_disruption = True
         shared = self.shared
@@ -95,6 +105,23 @@ class StepRunner:
         if not self._skip_changed(step, result, message):
             return None  # skipped again for the same reason: logged and journaled when it first was
         return self.recorded(step, result, message, now)
+
+    def _held_bounded(self, step: Step, result: StepResult, message: str, now: float) -> tuple[StepResult, str]:
+        """A reset the GPU's holders kept from running is blocked (asked again after the guard's cooldown), as
+        many times in a row as the attempt cap allows within the hour: then it failed, saying so (the failed
+        reset's own rule takes over: a GPU that stays held needs a person or a reboot)."""
+        key = step.gpu_key
+        self._held_until.pop(key, None)
+        if result is not StepResult.BLOCKED:
+            self.held_resets.pop(key, None)
+            return result, message
+        self._held_until[key] = now + self.policy.cooldown_seconds
+        bound = max(1, self.policy.max_attempts_per_hour)
+        held = self.held_resets[key] = self.held_resets.get(key, 0) + 1
+        if held < bound:
+            return result, f"{message} (held {held} of {bound} times: asked again after the cooldown)"
+        del self.held_resets[key]
+        return StepResult.FAILED, f"the GPU stayed held through {held} reset attempts: {message}"
 
     def _skip_changed(self, step: Step, result: StepResult, message: str) -> bool:
         """Whether this outcome is news: anything but a skip is; a skip is when the step was not skipped for

@@ -1,11 +1,12 @@
 """The rules engine: rule schema and loading, and the pure evaluation over per-GPU state."""
 
-from agent.engine.evaluate import evaluate, restore, tick
-from agent.engine.loader import RuleSet, builtin_rules_dir, lint_rules, load_rule_texts, load_rules
+from agent.engine.evaluate import evaluate, reset_clears, restore, tick, withdraw
+from agent.engine.loader import CONTAINED_BY, RuleSet, builtin_rules_dir, lint_rules, load_rule_texts, load_rules
 from agent.engine.schema import Rule
 from agent.engine.state import EngineState
 
 __all__ = [
+    "CONTAINED_BY",
     "EngineState",
     "Rule",
     "RuleSet",
@@ -14,6 +15,8 @@ __all__ = [
     "lint_rules",
     "load_rule_texts",
     "load_rules",
+    "reset_clears",
     "restore",
     "tick",
+    "withdraw",
 ]

@@ -108,6 +108,16 @@ def tick(state: EngineState, now: float, *, rules: RuleSet) -> list[Verdict]:
     return verdicts
 
 
+def withdraw(state: EngineState, gpu_key: str, rule_id: str, now: float, *, rules: RuleSet, why: str) -> Verdict | None:
+    """End one active fault that a later judgement of the same observation replaces (a contained incident governs
+    it): its CLEARED verdict, None when the rule is not active on that GPU."""
+    st = state.rules.get((gpu_key, rule_id))
+    rule = rules.get(rule_id)
+    if st is None or not st.active or rule is None:
+        return None
+    return _clear(rules.effective(rule, st.gpu.model if st.gpu else ""), gpu_key, st, now, why)
+
+
 def restore(state: EngineState, active: Iterable[Verdict]) -> None:
     """Mark faults recorded before a restart as active again, so they are not raised twice."""
     for verdict in active:
@@ -135,12 +145,24 @@ def _lifecycle(obs: Observation, state: EngineState, now: float, rules: RuleSet)
             return []
         target = obs.gpu_key
         why = obs.attrs.get("why")
+        clears = reset_clears(obs)
         return _clear_where(state, now, rules, why if isinstance(why, str) and why else "verified GPU reset",
-                            lambda key, kind, rule_id: key == target and kind in {"reset", "recovered"})
+                            lambda key, kind, rule_id: key == target and kind in clears)
     target = obs.gpu_key
     only = str(obs.attrs.get("rule", ""))  # a release of one fault (a drill's end), not of the whole GPU
     return _clear_where(state, now, rules, f"released by {obs.attrs.get('by', 'operator')}",
                         lambda key, kind, rule_id: target in {NODE_KEY, key} and only in {"", rule_id})
+
+
+def reset_clears(observation: Observation) -> frozenset[str]:
+    """The recovery kinds a gpu_reset observation clears: a verified reset clears what a reset clears and what
+    the driver recovers; a recovery the driver reported done without a reset (`clears: recovered`, Xid 154
+    5 -> 0 and a clean poll) clears only what the driver recovers."""
+    return _RECOVERED_ONLY if observation.attrs.get("clears") == "recovered" else _RESET_CLEARS
+
+
+_RESET_CLEARS = frozenset({"reset", "recovered"})
+_RECOVERED_ONLY = frozenset({"recovered"})
 
 
 def _clear_where(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,9 @@ from agent.engine.schema import Rule
 from agent.errors import InputErrors, RuleError
 from agent.model import FaultClass, Signal
 from agent.yamlload import safe_load
+
+#: The attribute the classifier sets on an observation a contained incident governs: the incident's rule id.
+CONTAINED_BY = "contained_by"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +32,8 @@ class RuleSet:
     _by_id: dict[str, Rule] = field(default_factory=dict, repr=False)
     _per_model: dict[tuple[str, str], Rule] = field(default_factory=dict, repr=False)
     _by_distinct: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    #: (signal, code or None) of the rules that read CONTAINED_BY: the observations a contained incident governs.
+    _containable: set[tuple[Signal, int | None]] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         for rule in self.rules:
@@ -36,6 +42,19 @@ class RuleSet:
             distinct = rule.window.distinct
             if distinct:
                 self._by_distinct[distinct] = (*self._by_distinct.get(distinct, ()), rule.id)
+            if any(cond.field == CONTAINED_BY for cond in rule.when):
+                codes: list[int | None] = [*rule.codes] or [None]
+                self._containable.update((rule.signal, code) for code in codes)
+
+    def containable(self, signal: Signal, value: float) -> bool:
+        """Whether a contained incident on the GPU governs this observation: a rule of its signal (and code) reads
+        CONTAINED_BY (ecc-dbe, xid-48, xid-64 and their -contained counterparts)."""
+        containable = self._containable
+        if not containable:
+            return False
+        if (signal, None) in containable:
+            return True
+        return math.isfinite(value) and (signal, int(value)) in containable
 
     def counting_distinct(self, attr: str) -> tuple[str, ...]:
         """The ids of the rules whose window counts distinct values of this attribute."""

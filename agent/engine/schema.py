@@ -151,6 +151,10 @@ class Rule(_Strict):
     sustain_seconds: float = Field(default=0.0, ge=0)
     recovery: Recovery
     overrides: list[Override] = Field(default_factory=list)
+    #: Its fault is a contained incident (Xid 94, the driver's drain-and-reset): while it is active on a GPU, or
+    #: when it follows within the incident settle window, the GPU's observations that rules read `contained_by`
+    #: for (the DBE, Xid 48, Xid 64) name it there and are judged as contained (docs/rules.md).
+    contains: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> Rule:
@@ -160,6 +164,8 @@ class Rule(_Strict):
             raise ValueError("severity ok is for cleared verdicts; a rule raises at least info")
         if self.action.quarantines and self.severity.rank < Severity.DEGRADED.rank:
             raise ValueError(f"action {self.action} needs severity degraded or fatal, not {self.severity}")
+        if self.contains and self.action.evicts:
+            raise ValueError(f"a contained incident (contains: true) evicts nobody, not action {self.action}")
         if self.fault_class is FaultClass.TELEMETRY and self.action.quarantines:
             raise ValueError("a telemetry (cannot read the GPU) rule must never quarantine")
         problem = unreachable_recovery(self.action, self.recovery.kind, self.signal, self.codes)

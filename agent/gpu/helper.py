@@ -37,7 +37,7 @@ class HelperClient:
         try:
             data = json.loads(answer)
             holders = tuple(Holder(int(pid), str(name)) for pid, name in data.get("holders", []))
-            return ResetOutcome(bool(data["ok"]), str(data["message"]), holders)
+            return ResetOutcome(bool(data["ok"]), str(data["message"]), holders, bool(data.get("held", False)))
         except (ValueError, KeyError, TypeError):
             return ResetOutcome(False, f"reset helper answered something unreadable: {answer[:120]!r}")
 
@@ -79,7 +79,8 @@ def answer(conn: socket.socket, execute: ResetExecutor) -> None:
             outcome = execute(uuid)
         except Exception as exc:  # noqa: BLE001 - the agent gets an answer whatever happened
             outcome = ResetOutcome(False, f"{type(exc).__name__}: {exc}")
-    body = {"ok": outcome.ok, "message": outcome.message, "holders": [[h.pid, h.name] for h in outcome.holders]}
+    body = {"ok": outcome.ok, "message": outcome.message, "holders": [[h.pid, h.name] for h in outcome.holders],
+            "held": outcome.held}
     with contextlib.suppress(OSError):
         conn.sendall(json.dumps(body).encode() + b"\n")
 

@@ -7,10 +7,17 @@ and GPU feature discovery all hold every GPU open. So a reset is a procedure, no
 1. pause the operands that hold the GPUs (OperandControl: the GPU Operator's per-node
    `nvidia.com/gpu.deploy.<operand>` labels, recorded on the Node in the same write) and await their pods gone;
 2. let go of the agent's own NVML handles (NvmlHandles: nvmlShutdown, nvmlInit again afterwards);
-3. the privileged part (DeviceReset, in its own narrowly privileged container): `nvidia-smi --gpu-reset -i
-   <uuid>`, a fixed command for a checked UUID, retried (bounded) while the driver refuses it as in use;
+3. the privileged part (DeviceReset, in its own narrowly privileged container): persistence mode off for that
+   GPU where it is on (`nvidia-smi -pm 0 -i <uuid>`: nvidia-persistenced's attachment is a holder the driver
+   refuses a reset for), `nvidia-smi --gpu-reset -i <uuid>`, a fixed command for a checked UUID, retried
+   (bounded) while the driver refuses it as in use, then persistence mode back on (`-pm 1`) whatever happened;
 4. whatever happened: NVML back, operands restored (only labels still at the agent's value); a restore that
    failed, or a pause a crashed agent left, is put back by restore_if_needed at the next reconcile pass.
+
+A GPU still held when the wait ends (a host holder the procedure cannot stop: nv-hostengine, a host
+dcgm-exporter) is not idle yet, not a failed reset: the outcome says `held`, the actuator reports the step
+blocked (not charged), and the reset is asked again once the guard's reset cooldown has passed, as often in a
+row as its attempt cap allows within the hour, then it failed (control/steps.py).
 
 The clean poll that verifies the reset is the pipeline's, as for any reset.
 """
@@ -29,12 +36,20 @@ from typing import Protocol
 from agent.config import RESET_COMMANDS
 from agent.gpu.holders import Holder, device_minor, holders_of
 
-#: What the actuator calls: the GPU UUID in, (reset done, one line saying what happened) out.
-ResetRunner = Callable[[str], tuple[bool, str]]
+#: What the actuator calls: the GPU UUID in, (reset done; None: not idle yet, still held; one line) out.
+ResetRunner = Callable[[str], tuple[bool | None, str]]
 #: GPU and MIG UUIDs as NVML prints them: all a reset request may name (it becomes a command argument).
 UUID_PATTERN = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]{8,64}$")
-#: nvidia-smi's refusal while a process holds the GPU (its own text, and NVML_ERROR_IN_USE's).
-IN_USE = re.compile(r"being used by some other process|in use by another client", re.IGNORECASE)
+#: nvidia-smi's refusals while a process holds the GPU, in each driver's words: "Unable to reset this GPU because
+#: it's being used by some other process", "GPU 00000000:1A:00.0: In use by another client" (NVML_ERROR_IN_USE,
+#: persistence mode on: NVSentinel #1690), "GPU 00000000:C1:00.0 is currently in use by another process." and
+#: "1 device is currently being used by one or more other processes" (gpu-operator #118, mig-parted #181).
+IN_USE = re.compile(r"being used by some other process|in use by another client|currently in use by another "
+                    r"process|currently being used by one or more other processes", re.IGNORECASE)
+#: Persistence mode: read, off and back on for one GPU (argv[0] is the reset command's nvidia-smi).
+PERSISTENCE_QUERY = ("--query-gpu=persistence_mode", "--format=csv,noheader", "-i", "{uuid}")
+PERSISTENCE_OFF = ("-pm", "0", "-i", "{uuid}")
+PERSISTENCE_ON = ("-pm", "1", "-i", "{uuid}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +59,8 @@ class ResetOutcome:
     ok: bool
     message: str
     holders: tuple[Holder, ...] = ()
+    #: Not reset because the GPU is still held (not idle yet): asked again later, never a failed reset.
+    held: bool = False
 
 
 class ResetExecutor(Protocol):
@@ -110,6 +127,19 @@ class DeviceReset:
         if minor is None:
             return ResetOutcome(False, f"{uuid} is not in the driver's GPU table ({self.driver_root})")
         device = self.dev_root / f"nvidia{minor}"
+        return without_persistence(lambda args: self._nvidia_smi(uuid, args), lambda: self._reset(uuid, device))
+
+    def _nvidia_smi(self, uuid: str, args: Sequence[str]) -> tuple[int, str]:
+        """One persistence-mode command for this GPU (the reset command's nvidia-smi, fixed arguments)."""
+        argv = [self.command[0], *(part.replace("{uuid}", uuid) for part in args)]
+        try:
+            done = subprocess.run(  # noqa: S603 - fixed arguments, a checked UUID, no shell
+                argv, capture_output=True, text=True, timeout=self.timeout_seconds, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return -1, str(exc)
+        return done.returncode, (done.stdout + done.stderr).strip()
+
+    def _reset(self, uuid: str, device: Path) -> ResetOutcome:
         argv = [part.replace("{uuid}", uuid) for part in self.command]
         deadline = self.clock() + self.holder_wait_seconds
         while True:
@@ -123,9 +153,9 @@ class DeviceReset:
             self.sleep(self.poll_seconds)
         if not scan.clear:
             return ResetOutcome(False, f"not reset: {device} still held after {self.holder_wait_seconds:g}s by "
-                                       f"{scan.describe()}", scan.holders + scan.unreadable)
+                                       f"{scan.describe()}", scan.holders + scan.unreadable, held=True)
         return ResetOutcome(False, f"not reset: the driver still refuses after {self.holder_wait_seconds:g}s, the "
-                                   f"GPU in use by a process ({outcome.message})")
+                                   f"GPU in use by a process ({outcome.message})", held=True)
 
     def _run(self, argv: list[str]) -> ResetOutcome:
         try:
@@ -136,6 +166,34 @@ class DeviceReset:
         lines = (done.stdout + done.stderr).strip().splitlines()
         last = next((line.strip() for line in lines if IN_USE.search(line)), lines[-1].strip() if lines else "")
         return ResetOutcome(done.returncode == 0, f"{argv[0]} exit {done.returncode}: {last}")
+
+
+#: Runs one of the PERSISTENCE_* argument lists for the GPU being reset: (exit status, what it printed).
+PersistenceRunner = Callable[[Sequence[str]], tuple[int, str]]
+
+
+def without_persistence(run: PersistenceRunner, reset: Callable[[], ResetOutcome]) -> ResetOutcome:
+    """`reset()` with the GPU's persistence mode off, where it was on, and back on afterwards whatever happened
+    (NVSentinel #1690/#1692: nvidia-persistenced's attachment is refused as "In use by another client"; a GPU
+    whose mode cannot be read is reset as it is). The outcome's message says what was done."""
+    code, text = run(PERSISTENCE_QUERY)
+    if code != 0 or text.strip().lower() != "enabled":
+        return reset()
+    code, text = run(PERSISTENCE_OFF)
+    off = "persistence mode turned off for the reset" if code == 0 else \
+        f"persistence mode on: could not turn it off ({_last(text, code)})"
+    try:
+        outcome = reset()
+    finally:
+        code, text = run(PERSISTENCE_ON)
+        back = "persistence mode back on" if code == 0 else \
+            f"persistence mode NOT back on ({_last(text, code)}): nvidia-smi -pm 1 -i <uuid>"
+    return ResetOutcome(outcome.ok, f"{outcome.message}; {off}; {back}", outcome.holders, outcome.held)
+
+
+def _last(text: str, code: int) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else f"exit {code}"
 
 
 @dataclass(slots=True)
@@ -150,7 +208,8 @@ class ResetProcedure:
     nvml: NvmlHandles | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
-    def __call__(self, uuid: str) -> tuple[bool, str]:
+    def __call__(self, uuid: str) -> tuple[bool | None, str]:
+        """(True: reset, False: failed, None: not idle yet, the GPU still held; what happened)."""
         with self._lock:
             return self._reset(uuid)
 
@@ -169,7 +228,7 @@ class ResetProcedure:
         finally:
             self._lock.release()
 
-    def _reset(self, uuid: str) -> tuple[bool, str]:
+    def _reset(self, uuid: str) -> tuple[bool | None, str]:
         notes: list[str] = []
         listed: list[int] = []
         released = False
@@ -199,4 +258,5 @@ class ResetProcedure:
                 except Exception as exc:  # noqa: BLE001 - the record on the Node: restore_if_needed retries
                     notes.append(f"operands not restored yet (the next reconcile pass restores them): "
                                  f"{type(exc).__name__}: {exc}")
-        return outcome.ok, "; ".join(part for part in (outcome.message, *notes) if part)
+        done: bool | None = None if outcome.held and not outcome.ok else outcome.ok
+        return done, "; ".join(part for part in (outcome.message, *notes) if part)

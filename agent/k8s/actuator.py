@@ -31,8 +31,9 @@ from agent.model import Step, StepKind, StepResult
 from agent.remediation.record import NodeObservation
 from agent.timefmt import rfc3339
 
-#: The GPU edge's reset procedure (agent/gpu/reset.py ResetProcedure): GPU UUID in, (done, what happened) out.
-ResetRunner = Callable[[str], tuple[bool, str]]
+#: The GPU edge's reset procedure (agent/gpu/reset.py ResetProcedure): GPU UUID in, (done, what happened) out;
+#: done None: not attempted, the GPU still held (not idle yet): the step is blocked, asked again, never failed.
+ResetRunner = Callable[[str], tuple[bool | None, str]]
 
 _ACTIONS = {
     StepKind.EVENT: "Record", StepKind.SET_CONDITION: "SetCondition", StepKind.CLEAR_CONDITION: "ClearCondition",
@@ -44,7 +45,7 @@ _ACTIONS = {
 }
 
 
-def unwired_reset(uuid: str) -> tuple[bool, str]:
+def unwired_reset(uuid: str) -> tuple[bool | None, str]:
     """The reset of an actuator no reset procedure was given to (agent/gpu/reset.py builds the real one)."""
     return False, f"no reset procedure wired: {uuid} not reset"
 
@@ -138,6 +139,8 @@ class K8sActuator:
             return self._evict(step)
         if kind is StepKind.RESET_GPU:
             ok, message = self.reset(step.target)
+            if ok is None:
+                return StepResult.BLOCKED, f"GPU still held, not idle yet: {message}"
             return (StepResult.APPLIED if ok else StepResult.FAILED), message
         if kind is StepKind.RUN_DIAGNOSTIC:
             if self.diagnose is None:

@@ -27,6 +27,10 @@ from agent.model import (
 from agent.remediation.repair_condition import repair_condition_steps
 from agent.remediation.state import ActiveFault, DeviceIsolation, DeviceMark, NodeState
 
+#: How long the agent lets one GPU's incident settle before evicting for it (docs/remediation.md: the driver prints
+#: an incident's lines within 50 ms; the NVML event of it can wait behind a poll of every GPU).
+INCIDENT_SETTLE_SECONDS = 1.0
+
 CONDITION_FATAL = "GpuFatalFault"
 CONDITION_DEGRADED = "GpuDegraded"
 CONDITION_UNKNOWN = "GpuUnreadable"
@@ -50,6 +54,10 @@ class PlanOptions:
     #: A reset waits this long after its fault was raised, so that the other signals of the same incident
     #: (the Xid, the ECC counter, the recovery action) arrive first and one reset clears them all.
     reset_settle_seconds: float = 10.0
+    #: Nothing is evicted for a fault until this long after it was raised: the incident's other signals (the Xid
+    #: 94 that contains the DBE before it) are judged with it first (remediation.incident_settle_seconds; the
+    #: agent's default is INCIDENT_SETTLE_SECONDS, 0 here judges each fault alone).
+    incident_settle_seconds: float = 0.0
     #: True when the pod list is read from the cluster: a pod stays "on the GPU" until it is really gone
     #: (an accepted eviction leaves it Terminating). Local mode has no live list and trusts its evictions.
     pods_live: bool = False
@@ -269,7 +277,7 @@ def _remedy_steps(
 ) -> list[Step]:
     steps: list[Step] = []
     key = fault.gpu_key
-    if fault.action.evicts:
+    if fault.action.evicts and now - fault.since >= options.incident_settle_seconds:
         already = _evicted_for(fault, node, options) | {s.target for s in planned if s.kind is StepKind.EVICT}
         for pod in pods_on_gpu(fault, inventory, options.own_pod):
             if pod.key not in already and not pod.terminating:
@@ -346,8 +354,16 @@ def _worst_summary(faults: Iterable[ActiveFault]) -> str:
 
 
 def next_settled(active: Iterable[ActiveFault], node: NodeState, options: PlanOptions, now: float) -> float | None:
-    """When the earliest reset still settling may be planned (None when none waits)."""
-    waiting = [f.since + options.reset_settle_seconds for f in active
+    """When the earliest reset or eviction still settling may be planned (None when none waits)."""
+    faults = list(active)
+    waiting = [f.since + options.reset_settle_seconds for f in faults
                if f.action.resets and f.gpu_key not in node.resets
                and f.since + options.reset_settle_seconds > now]
-    return min(waiting) if waiting else None
+    incident = incident_settled(faults, options, now)
+    return min([*waiting, *([incident] if incident is not None else [])], default=None)
+
+
+def incident_settled(active: Iterable[ActiveFault], options: PlanOptions, now: float) -> float | None:
+    """When the earliest eviction waiting for its incident to settle may be planned (None when none waits)."""
+    return min((f.since + options.incident_settle_seconds for f in active
+                if f.action.evicts and f.since + options.incident_settle_seconds > now), default=None)

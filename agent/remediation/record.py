@@ -253,6 +253,6 @@ class NodeObservation:
                          evicted={k: set(v) for k, v in facts.evicted.items()}, resets=set(facts.resets),
                          reboot_requested=self.reboot_requested, replacement=set(self.replacement),
                          recoveries=facts.recoveries.copy(), verifying=dict(facts.verifying),
-                         diagnosed=set(facts.diagnosed),
+                         recovering=set(facts.recovering), diagnosed=set(facts.diagnosed),
                          device_taints=dict(facts.device_taints if self.device_taints is None else self.device_taints),
                          quarantined_since=facts.quarantined_since or self.quarantine_label)

@@ -7,6 +7,8 @@ from agent.model import Observation, Signal
 #: The recovery actions whose end, reported by the driver, means the GPU was recovered (NVML: 1 GPU_RESET,
 #: 4 DRAIN_AND_RESET, 6 BUS_RESET by a reset; 5 RECOVER_IMEX_DOMAIN by whoever recovered the IMEX domain).
 RESET_ACTIONS = frozenset({1, 4, 5, 6})
+#: Of those, the one whose end is no reset of the GPU: the IMEX domain was recovered, the GPU was not touched.
+IMEX_RECOVERY = 5
 
 
 def unclean(poll: Observation) -> list[str]:
@@ -33,5 +35,15 @@ def reset_by_driver_log(observation: Observation) -> bool:
     "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)" (Xid catalog, row 154)."""
     if observation.signal is not Signal.XID or int(observation.value) != 154:
         return False
+    return driver_log_recovery(observation) != ""
+
+
+def driver_log_recovery(observation: Observation) -> str:
+    """What the driver's Xid 154 line says was done: "reset" (it left GPU reset, drain-and-reset or bus reset for
+    none), "recovered" (it left IMEX domain recovery for none: the GPU itself was not reset), else ""."""
+    if observation.signal is not Signal.XID or int(observation.value) != 154:
+        return ""
     before, after = observation.attrs.get("recovery_action_from"), observation.attrs.get("recovery_action")
-    return before in RESET_ACTIONS and after == 0
+    if before not in RESET_ACTIONS or after != 0:
+        return ""
+    return "recovered" if before == IMEX_RECOVERY else "reset"

@@ -121,6 +121,9 @@ class NodeState:
     #: GPUs reset (by the agent, or by someone else as the driver's log says) and when: the reset counts as
     #: verified only after a clean poll of that GPU; none within the deadline escalates to a reboot request.
     verifying: dict[str, float] = field(default_factory=dict)
+    #: Of those, the GPUs the driver reported recovered without a reset (Xid 154 5 -> 0: the IMEX domain), none of
+    #: whose reset the agent ran: their clean poll verifies that recovery only, never a reset.
+    recovering: set[str] = field(default_factory=set)
     #: GPUs whose diagnostic gave a verdict (pass or fail) for their current faults: not run again.
     diagnosed: set[str] = field(default_factory=set)
     device_taints: dict[DeviceRef, DeviceMark] = field(default_factory=dict)
@@ -185,6 +188,7 @@ class NodeState:
         self.resets &= active_gpu_keys
         for key in set(self.verifying) - active_gpu_keys:
             del self.verifying[key]
+        self.recovering &= set(self.verifying)
         self.diagnosed &= active_gpu_keys
 
     def to_json(self) -> dict[str, object]:
@@ -196,7 +200,8 @@ class NodeState:
                 "replacement": sorted(self.replacement), "recoveries": self.recoveries.to_json(),
                 "verifying": dict(sorted(self.verifying.items())), "diagnosed": sorted(self.diagnosed),
                 "device_taints": [{"driver": d.driver, "pool": d.pool, "device": d.device, "gpu": m.gpu_uuid,
-                                   "effect": m.effect} for d, m in sorted(self.device_taints.items())]}
+                                   "effect": m.effect} for d, m in sorted(self.device_taints.items())],
+                **({"recovering": sorted(self.recovering)} if self.recovering else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> NodeState:
@@ -224,6 +229,9 @@ class NodeState:
         since = data.get("quarantined_since")
         state.quarantined_since = float(since) if isinstance(since, int | float) and not isinstance(since, bool) \
             and since > 0 else 0.0
+        recovering = data.get("recovering")
+        state.recovering = {str(r) for r in recovering if str(r) in state.verifying} \
+            if isinstance(recovering, list) else set()
         taints = data.get("device_taints")
         for entry in taints if isinstance(taints, list) else []:
             if isinstance(entry, dict) and all(entry.get(k) for k in ("driver", "pool", "device")):

@@ -1,10 +1,15 @@
 """The simulation wing's GPU Operator node: the operands' DaemonSet pods come and go with their per-node
 `nvidia.com/gpu.deploy.<operand>` labels (as the DaemonSet controller makes them), and a GPU's holders are what
 nvidia-smi would find: the running operands (they hold every GPU), the pods the GPU is allocated to, and the
-agent's own NVML session unless released. The simulated nvidia-smi refuses to reset a GPU anyone holds."""
+agent's own NVML session unless released, and the host's processes the procedure cannot stop (nv-hostengine, a
+host dcgm-exporter: `host_holders`). The simulated nvidia-smi refuses to reset a GPU anyone holds, and one whose
+persistence mode is on (nvidia-persistenced's attachment, on where the node says `persistence_mode`), in the
+driver's words ("In use by another client", as NVSentinel #1690 shows it); `-pm 0|1` and the persistence-mode
+query answer as nvidia-smi does."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,12 +44,25 @@ class SimulatedNvml:
         self.held = True
 
 
+@dataclass(frozen=True, slots=True)
+class HostHolder:
+    """A host process holding one GPU open that no operand label stops, until a virtual time (None: for ever)."""
+
+    uuid: str
+    name: str
+    until: float | None = None
+
+
 @dataclass(slots=True)
 class SimulatedGpuOperator:
     cluster: FakeCluster
     node: NodeInventory
     nvml: SimulatedNvml = field(default_factory=SimulatedNvml)
     resets: list[str] = field(default_factory=list)
+    #: The GPUs whose persistence mode is on (nvidia-persistenced in the driver pod keeps it on for all).
+    persistent: set[str] = field(default_factory=set)
+    host_holders: tuple[HostHolder, ...] = ()
+    clock: Callable[[], float] = lambda: 0.0
 
     def install(self) -> None:
         """The operator's labels on the node (all `true`) and its operands' pods running there."""
@@ -72,16 +90,37 @@ class SimulatedGpuOperator:
         pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in self.cluster.pods_on(self.node.name)}
         held = sorted(p for p in pods if p.startswith(f"{NAMESPACE}/"))
         held += sorted(p.key for p in self.node.pods if p.holds(uuid) and p.key in pods)
-        return [*held, *(["the agent's NVML session"] if self.nvml.held else [])]
+        now = self.clock()
+        host = [f"host {h.name}" for h in self.host_holders if h.uuid == uuid and (h.until is None or now < h.until)]
+        return [*held, *host, *(["the agent's NVML session"] if self.nvml.held else [])]
 
     def nvidia_smi(self, uuid: str) -> tuple[bool, str]:
-        """`nvidia-smi --gpu-reset -i UUID` on this node: refused while anything holds the GPU."""
+        """`nvidia-smi --gpu-reset -i UUID` on this node: refused while anything holds the GPU or its persistence
+        mode is on, as the real one words it."""
         self.reconcile()
-        holders = self.holders(uuid)
+        holders = [*(["nvidia-persistenced (persistence mode on)"] if uuid in self.persistent else []),
+                   *self.holders(uuid)]
         if holders:
-            return False, f"nvidia-smi exit 255: unable to reset {uuid}: in use by {', '.join(holders)}"
+            return False, (f"nvidia-smi exit 255: The following GPUs could not be reset: {self._bus(uuid)}: In use by "
+                           f"another client (simulated holders: {', '.join(holders)})")
         self.resets.append(uuid)
-        return True, f"nvidia-smi exit 0: GPU {uuid} was successfully reset (simulated)"
+        return True, f"nvidia-smi exit 0: {self._bus(uuid)} was successfully reset (simulated)"
+
+    def persistence(self, uuid: str, args: Sequence[str]) -> tuple[int, str]:
+        """nvidia-smi's persistence-mode query, `-pm 0` and `-pm 1` for one GPU (agent/gpu/reset.py PERSISTENCE_*)."""
+        if args and args[0].startswith("--query-gpu=persistence_mode"):
+            return 0, "Enabled" if uuid in self.persistent else "Disabled"
+        if len(args) >= 2 and args[0] == "-pm":
+            if args[1] == "1":
+                self.persistent.add(uuid)
+            else:
+                self.persistent.discard(uuid)
+            return 0, f"{'Enabled' if args[1] == '1' else 'Disabled'} persistence mode for GPU {self._bus(uuid)}.\n" \
+                      "All done."
+        return 2, f"unsupported arguments {list(args)}"
+
+    def _bus(self, uuid: str) -> str:
+        return next((f"GPU {g.pci_bus_id}" for g in self.node.gpus if g.uuid == uuid), uuid)
 
 
 def _operand_pod(node: str, name: str, daemonset: str, label: str) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 A poll of one GPU runs on the bounded caller's worker under one deadline; each call there is counted as a
 reading (a health value) or an auxiliary call (identity, MIG layout, limits, processes), so a GPU none of
-whose readings succeed is Unknown even while its auxiliary calls still answer.
+whose readings succeed is Unknown even while its auxiliary calls still answer. A field-values call counts by
+its fields: NVML answers it with success and says in each field whether that field could be read.
 """
 
 from __future__ import annotations
@@ -137,6 +138,22 @@ class NvmlCalls:
             else:
                 self.failed(gpu, name, exc)
             return None
+
+    def fields_answered(self, gpu: GpuState, name: str, values: Any) -> None:
+        """Charge a field-values call to the poll by its fields. NVML answers nvmlDeviceGetFieldValues with
+        NVML_SUCCESS and puts each field's status in its nvmlReturn, so the call is a reading that succeeded
+        only where a field did; where every field failed (not NotSupported) it failed, as any other call."""
+        reading = self._reading.get()
+        codes = [int(value.nvmlReturn) for value in values]
+        if 0 in codes:
+            if reading is not None:
+                reading.succeeded += 1
+            return
+        errors = [code for code in codes if code not in NOT_SUPPORTED_CODES]
+        if errors:
+            if reading is not None:
+                reading.failed += 1
+            self.failed(gpu, name, self.nvml.NVMLError(errors[0]))
 
     def failed(self, gpu: GpuState, name: str, exc: Exception) -> None:
         """Note an unexpected error of one call (shown by `check`; reset required is its own reading)."""

@@ -57,7 +57,7 @@ def read_power_and_clocks(calls: NvmlCalls, gpu: GpuState, now: float, out: list
 
 def read_fields(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observation]) -> None:
     values = calls.optional(gpu, "nvmlDeviceGetFieldValues", calls.nvml.nvmlDeviceGetFieldValues, gpu.handle,
-                            POLL_FIELDS)
+                            POLL_FIELDS, aux=True)
     if values is None:
         return
     readings: dict[int, float] = {}
@@ -66,6 +66,7 @@ def read_fields(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observati
             readings[int(value.fieldId)] = float(value.value.ullVal)
         elif value.nvmlReturn == 15:  # NVML_ERROR_GPU_IS_LOST
             raise GpuLost("nvmlDeviceGetFieldValues")
+    calls.fields_answered(gpu, "nvmlDeviceGetFieldValues", values)  # the call answers; its fields may not
     if FIELD_RECOVERY_ACTION in readings:
         gpu.readings["recovery_action"] = int(readings[FIELD_RECOVERY_ACTION])
         out.append(observation(gpu, Signal.RECOVERY_ACTION, readings[FIELD_RECOVERY_ACTION], now))

@@ -42,6 +42,15 @@ class ScenarioPod(_Strict):
     daemonset: bool = False
 
 
+class ScenarioHostHolder(_Strict):
+    """A host process holding one GPU open that the reset procedure cannot stop (nv-hostengine, a host
+    dcgm-exporter), until a virtual time (absent: for ever). Only on a `gpu_operator` node."""
+
+    gpu: int = Field(ge=0)
+    name: str = Field(min_length=1)
+    until: float | None = Field(default=None, ge=0)
+
+
 class ScenarioNode(_Strict):
     name: str = "gpu-node-1"
     gpus: int | list[ScenarioGpu] = 8
@@ -53,6 +62,11 @@ class ScenarioNode(_Strict):
     #: The node runs the GPU Operator's operands (device plugin, GFD, DCGM, dcgm-exporter), which hold every GPU
     #: open until a reset pauses them (simulate in a fake cluster: agent/simulation/gpu_operator.py).
     gpu_operator: bool = False
+    #: On a `gpu_operator` node: persistence mode is on for every GPU (nvidia-persistenced in the driver pod),
+    #: which nvidia-smi refuses a reset for until the procedure turns it off.
+    persistence_mode: bool = False
+    #: On a `gpu_operator` node: host processes holding a GPU that no operand label stops.
+    host_holders: list[ScenarioHostHolder] = Field(default_factory=list)
     #: A diagnostic is configured on the node (remediation.diagnostic_command): the repeat patterns of
     #: application Xids quarantine and wait for it; a `diagnostic` timeline step gives its result.
     diagnostic: bool = False
@@ -102,10 +116,17 @@ class Scenario(_Strict):
     tick_seconds: float = Field(default=1.0, gt=0)
     boot_id: str = "boot-1"
     fleet: ScenarioFleet | None = None
+    #: The agent's mode the scenario is meant to show (simulate --mode overrides); absent: the agent's default.
+    mode: Literal["observe", "quarantine", "remediate"] | None = None
 
     @model_validator(mode="after")
     def _gpus_and_nodes_exist(self) -> Scenario:
         count = self.node.gpus if isinstance(self.node.gpus, int) else len(self.node.gpus)
+        if (self.node.host_holders or self.node.persistence_mode) and not self.node.gpu_operator:
+            raise ValueError("node.host_holders and node.persistence_mode need node.gpu_operator")
+        for holder in self.node.host_holders:
+            if holder.gpu >= count:
+                raise ValueError(f"node.host_holders: gpu {holder.gpu} but the node has {count} GPUs")
         for position, event in enumerate(self.timeline):
             if event.gpu is not None and event.gpu >= count:
                 raise ValueError(f"timeline entry {position + 1}: gpu {event.gpu} but the node has {count} GPUs")

@@ -28,6 +28,8 @@
  * A value of null for "retired_pages", "remapped_rows", "ecc" or "nvlink" makes those calls NotSupported;
  * so does a missing "sram" for nvmlDeviceGetSramEccErrorStatus.
  * "fail_all": every device call on that GPU returns this NVML error (16: a GPU that requires a reset).
+ * nvmlDeviceGetFieldValues, as NVML documents it, answers NVML_SUCCESS and carries each field's own status:
+ * an error that "fail_all" or "errors" gives it lands in every field's nvmlReturn, not in the call's.
  * "ecc_mode": {"current": 1, "pending": 1} (default both on); with current 0 the ECC counters, remapped
  * rows and retired pages read NotSupported, as on a real GPU with ECC off. "memory_bus_width": bits
  * (default 5120, HBM3; null: NotSupported).
@@ -622,7 +624,21 @@ static double field_value(jnode *gpu, unsigned int field, int *supported) {
 }
 
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
-    ENTER("nvmlDeviceGetFieldValues");
+    jnode *gpu = NULL;
+    nvmlReturn_t status = enter(device, "nvmlDeviceGetFieldValues", &gpu);
+    if (status == NVML_ERROR_UNINITIALIZED || status == NVML_ERROR_INVALID_ARGUMENT ||
+        status == NVML_ERROR_GPU_IS_LOST)
+        return status;
+    if (status != NVML_SUCCESS) { /* the call answers; each field says it failed (the lock is not held) */
+        for (int i = 0; i < count; i++) {
+            values[i].timestamp = (long long)time(NULL) * 1000000LL;
+            values[i].latencyUsec = 0;
+            values[i].valueType = 3;
+            values[i].nvmlReturn = status;
+            values[i].value.ullVal = 0;
+        }
+        return NVML_SUCCESS;
+    }
     for (int i = 0; i < count; i++) {
         int supported = 0;
         double v = field_value(gpu, values[i].fieldId, &supported);

@@ -63,7 +63,9 @@ class Node:
         return process
 
     def resets(self) -> list[str]:
-        return self.log.read_text().splitlines() if self.log.exists() else []
+        """The resets the fake nvidia-smi did (its log also has the persistence-mode changes)."""
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [line for line in lines if line.startswith("reset ")]
 
     def reset_command(self, *, holder_wait: float = 0.0, ignored: frozenset[str] = frozenset(),
                       proc_root: Path | None = None) -> DeviceReset:
@@ -262,3 +264,53 @@ def test_a_refused_reset_is_tried_again_until_the_holder_lets_go(node, tmp_path)
     outcome = node.reset_command(holder_wait=20.0, proc_root=own_proc)(GPUS[6].uuid)
     assert outcome.ok, outcome.message
     assert node.resets() == [f"reset {GPUS[6].uuid}"]
+
+
+@pytest.mark.parametrize(("driver", "words"), [("unable", "being used by some other process"),
+                                                ("client", "In use by another client"),
+                                                ("process", "is currently in use by another process")])
+def test_every_refusal_wording_is_a_gpu_still_held_not_a_failed_reset(node, tmp_path, monkeypatch, driver, words):
+    """Issue 41 row 3: a host holder the container cannot see (nv-hostengine, a host dcgm-exporter): whichever
+    way the driver words its refusal, the outcome is `held` (not idle yet), with the driver's words."""
+    monkeypatch.setenv("FAKE_NVIDIA_REFUSAL", driver)
+    node.hold(6)
+    own_proc = tmp_path / "container-proc"
+    own_proc.mkdir()
+    outcome = node.reset_command(proc_root=own_proc)(GPUS[6].uuid)
+    assert not outcome.ok and outcome.held, outcome.message
+    assert words in outcome.message
+    assert node.resets() == []
+
+
+def test_a_gpu_in_persistence_mode_resets_only_through_the_procedure_which_turns_it_off_and_back_on(
+        node, tmp_path, monkeypatch):
+    """nvidia-persistenced's attachment refuses the plain command ("In use by another client"); the procedure
+    turns persistence mode off for that GPU alone, resets it, and turns it back on."""
+    persistence = tmp_path / "persistence"
+    persistence.mkdir()
+    for g in GPUS:
+        (persistence / g.uuid).touch()
+    monkeypatch.setenv("FAKE_NVIDIA_PERSISTENCE", str(persistence))
+    plain = subprocess.run(["nvidia-smi", "--gpu-reset", "-i", GPUS[6].uuid], capture_output=True, text=True,
+                           check=False)
+    assert plain.returncode == 255 and "In use by another client" in plain.stdout
+    outcome = node.reset_command()(GPUS[6].uuid)
+    assert outcome.ok, outcome.message
+    assert "persistence mode turned off for the reset" in outcome.message and "back on" in outcome.message
+    log = node.log.read_text().splitlines()
+    assert log == [f"persistence 0 {GPUS[6].uuid}", f"reset {GPUS[6].uuid}", f"persistence 1 {GPUS[6].uuid}"]
+    assert all((persistence / g.uuid).exists() for g in GPUS)
+
+
+def test_persistence_mode_is_turned_back_on_when_the_reset_is_refused(node, tmp_path, monkeypatch):
+    """A holder keeps the GPU: no reset, and persistence mode is on again as it was (the GPU held, not failed)."""
+    persistence = tmp_path / "persistence"
+    persistence.mkdir()
+    (persistence / GPUS[6].uuid).touch()
+    monkeypatch.setenv("FAKE_NVIDIA_PERSISTENCE", str(persistence))
+    node.hold(6)
+    own_proc = tmp_path / "container-proc"
+    own_proc.mkdir()
+    outcome = node.reset_command(proc_root=own_proc)(GPUS[6].uuid)
+    assert outcome.held and (persistence / GPUS[6].uuid).exists(), outcome.message
+    assert node.resets() == []

@@ -1,10 +1,12 @@
 """The NVML source on the real pynvml, through the fake libnvidia-ml.so.1 built from tests/fakenvml."""
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -233,31 +235,47 @@ def test_check_json_reports_every_gpu_with_status_and_why(fake_nvml, tmp_path: P
     assert gpu3["readings"]["temperature_c"] == 38
 
 
-def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
+@contextlib.contextmanager
+def _running_agent(tmp_path: Path, state: Path, gpu: str) -> Iterator[Callable[[str], bool]]:
+    """An agent run on the fake library (polling every 0.2 s); yields `status_is(status)`: whether its /metrics
+    gives `gpu` (a UUID) that gpu_health_gpu_status now."""
     from tests.conftest import served_port
     from tests.integration.test_daemon import get
-    env = _agent_env(tmp_path, fake_nvml.path) | {"GPU_HEALTH_SOURCES__NVML__POLL_SECONDS": "0.2"}
+    env = _agent_env(tmp_path, state) | {"GPU_HEALTH_SOURCES__NVML__POLL_SECONDS": "0.2"}
     log = tmp_path / "agent.log"
     with log.open("w") as sink:
         process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", "0", "--duration", "60"],
                                    env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
-    port = served_port(log)
-    gpu = 'gpu="GPU-fa4e0000-0000-0000-0000-000000000002"'
-
-    def status_is(status: str) -> bool:
-        try:
-            body = get(f"http://127.0.0.1:{port}/metrics")[1]
-        except OSError:
-            return False
-        return f'gpu_health_gpu_status{{{gpu},status="{status}"}} 1.0' in body
-
     try:
-        assert wait_for(lambda: status_is("healthy"), timeout=30), log.read_text()
-        fake_nvml.write(eight_gpus(**{"2": {"ecc": {"dbe_volatile": 3}}}))
-        assert wait_for(lambda: status_is("fatal"), timeout=30), log.read_text()
+        port = served_port(log)
+
+        def status_is(status: str) -> bool:
+            try:
+                body = get(f"http://127.0.0.1:{port}/metrics")[1]
+            except OSError:
+                return False
+            return f'gpu_health_gpu_status{{gpu="{gpu}",status="{status}"}} 1.0' in body
+
+        yield status_is
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
+    with _running_agent(tmp_path, fake_nvml.path, "GPU-fa4e0000-0000-0000-0000-000000000002") as status_is:
+        assert wait_for(lambda: status_is("healthy"), timeout=30), (tmp_path / "agent.log").read_text()
+        fake_nvml.write(eight_gpus(**{"2": {"ecc": {"dbe_volatile": 3}}}))
+        assert wait_for(lambda: status_is("fatal"), timeout=30), (tmp_path / "agent.log").read_text()
+
+
+def test_the_running_agent_shows_a_gpu_whose_every_call_fails_as_unknown(fake_nvml, tmp_path: Path):
+    """Issue 41 row 16: NVML_ERROR_UNKNOWN from every call of GPU 2 (field values too, in each field, as NVML
+    answers them): gpu_health_gpu_status says unknown, never healthy."""
+    with _running_agent(tmp_path, fake_nvml.path, "GPU-fa4e0000-0000-0000-0000-000000000002") as status_is:
+        assert wait_for(lambda: status_is("healthy"), timeout=30), (tmp_path / "agent.log").read_text()
+        fake_nvml.write(eight_gpus(**{"2": {"fail_all": 999}}))
+        assert wait_for(lambda: status_is("unknown"), timeout=30), (tmp_path / "agent.log").read_text()
 
 
 def test_dbe_page_retirements_of_the_last_week_are_counted(fake_nvml):

@@ -37,6 +37,20 @@ def test_a_gpu_none_of_whose_readings_succeed_is_unknown_though_it_still_names_i
         nvml.stop()
 
 
+def test_field_values_whose_every_field_fails_are_a_failed_reading_though_the_call_answers(fake_nvml):
+    """nvmlDeviceGetFieldValues answers NVML_SUCCESS with NVML_ERROR_UNKNOWN in every field: a failed call."""
+    nvml = source()
+    try:
+        nvml.poll()
+        fake_nvml.write(eight_gpus(**{"4": {"errors": {"nvmlDeviceGetFieldValues": UNKNOWN}}}))
+        observations = nvml.poll()
+        assert "Unknown" in nvml.gpus[4].readings["errors"]["nvmlDeviceGetFieldValues"]
+        assert unreadable_of(observations, 4) == [0]  # its other readings still answer
+        assert [o for o in observations if o.signal is Signal.RECOVERY_ACTION and o.gpu.index == 4] == []
+    finally:
+        nvml.stop()
+
+
 def test_an_nvlink_state_that_cannot_be_read_is_no_reading_of_links_up(fake_nvml):
     """A failing nvmlDeviceGetNvLinkState never reads as "no link down"."""
     nvml = source()

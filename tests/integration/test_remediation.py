@@ -481,3 +481,49 @@ def test_a_passing_diagnostic_releases_the_node_once_the_gpu_is_idle(fake):
     agent.pipeline.tick(500.0)
     assert ran == ["GPU-n1-0002"]
     assert TAINT not in [t["key"] for t in cluster.node("n1")["spec"].get("taints") or []]
+
+
+def held_then(answers):
+    """A reset procedure that finds the GPU still held (None) for each False in `answers`, then resets it."""
+    calls = []
+
+    def reset(uuid):
+        calls.append(uuid)
+        return (True, "reset") if answers[min(len(calls), len(answers)) - 1] else (None, "not reset: still held")
+    return reset, calls
+
+
+def test_a_reset_the_gpus_holders_refuse_is_asked_again_not_charged_as_failed(fake):
+    """Issue 41 row 3: a host holder keeps the GPU (nvidia-smi: in use): the reset step is blocked, no failed
+    reset, no reboot request; after the back-off it is asked again and, the holder gone, resets."""
+    from agent.k8s.node import REBOOT_ANNOTATION
+    cluster, server = fake
+    reset, calls = held_then([False, True])
+    agent = make_agent(cluster, server, gpu_node("n1"), reset=reset)
+    agent.fault(2, xid=48)
+    grace_period_passes(cluster)
+    first = agent.pipeline.tick(11.0)
+    assert results(first)[(StepKind.RESET_GPU, "GPU-n1-0002")] is StepResult.BLOCKED
+    assert "gpu-reset-failed" not in {v.rule_id for v in first.verdicts}
+    assert REBOOT_ANNOTATION not in cluster.node("n1")["metadata"].get("annotations", {})
+    agent.pipeline.tick(60.0)
+    assert len(calls) == 1  # the reset cooldown (300 s)
+    retried = agent.pipeline.tick(320.0)
+    assert results(retried)[(StepKind.RESET_GPU, "GPU-n1-0002")] is StepResult.APPLIED
+    assert [v.rule_id for v in agent.poll(2, at=321.0).verdicts] == ["xid-48"]
+
+
+def test_a_gpu_that_stays_held_through_the_hours_resets_is_a_failed_reset(fake):
+    """Bounded: the third reset in a row (the attempt cap in an hour) that finds the GPU held fails, saying so;
+    the reboot request follows."""
+    from agent.k8s.node import REBOOT_ANNOTATION
+    cluster, server = fake
+    reset, calls = held_then([False])
+    agent = make_agent(cluster, server, gpu_node("n1"), reset=reset)
+    agent.fault(2, xid=48)
+    grace_period_passes(cluster)
+    outcomes = [agent.pipeline.tick(at) for at in (11.0, 320.0, 630.0)]
+    assert len(calls) == 3
+    assert [results(o).get((StepKind.RESET_GPU, "GPU-n1-0002")) for o in outcomes] == [StepResult.BLOCKED] * 2 + [
+        StepResult.FAILED]
+    assert REBOOT_ANNOTATION in cluster.node("n1")["metadata"].get("annotations", {})

@@ -2,6 +2,7 @@
 the contained ECC incident decides, and every quarantine has a way back."""
 
 from agent.model import Observation, Signal, frozen_attrs
+from agent.remediation import Mode
 from tests.k8s_helpers import gpu_node, grace_period_passes, make_agent
 
 REPLACE_LABEL = "gpu-health-agent.io/needs-replacement"
@@ -210,3 +211,17 @@ def test_an_imex_recovery_no_clean_poll_verifies_is_charged_to_the_interconnect(
     failed = agent.pipeline.tick(1000.0)
     assert [(v.rule_id, v.fault_class) for v in failed.verdicts if v.kind == "fault"] == [
         ("gpu-reset-failed", "interconnect")]
+
+
+def test_an_imex_recovery_clears_only_the_imex_fault_not_a_gsp_timeout_nothing_reset(fake):
+    """Issue 41 row 5: Xid 119 active, then Xid 154 0 -> 5 -> 0 and a clean poll, nothing reset (quarantine
+    mode runs no reset): only the IMEX fault clears; the GSP timeout still wants its reset."""
+    cluster, server = fake
+    agent = make_agent(cluster, server, gpu_node("n1"), mode=Mode.QUARANTINE)
+    agent.fault(3, xid=119, at=1.0)
+    xid154(agent, 3, 0, 5, 2.0)
+    xid154(agent, 3, 5, 0, 600.0)
+    cleared = agent.poll(3, at=601.0)
+    assert [(v.rule_id, v.kind) for v in cleared.verdicts] == [("xid-154-action-5", "cleared")]
+    assert ("GPU-n1-0003", "xid-119") in agent.pipeline.shared.record.faults
+    assert agent.pipeline.gpu_statuses()["GPU-n1-0003"] == "fatal"

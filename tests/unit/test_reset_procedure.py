@@ -87,3 +87,11 @@ def test_a_restore_that_failed_is_tried_again_at_the_next_call_and_never_raises(
     assert operands.paused
     assert procedure.restore_if_needed() == "restored 1 operand label(s)"
     assert not operands.paused
+
+
+def test_a_gpu_still_held_when_the_wait_ends_is_not_idle_yet_not_a_failed_reset():
+    """The privileged part gave up because the GPU is held: the procedure says None (asked again), not False."""
+    held = ResetProcedure(lambda uuid: ResetOutcome(False, "not reset: the driver still refuses", held=True))
+    assert held(UUID) == (None, "not reset: the driver still refuses")
+    failed = ResetProcedure(lambda uuid: ResetOutcome(False, "nvidia-smi exit 3: Not Supported"))
+    assert failed(UUID)[0] is False

@@ -214,3 +214,33 @@ def test_a_reset_the_actuator_did_not_take_up_is_attempted_again(shipped_rules):
     p = pipeline(shipped_rules, BlocksOnce())
     assert [a.result for a in resets(reset_after_xid_48(p))] == [StepResult.BLOCKED]
     assert [a.result for a in resets(p.reconcile(400.0))] == [StepResult.APPLIED]  # after the cooldown
+
+
+def gsp_timeout_then_a_recovery_reported(p, reported_from: int):
+    """Xid 119 and Xid 154 0 -> 5 on GPU 0; then the driver's Xid 154 `reported_from` -> 0 and a clean poll."""
+    p.handle(obs(Signal.XID, 119, 1.0), 1.0)
+    p.handle(obs(Signal.XID, 154, 2.0, recovery_action_from=0, recovery_action=5), 2.0)
+    p.handle(obs(Signal.XID, 154, 600.0, recovery_action_from=reported_from, recovery_action=0), 600.0)
+    return p.handle(obs(Signal.GPU_POLLED, 1, 601.0, **CLEAN), 601.0).verdicts
+
+
+def test_a_driver_reported_imex_recovery_verifies_no_reset_of_a_gsp_timeout(shipped_rules):
+    """Xid 119, then the driver's Xid 154 0 -> 5 -> 0 and a clean poll: the IMEX fault clears, Xid 119 stays."""
+    p = pipeline(shipped_rules, inline=False)
+    verdicts = gsp_timeout_then_a_recovery_reported(p, 5)
+    assert [(v.rule_id, str(v.kind)) for v in verdicts] == [("xid-154-action-5", "cleared")]
+    assert (gpu(0).key, "xid-119") in p.shared.record.faults
+
+
+def test_a_driver_reported_reset_still_clears_every_fault_a_reset_clears(shipped_rules):
+    """The driver's Xid 154 1 -> 0 (the GPU was reset, by someone) and a clean poll: Xid 119 and the IMEX fault go."""
+    verdicts = gsp_timeout_then_a_recovery_reported(pipeline(shipped_rules, inline=False), 1)
+    assert sorted(v.rule_id for v in verdicts if str(v.kind) == "cleared") == ["xid-119", "xid-154-action-5"]
+
+
+def test_a_recovery_the_driver_reported_keeps_awaiting_only_itself_across_a_restart():
+    """The record keeps which GPUs await a clean poll for a driver-reported recovery that was no reset."""
+    from agent.remediation import NodeState
+    node = NodeState(verifying={gpu(0).key: 600.0}, recovering={gpu(0).key})
+    assert NodeState.from_json(node.to_json()).recovering == {gpu(0).key}
+    assert "recovering" not in NodeState().to_json()  # nothing awaited: the record (and the Node's copy) as before

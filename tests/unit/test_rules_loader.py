@@ -69,6 +69,12 @@ def test_a_telemetry_rule_may_never_quarantine():
     assert any("must never quarantine" in line for line in _problems(text))
 
 
+def test_a_contained_incident_may_never_evict():
+    """A rule whose fault contains the GPU's errors (contains: true) keeps the tenants: a draining one fails."""
+    text = VALID.replace("recovery: {kind: boot}", "recovery: {kind: boot}\n  contains: true")
+    assert any("a contained incident (contains: true) evicts nobody" in line for line in _problems(text))
+
+
 def test_comparison_needs_exactly_one_operand():
     text = VALID.replace("code: 79", "when: [{field: value, op: ge}]")
     assert any("field when.0" in line and "exactly one of value or ref" in line for line in _problems(text))
