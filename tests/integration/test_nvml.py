@@ -242,14 +242,15 @@ def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
         process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--port", "0", "--duration", "60"],
                                    env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
     port = served_port(log)
-    gpu = 'gpu="GPU-fa4e0000-0000-0000-0000-000000000002"'
+    gpu = ('Hostname="nvml-node",UUID="GPU-fa4e0000-0000-0000-0000-000000000002",gpu="2",'
+           'modelName="NVIDIA H100 80GB HBM3",pci_bus_id="00000000:38:00.0"')  # as dcgm-exporter labels GPU 2
 
     def status_is(status: str) -> bool:
         try:
             body = get(f"http://127.0.0.1:{port}/metrics")[1]
         except OSError:
             return False
-        return f'gpu_health_gpu_status{{{gpu},status="{status}"}} 1.0' in body
+        return f'gpu_health_gpu_status{{{gpu},status="{status}"}} 1.0' in body  # labels sorted by name
 
     try:
         assert wait_for(lambda: status_is("healthy"), timeout=30), log.read_text()
