@@ -13,8 +13,8 @@ from agent.model import ActionRecord, GpuRef, Observation, Severity, Verdict, Ve
 
 #: A GPU's status, from best to worst.
 GPU_STATUS = ("healthy", "unknown", "degraded", "fatal")
-# A GPU's labels as dcgm-exporter names them (its `gpu` is the index, `UUID` the (parent) GPU's UUID), so that
-# `on(UUID)` or `on(Hostname, gpu)` joins our series with DCGM_FI_* ones.
+#: A GPU's labels as dcgm-exporter names them (its `gpu` is the index, `UUID` the (parent) GPU's UUID), so that
+#: `on(UUID)` or `on(Hostname, gpu)` joins our series with DCGM_FI_* ones.
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname")
 
 
