@@ -9,7 +9,7 @@ ARG BASE=python:3.11-slim
 FROM ${BUILD_BASE} AS build
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY agent ./agent
 COPY rules ./rules
 COPY scripts/compile-hot-path scripts/install-agent ./scripts/

@@ -1,15 +1,19 @@
-"""Structured logging on the stdlib: one JSON line per event, or a readable console line on a terminal."""
+"""Structured logging on the stdlib: one JSON line per event, or a readable console line on a terminal; the stdlib
+logging module's records (urllib3's, any library's), warnings and threads' uncaught exceptions as events too."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from types import TracebackType
+from typing import Literal, TextIO
 
 from agent.timefmt import rfc3339_micro
 
@@ -39,9 +43,20 @@ _captures: list[list[dict[str, object]]] = []
 
 
 def configure_logging(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto") -> None:
-    """Set the process's threshold and format; logs go to stderr so stdout stays for command output."""
+    """Set the process's threshold and format; logs go to stderr so stdout stays for command output. Everything
+    else that would write to stderr goes through the same logger, so the process writes one stream in one format:
+    stdlib logging records (event `library_log`), warnings (`python_warning`) and exceptions that end a thread
+    (`thread_failed`)."""
     _settings.threshold = LEVELS.get(level, LEVELS["info"])
     _settings.fmt = fmt
+    root = logging.getLogger()
+    if not any(isinstance(handler, _StdlibHandler) for handler in root.handlers):
+        root.addHandler(_StdlibHandler())
+    root.setLevel(_settings.threshold)
+    warnings.showwarning = _show_warning
+    if threading.excepthook is not _thread_failed:
+        _previous_thread_hook[0] = threading.excepthook
+        threading.excepthook = _thread_failed
 
 
 @contextlib.contextmanager
@@ -116,6 +131,54 @@ class BoundLogger:
         # stderr closed, a broken pipe, or none at all: the line is lost, the agent goes on.
         with contextlib.suppress(OSError, ValueError, AttributeError):
             write(line)
+
+
+_library = BoundLogger("stdlib", {})
+#: The threading.excepthook before ours: called after ours unless it is Python's default (which would print the
+#: traceback as plain text); a test runner's hook still sees a thread's exception.
+_previous_thread_hook = [threading.__excepthook__]
+
+
+class _StdlibHandler(logging.Handler):
+    """A stdlib logging record as the event `library_log`: the record's logger, its level, its message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record whose arguments do not fit its format is still shown
+            message = f"{_safe_text(record.msg)} {_safe_text(record.args)}"
+        exc = record.exc_info[1] if record.exc_info else None
+        _library._log(_level_of(record.levelno), "library_log", {"logger": record.name, "message": message}, exc)
+
+
+def _level_of(levelno: int) -> str:
+    for name in ("debug", "info", "warning"):
+        if levelno <= LEVELS[name]:
+            return name
+    return "error"
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """warnings.showwarning: a warning (pydantic's, a deprecation) as the event `python_warning`."""
+    _library.warning("python_warning", category=category.__name__, message=_safe_text(message),
+                     source=f"{filename}:{lineno}")
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """threading.excepthook: an exception that ended a thread as the event `thread_failed` (its traceback under
+    debug, as every logged exception)."""
+    if args.exc_type is SystemExit:
+        return
+    exc = args.exc_value if args.exc_value is not None else args.exc_type()
+    name = args.thread.name if args.thread is not None else "unknown"
+    _library._log("error", "thread_failed", {"thread": name}, _with_traceback(exc, args.exc_traceback))
+    if _previous_thread_hook[0] is not threading.__excepthook__:
+        _previous_thread_hook[0](args)
+
+
+def _with_traceback(exc: BaseException, tb: TracebackType | None) -> BaseException:
+    return exc if exc.__traceback__ is not None or tb is None else exc.with_traceback(tb)
 
 
 def _capture(level: str, event: str, fields: dict[str, object], exc: BaseException | None) -> None:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.model import ActionRecord, Observation, Severity, Verdict, VerdictKind
+from agent.model import ActionRecord, GpuRef, Observation, Severity, Verdict, VerdictKind
 
-GPU_STATUS = ("healthy", "degraded", "fatal", "unknown")
+#: A GPU's status, from best to worst.
+GPU_STATUS = ("healthy", "unknown", "degraded", "fatal")
+#: A GPU's labels as dcgm-exporter names them (its `gpu` is the index, `UUID` the (parent) GPU's UUID), so that
+#: `on(UUID)` or `on(Hostname, gpu)` joins our series with DCGM_FI_* ones.
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname")
 
 
 class BacklogView(Protocol):
@@ -42,6 +46,47 @@ class _BacklogCollector(Collector):
         yield CounterMetricFamily("gpu_health_backlog_dropped",
                                   "New kinds of observation refused at the backlog's hard limit.",
                                   value=self.backlog.dropped_total)
+
+
+def dcgm_pci_bus_id(bus_id: str) -> str:
+    """A PCI bus id as NVML and dcgm-exporter print it (`00000000:0D:00.0`), whatever form a source gave."""
+    text = bus_id.strip().removeprefix("pci:")
+    address, _, function = text.partition(".")
+    parts = address.split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    try:
+        domain, bus, device = (int(part, 16) for part in parts)
+        return f"{domain:08X}:{bus:02X}:{device:02X}.{int(function or '0', 16):X}"
+    except ValueError:
+        return text
+
+
+def gpu_labels(gpu: GpuRef, hostname: str) -> tuple[str, str, str, str, str]:
+    """GPU_LABELS' values for one GPU; a MIG device is its parent GPU's, as dcgm-exporter labels it."""
+    return ("" if gpu.index is None else str(gpu.index), gpu.mig_parent_uuid or gpu.uuid,
+            dcgm_pci_bus_id(gpu.pci_bus_id) if gpu.pci_bus_id else "", gpu.model, hostname)
+
+
+class _GpuStatusCollector(Collector):
+    """gpu_health_gpu_status from the last statuses set, replaced whole: a GPU that went away leaves no series."""
+
+    def __init__(self) -> None:
+        self.rows: tuple[tuple[tuple[str, ...], str], ...] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("gpu_health_gpu_status",
+                                   "1 for the status each GPU is in (healthy, degraded, fatal, unknown).",
+                                   labels=(*GPU_LABELS, "status"))
+        for labels, status in self.rows:
+            for name in GPU_STATUS:
+                family.add_metric((*labels, name), 1 if name == status else 0)
+        yield family
+
+
+def worse_status(status: str, other: str) -> str:
+    """The worse of two GPU statuses (GPU_STATUS)."""
+    return max(status, other, key=GPU_STATUS.index)
 
 
 class Metrics:
@@ -86,9 +131,8 @@ class Metrics:
         self.rules_loaded = Gauge("gpu_health_rules_loaded", "Rules in force.", registry=registry)
         self.active_faults = Gauge(
             "gpu_health_active_faults", "Active faults by severity.", ["severity"], registry=registry)
-        self.gpu_status = Gauge(
-            "gpu_health_gpu_status", "1 for the status each GPU is in (healthy, degraded, fatal, unknown).",
-            ["gpu", "status"], registry=registry)
+        self.gpu_status = _GpuStatusCollector()
+        registry.register(self.gpu_status)
         self.detection_latency = Histogram(
             "gpu_health_detection_latency_seconds", "From an observation's timestamp to its verdict.",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=registry)
@@ -99,7 +143,7 @@ class Metrics:
             ["source"], registry=registry)
         self.faults = Counter(
             "gpu_health_faults_total", "Faults raised, by fault class, severity and GPU model (the fault rate).",
-            ["fault_class", "severity", "model"], registry=registry)
+            ["fault_class", "severity", "modelName"], registry=registry)
         self.detection_to_quarantine = Histogram(
             "gpu_health_detection_to_quarantine_seconds", "From an observation to the taint it caused being applied.",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=registry)
@@ -168,10 +212,14 @@ class Metrics:
         self.budget_in_use.set(in_use)
         self.budget_limit.set(limit)
 
-    def set_gpu_status(self, statuses: dict[str, str]) -> None:
-        for gpu, status in statuses.items():
-            for name in GPU_STATUS:
-                self.gpu_status.labels(gpu, name).set(1 if name == status else 0)
+    def set_gpu_status(self, statuses: Mapping[str, str], gpus: Mapping[str, GpuRef], *, hostname: str) -> None:
+        """Each GPU's status (by GPU key), labelled from `gpus` (the GPU each key names); keys naming the same GPU
+        are one series with the worse status."""
+        rows: dict[tuple[str, ...], str] = {}
+        for key, status in statuses.items():
+            labels = gpu_labels(gpus.get(key) or GpuRef(uuid=key), hostname)
+            rows[labels] = worse_status(status, rows.get(labels, "healthy"))
+        self.gpu_status.rows = tuple(rows.items())
 
     def set_active(self, severities: list[Severity]) -> None:
         for severity in Severity:

@@ -28,6 +28,11 @@ def kmsg_device_plugin(directory: Path, resource: str, devices: int, device_path
     """Advertise DEVICES healthy `gpu-health-agent.io/kmsg` devices to the kubelet; a container requesting one
     gets /dev/kmsg allowed in its device cgroup, so the agent needs no privileged mode. Re-registers when the
     kubelet restarts; stops on SIGTERM."""
+    try:
+        import grpc  # noqa: F401, PLC0415 - an optional extra: only this command needs it
+    except ImportError:
+        fail(["kmsg-device-plugin: grpcio is not installed (it is the `deviceplugin` extra: "
+              "pip install 'gpu-health-agent[deviceplugin]'; the agent's image has it)"], code=1)
     if not directory.is_dir():
         fail([f"kmsg-device-plugin: {directory}: no such directory (mount the kubelet's device-plugins "
               "directory)"], code=1)

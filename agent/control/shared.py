@@ -10,13 +10,11 @@ from agent.control.store import RecordStore
 from agent.engine import EngineState, RuleSet
 from agent.fleet.node_side import FleetSource, FleetView
 from agent.logs import BoundLogger
-from agent.metrics import Metrics
+from agent.metrics import Metrics, worse_status
 from agent.model import NODE_KEY, GpuRef, NodeInventory, Severity
 from agent.remediation import ActiveFault, PlanOptions
 from agent.remediation.guard import held_back
 from agent.remediation.record import NodeRecord
-
-_STATUS_RANK = {"healthy": 0, "unknown": 1, "degraded": 2, "fatal": 3}
 
 
 class Shared:
@@ -77,14 +75,22 @@ class Shared:
             status = _status_of(fault.severity)
             keys = list(statuses) if fault.gpu_key == NODE_KEY else [fault.gpu_key]
             for key in keys:
-                if _STATUS_RANK[status] > _STATUS_RANK[statuses.get(key, "healthy")]:
-                    statuses[key] = status
+                statuses[key] = worse_status(status, statuses.get(key, "healthy"))
         return statuses
+
+    def status_gpus(self) -> dict[str, GpuRef]:
+        """The GPU each key of gpu_statuses names: the inventory's, else the fault's own identity as the inventory
+        completes it (a fault raised before its UUID was known names the inventory's GPU)."""
+        gpus = {gpu.key: gpu for gpu in self.inventory.gpus}
+        for fault in list(self.record.faults.values()):
+            if fault.gpu is not None and fault.gpu_key not in gpus:
+                gpus[fault.gpu_key] = self.inventory.resolve(fault.gpu)
+        return gpus
 
     def update_metrics(self, changed: bool) -> None:
         if self.metrics and (changed or not self.metrics_primed):
             self.metrics_primed = True
-            self.metrics.set_gpu_status(self.gpu_statuses())
+            self.metrics.set_gpu_status(self.gpu_statuses(), self.status_gpus(), hostname=self.inventory.name)
             self.metrics.set_active([f.severity for f in list(self.record.faults.values())])
 
 

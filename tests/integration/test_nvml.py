@@ -238,7 +238,7 @@ def test_check_json_reports_every_gpu_with_status_and_why(fake_nvml, tmp_path: P
 @contextlib.contextmanager
 def _running_agent(tmp_path: Path, state: Path, gpu: str) -> Iterator[Callable[[str], bool]]:
     """An agent run on the fake library (polling every 0.2 s); yields `status_is(status)`: whether its /metrics
-    gives `gpu` (a UUID) that gpu_health_gpu_status now."""
+    gives the GPU `gpu` names (its labels, as dcgm-exporter's) that gpu_health_gpu_status now."""
     from tests.conftest import served_port
     from tests.integration.test_daemon import get
     env = _agent_env(tmp_path, state) | {"GPU_HEALTH_SOURCES__NVML__POLL_SECONDS": "0.2"}
@@ -254,7 +254,7 @@ def _running_agent(tmp_path: Path, state: Path, gpu: str) -> Iterator[Callable[[
                 body = get(f"http://127.0.0.1:{port}/metrics")[1]
             except OSError:
                 return False
-            return f'gpu_health_gpu_status{{gpu="{gpu}",status="{status}"}} 1.0' in body
+            return f'gpu_health_gpu_status{{{gpu},status="{status}"}} 1.0' in body  # labels sorted by name
 
         yield status_is
     finally:
@@ -262,8 +262,13 @@ def _running_agent(tmp_path: Path, state: Path, gpu: str) -> Iterator[Callable[[
         process.wait(timeout=15)
 
 
+#: GPU 2 of the fake library, labelled as dcgm-exporter labels it.
+GPU2 = ('Hostname="nvml-node",UUID="GPU-fa4e0000-0000-0000-0000-000000000002",gpu="2",'
+        'modelName="NVIDIA H100 80GB HBM3",pci_bus_id="00000000:38:00.0"')
+
+
 def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
-    with _running_agent(tmp_path, fake_nvml.path, "GPU-fa4e0000-0000-0000-0000-000000000002") as status_is:
+    with _running_agent(tmp_path, fake_nvml.path, GPU2) as status_is:
         assert wait_for(lambda: status_is("healthy"), timeout=30), (tmp_path / "agent.log").read_text()
         fake_nvml.write(eight_gpus(**{"2": {"ecc": {"dbe_volatile": 3}}}))
         assert wait_for(lambda: status_is("fatal"), timeout=30), (tmp_path / "agent.log").read_text()
@@ -272,7 +277,7 @@ def test_the_running_agent_sees_a_state_change(fake_nvml, tmp_path: Path):
 def test_the_running_agent_shows_a_gpu_whose_every_call_fails_as_unknown(fake_nvml, tmp_path: Path):
     """Issue 41 row 16: NVML_ERROR_UNKNOWN from every call of GPU 2 (field values too, in each field, as NVML
     answers them): gpu_health_gpu_status says unknown, never healthy."""
-    with _running_agent(tmp_path, fake_nvml.path, "GPU-fa4e0000-0000-0000-0000-000000000002") as status_is:
+    with _running_agent(tmp_path, fake_nvml.path, GPU2) as status_is:
         assert wait_for(lambda: status_is("healthy"), timeout=30), (tmp_path / "agent.log").read_text()
         fake_nvml.write(eight_gpus(**{"2": {"fail_all": 999}}))
         assert wait_for(lambda: status_is("unknown"), timeout=30), (tmp_path / "agent.log").read_text()

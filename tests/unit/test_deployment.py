@@ -52,6 +52,16 @@ def test_every_alert_has_a_promtool_test():
         assert f"alertname: {rule['alert']}" in tests
 
 
+@pytest.mark.parametrize("rule", [r for r in ALERT_RULES if "gpu_health_gpu_status" in r["expr"]],
+                         ids=lambda r: r["alert"])
+def test_a_gpu_alert_keeps_every_label_dcgm_exporter_names_a_gpu_by(rule):
+    """An alert per GPU keeps gpu (the index), UUID, pci_bus_id, modelName and Hostname, so a route or an
+    inhibition can match dcgm-exporter's alerts on the same GPU."""
+    from agent.metrics import GPU_LABELS
+    [grouped] = re.findall(r"by \(([^)]*)\)", rule["expr"])
+    assert set(GPU_LABELS) <= {label.strip() for label in grouped.split(",")}
+
+
 @pytest.mark.parametrize("fault_class", ["application", "driver", "hardware", "interconnect", "telemetry"])
 def test_every_fault_class_has_a_runbook(fault_class):
     text = (REPO / "docs" / "runbooks" / f"fault-class-{fault_class}.md").read_text()
@@ -257,3 +267,11 @@ def test_the_dashboard_covers_what_operators_ask():
     for metric in ("gpu_health_gpu_status", "gpu_health_verdicts_total", "gpu_health_remediation_steps_total",
                    "gpu_health_detection_latency_seconds_bucket", "gpu_health_time_to_recovery_seconds_bucket"):
         assert metric in exprs
+
+
+def test_the_dashboard_joins_dcgm_exporter_on_the_labels_the_agent_exports():
+    """Its GPU panels name GPUs by dcgm-exporter's labels and join DCGM_FI_* series on UUID, never on `gpu`."""
+    dashboard = json.loads((REPO / "docs" / "grafana" / "gpu-health-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert any("DCGM_FI_" in e and "on (UUID)" in e for e in exprs)
+    assert not [e for e in exprs if re.search(r"\bon \(gpu\)|\bby \(gpu\)|\bby \(model,", e)]

@@ -250,6 +250,41 @@ def test_the_values_schema_rejects_an_unknown_key(helm):
     assert "isolaton" in result.stderr
 
 
+def lint(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, "lint", "--strict", str(CHART), *args], capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+@pytest.mark.parametrize("setting, misspelt", [
+    ("extraConfig.remediation.taint_keyy=x", "taint_keyy"),  # the agent's own configuration, from its model
+    ("extraConfig.sources.nvml.poll_secondz=5", "poll_secondz"),
+    ("sources.dcgm.exporter_ulr=http://127.0.0.1:9400/metrics", "exporter_ulr"),
+    ("resources.limits.cpuu=1", "cpuu"),
+    ("fleet.resources.limts.cpu=1", "limts"),
+    ("tolerations[0].efect=NoSchedule", "efect"),
+    ("affinity.nodeAfinity.x=1", "nodeAfinity"),
+    ("networkPolicy.from[0].podSelectr.x=1", "podSelectr"),
+    ("kmsgDevicePlugin.devicez=2", "devicez"),
+    ("serviceMonitor.enabeld=true", "enabeld"),
+])
+def test_helm_lint_strict_rejects_a_misspelt_value_at_any_depth(helm, setting: str, misspelt: str):
+    """values.schema.json closes every object (tests/unit/test_values_schema.py): the lint names the key."""
+    result = lint(helm, "--set", setting)
+    assert result.returncode != 0
+    assert misspelt in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("setting", [
+    "extraConfig.remediation.cordon=true",
+    "resources.limits.nvidia\\.com/gpu=1",
+    "resources.requests.hugepages-2Mi=1Gi",
+    "tolerations[0].key=example.com/x,tolerations[0].operator=Exists,tolerations[0].effect=NoExecute",
+])
+def test_helm_lint_strict_accepts_what_kubernetes_and_the_agent_accept(helm, setting: str):
+    result = lint(helm, "--set", setting)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("copy, source", [
     ("files/rbac.yaml", "daemonset/rbac.yaml"),
     ("files/admission-policy.yaml", "daemonset/admission-policy.yaml"),

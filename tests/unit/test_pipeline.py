@@ -44,12 +44,24 @@ def test_metrics_count_observations_verdicts_and_steps(shipped_rules):
     assert value("gpu_health_verdicts_total", {"kind": "fault", "severity": "fatal", "fault_class": "hardware",
                                                "rule_id": "xid-79", "drill": "false"}) == 1
     assert value("gpu_health_remediation_steps_total", {"kind": "taint", "result": "planned"}) == 1
-    assert value("gpu_health_gpu_status", {"gpu": gpu(0).key, "status": "fatal"}) == 1
+    assert value("gpu_health_gpu_status", {"gpu": "0", "UUID": gpu(0).uuid, "pci_bus_id": "00000000:18:00.0",
+                                           "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-1",
+                                           "status": "fatal"}) == 1
     assert value("gpu_health_detection_latency_seconds_count") == 1
     assert value("gpu_health_detection_latency_seconds_sum") == 0.5
     assert value("gpu_health_faults_total", {"fault_class": "hardware", "severity": "fatal",
-                                             "model": "NVIDIA H100 80GB HBM3"}) == 1
+                                             "modelName": "NVIDIA H100 80GB HBM3"}) == 1
     assert value("gpu_health_detection_to_quarantine_seconds_count") == 0  # local mode only plans
+
+
+def test_a_fault_on_a_gpu_the_inventory_lacks_is_labelled_by_what_the_fault_knows(shipped_rules):
+    """A kernel-log Xid for a PCI address NVML never listed: its series names that address, not a made-up UUID."""
+    registry = CollectorRegistry()
+    p = pipeline(shipped_rules, metrics=Metrics(registry))
+    p.handle(obs(Signal.XID, 79, 99.5, gpu_ref=GpuRef(pci_bus_id="0000:c1:00")), 100.0)
+    assert registry.get_sample_value("gpu_health_gpu_status", {
+        "gpu": "", "UUID": "", "pci_bus_id": "00000000:C1:00.0", "modelName": "", "Hostname": "node-1",
+        "status": "fatal"}) == 1
 
 
 def test_detection_to_quarantine_is_measured_when_the_taint_is_applied(shipped_rules):

@@ -17,3 +17,27 @@ def test_the_repository_tracks_no_symbolic_links():
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-s"], capture_output=True, text=True, check=True)
     links = [line.split("\t", 1)[1] for line in listed.stdout.splitlines() if line.startswith("120000 ")]
     assert links == []
+
+
+def test_the_license_is_the_apache_license_2_0_unchanged():
+    """LICENSE is the Apache License 2.0's text byte for byte (the sha256 of apache.org's LICENSE-2.0.txt), the
+    license pyproject.toml declares and the wheel and image carry (hatch puts it in the dist-info)."""
+    import hashlib
+    import tomllib
+
+    text = (REPO / "LICENSE").read_bytes()
+    assert hashlib.sha256(text).hexdigest() == "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"] == {"text": "Apache-2.0"}
+    assert "COPY pyproject.toml README.md LICENSE ./" in (REPO / "Dockerfile").read_text()
+
+
+def test_the_changelog_keeps_an_unreleased_section_above_the_releases():
+    """Keep a Changelog: `## [Unreleased]` first, then `## [X.Y.Z] - YYYY-MM-DD` sections, newest first."""
+    import re
+
+    headings = re.findall(r"^## (.*)$", (REPO / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert headings[0] == "[Unreleased]"
+    released = [re.fullmatch(r"\[(\d+)\.(\d+)\.(\d+)(?:-rc\.\d+)?\] - \d{4}-\d\d-\d\d", h) for h in headings[1:]]
+    assert all(released), headings
+    numbers = [tuple(int(n) for n in m.groups()) for m in released if m]
+    assert numbers == sorted(numbers, reverse=True)
