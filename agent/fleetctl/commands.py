@@ -120,14 +120,16 @@ def fleet() -> None:
               "is taken out as one unit.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9102, show_default=True,
               help="Port for /metrics and /healthz (0: any free port).")
+@click.option("--health-port", type=click.IntRange(0, 65535), default=9103, show_default=True,
+              help="Port for the probes' /healthz alone, a listener of its own so that scrapes (or anyone who "
+              "can reach the metrics port) never take the connections a probe needs (0: any free port).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @_guarded
 def run_command(namespace: str | None, kubeconfig: str | None, identity: str | None, rack_label: str,
                 zone_label: str, gpu_node_selector: str, min_nodes: int, min_share: float, min_group: int,
                 window: float, base_rate: float, chance: float, hold_seconds: float, max_hold: float, tick: float,
-                unit_settle: float, port: int,
-                duration: float | None, log_level: str) -> None:
+                unit_settle: float, port: int, health_port: int, duration: float | None, log_level: str) -> None:
     """Run the fleet controller (a Deployment): leader-elected, it watches the nodes' summaries and
     publishes holds for the faults it correlates."""
     from agent.fleetctl.controller import FleetController  # noqa: PLC0415
@@ -160,17 +162,24 @@ def run_command(namespace: str | None, kubeconfig: str | None, identity: str | N
         return bool(nodes.resource_version), {"leading": elector.leading, "nodes": len(controller.view.nodes),
                                               "holds": len(controller.holds)}
 
-    try:
-        server = AgentHttpServer("0.0.0.0", port, metrics=metrics.exposition, health=health)  # noqa: S104
-    except OSError as exc:
-        raise AgentError(f"cannot serve /metrics on port {port}: {exc.strerror or exc}") from None
-    server.start()
-    click.echo(f"gpu-health-agent fleet: controller {me} in namespace {ns}, http :{server.port}", err=True)
+    servers = []
+    for what, at, serve in (("/metrics", port, metrics.exposition), ("/healthz", health_port, lambda: b"")):
+        try:
+            servers.append(AgentHttpServer("0.0.0.0", at, metrics=serve, health=health))  # noqa: S104
+        except OSError as exc:
+            for started in servers:
+                started.close()
+            raise AgentError(f"cannot serve {what} on port {at}: {exc.strerror or exc}") from None
+    for server in servers:
+        server.start()
+    click.echo(f"gpu-health-agent fleet: controller {me} in namespace {ns}, http :{servers[0].port} "
+               f"(probes :{servers[1].port})", err=True)
     stop = stop_event(duration)
     try:
         controller.run(stop, nodes=nodes, elector=elector)
     finally:
-        server.close()
+        for server in servers:
+            server.close()
         api.close()
 
 

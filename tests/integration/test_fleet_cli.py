@@ -121,3 +121,45 @@ def test_a_bad_or_unbounded_duration_is_refused(text):
     """Not a duration, not positive, or past 7 days: one InputError."""
     with pytest.raises(InputError):
         parse_duration(text)
+
+
+def test_fleet_run_answers_its_probes_on_a_listener_of_its_own(server, kubeconfig, tmp_path):
+    """`fleet run` serves /healthz on --health-port beside /metrics on --port: the probes' port answers
+    while the metrics port's connections are all taken (its cap of 16), and serves no metrics."""
+    import re
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    log = tmp_path / "fleet.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "run", "--kubeconfig", kubeconfig,
+                                    "--namespace", "gpu-health", "--port", "0", "--health-port", "0",
+                                    "--duration", "60"], stdout=sink, stderr=subprocess.STDOUT, text=True)
+    held: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := re.search(r"http :(\d+) \(probes :(\d+)\)", log.read_text())):
+            assert time.monotonic() < deadline and process.poll() is None, log.read_text()
+            time.sleep(0.1)
+        metrics_port, health_port = int(found.group(1)), int(found.group(2))
+        held = [socket.create_connection(("127.0.0.1", metrics_port)) for _ in range(20)]  # every slot taken
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=5) as answer:
+                    assert answer.status == 200
+                    break
+            except urllib.error.HTTPError as exc:  # 503 until its first list of the nodes
+                assert exc.code == 503 and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/metrics", timeout=5) as answer:
+            assert b"gpu_health_fleet" not in answer.read()
+    finally:
+        for connection in held:
+            connection.close()
+        process.terminate()
+        process.wait(timeout=15)

@@ -226,7 +226,8 @@ def start_controller(kubeconfig: Path, folder: Path, identity: str) -> subproces
     env.pop("KUBERNETES_SERVICE_HOST", None)
     with (folder / f"{identity}.log").open("wb") as stderr:
         return subprocess.Popen([sys.executable, "-m", "agent", "fleet", "run", f"--kubeconfig={kubeconfig}",
-                                 "--port", "0", f"--identity={identity}", "--log-level", "warning"],
+                                 "--port", "0", "--health-port", "0", f"--identity={identity}", "--log-level",
+                                 "warning"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO)
 
 

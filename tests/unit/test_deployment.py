@@ -13,7 +13,9 @@ from tests.conftest import REPO
 
 DEPLOY = REPO / "daemonset"
 ALERTS = yaml.safe_load((DEPLOY / "alerts" / "gpu-health-alerts.yaml").read_text())
+FLEET_ALERTS = yaml.safe_load((DEPLOY / "alerts" / "gpu-health-fleet-alerts.yaml").read_text())
 ALERT_RULES = [r for g in ALERTS["groups"] for r in g["rules"]]
+FLEET_ALERT_RULES = [r for g in FLEET_ALERTS["groups"] for r in g["rules"]]
 
 
 def manifests(name):
@@ -37,7 +39,13 @@ def test_the_prometheus_rule_wraps_the_alert_file():
     assert rule["spec"]["groups"] == ALERTS["groups"], "run scripts/sync-deploy-rules"
 
 
-@pytest.mark.parametrize("rule", ALERT_RULES, ids=lambda r: r["alert"])
+def test_the_fleet_controllers_prometheus_rule_wraps_its_alert_file():
+    """The alerts for the controller's own absence ship with the controller only (daemonset/fleet)."""
+    [rule] = manifests("fleet/prometheusrule.yaml")
+    assert rule["spec"]["groups"] == FLEET_ALERTS["groups"], "run scripts/sync-deploy-rules"
+
+
+@pytest.mark.parametrize("rule", ALERT_RULES + FLEET_ALERT_RULES, ids=lambda r: r["alert"])
 def test_every_alert_has_severity_summary_description_and_a_runbook(rule):
     assert rule["labels"]["severity"] in {"critical", "warning", "info"}
     assert rule["annotations"]["summary"] and rule["annotations"]["description"]
@@ -50,6 +58,9 @@ def test_every_alert_has_a_promtool_test():
     tests = (DEPLOY / "alerts" / "tests.yaml").read_text()
     for rule in ALERT_RULES:
         assert f"alertname: {rule['alert']}" in tests
+    fleet_tests = (DEPLOY / "alerts" / "fleet-tests.yaml").read_text()
+    for rule in FLEET_ALERT_RULES:
+        assert f"alertname: {rule['alert']}" in fleet_tests
 
 
 @pytest.mark.parametrize("rule", [r for r in ALERT_RULES if "gpu_health_gpu_status" in r["expr"]],
@@ -124,6 +135,29 @@ def test_the_fleet_controller_runs_unprivileged_as_the_fleet_service_account():
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert not {"hostPID", "hostNetwork", "volumes"} & set(spec)
+
+
+def test_the_fleet_controllers_probes_have_their_own_port_that_nothing_else_reaches():
+    """Liveness and readiness on `health` (`fleet run --health-port`), which neither the Service nor the
+    NetworkPolicy opens: a flood of connections to the metrics port never fails a probe."""
+    [deployment] = manifests("fleet/deployment.yaml")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 9102, "health": 9103}
+    assert container["livenessProbe"]["httpGet"]["port"] == container["readinessProbe"]["httpGet"]["port"] == "health"
+    [service] = manifests("fleet/service.yaml")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["metrics"]
+    [policy] = manifests("fleet/networkpolicy.yaml")
+    [rule] = policy["spec"]["ingress"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "gpu-health-fleet"}}
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+
+
+def test_a_drain_never_takes_both_fleet_controller_replicas():
+    """A PodDisruptionBudget keeps one of the two replicas through voluntary evictions (a drain, an agent's)."""
+    [pdb] = manifests("fleet/pdb.yaml")
+    [deployment] = manifests("fleet/deployment.yaml")
+    assert pdb["spec"]["minAvailable"] == 1 and deployment["spec"]["replicas"] == 2
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
 
 
 def test_every_rbac_rule_says_why():

@@ -136,16 +136,17 @@ def test_dra_enabled_renders_exactly_the_objects_of_daemonset_dra(helm):
 
 
 def test_fleet_enabled_renders_exactly_the_objects_of_daemonset_fleet(helm):
-    """fleet.enabled adds the fleet controller's Deployment, ServiceAccount and RBAC, field for field as
-    `kubectl apply -k daemonset/fleet` would; off by default."""
+    """fleet.enabled adds the fleet controller's Deployment, ServiceAccount, RBAC, PodDisruptionBudget, Service,
+    NetworkPolicy, ServiceMonitor and PrometheusRule, field for field as `kubectl apply -k daemonset/fleet`
+    would (on a cluster with the Prometheus Operator); off by default."""
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is installed by scripts/test")
     out = subprocess.run(["kubectl", "kustomize", str(REPO / "daemonset" / "fleet")], capture_output=True, text=True,
                          check=True, timeout=120).stdout
     fleet = {key: comparable(obj) for key, obj in objects(out).items()}
-    base = objects(render(helm).stdout)
-    enabled = {key: comparable(obj) for key, obj in objects(render(helm, "--set", "fleet.enabled=true").stdout).items()
-               if key not in base}
+    base = objects(render(helm, *MONITORING).stdout)
+    enabled = {key: comparable(obj) for key, obj in
+               objects(render(helm, *MONITORING, "--set", "fleet.enabled=true").stdout).items() if key not in base}
     assert enabled == fleet
     assert not set(fleet) & set(base)
 
@@ -293,7 +294,10 @@ def test_helm_lint_strict_accepts_what_kubernetes_and_the_agent_accept(helm, set
     ("files/fleet/serviceaccount.yaml", "daemonset/fleet/serviceaccount.yaml"),
     ("files/fleet/rbac.yaml", "daemonset/fleet/rbac.yaml"),
     ("files/fleet/admission-policy.yaml", "daemonset/fleet/admission-policy.yaml"),
+    ("files/fleet/pdb.yaml", "daemonset/fleet/pdb.yaml"),
+    ("files/fleet/service.yaml", "daemonset/fleet/service.yaml"),
     ("files/alerts/gpu-health-alerts.yaml", "daemonset/alerts/gpu-health-alerts.yaml"),
+    ("files/alerts/gpu-health-fleet-alerts.yaml", "daemonset/alerts/gpu-health-fleet-alerts.yaml"),
     *[(f"files/rules/{p.name}", f"rules/{p.name}") for p in sorted((REPO / "rules").glob("*.yaml"))],
 ])
 def test_the_charts_copies_are_current(copy: str, source: str):
