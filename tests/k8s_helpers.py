@@ -190,7 +190,8 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
         wall = fleet_clock or (lambda: 1.0)
         monotonic = fleet_clock or time.monotonic
         claims = BrakeClaims(apis, node_name=inventory.name, namespace="gpu-health",
-                             window_seconds=brake.window_seconds, monotonic=monotonic) if brake is not None else None
+                             window_seconds=brake.window_seconds, monotonic=monotonic,
+                             fabric_domain=lambda: fabric_domain) if brake is not None else None
         side.fleet = FleetGate(apis, namespace="gpu-health", gpu_node_selector="nvidia.com/gpu.present=true",
                                brake=brake, holds=fleet, cache_seconds=0.0, count_seconds=0.0,
                                clock=monotonic, wall=wall, settle_seconds=settle_seconds,

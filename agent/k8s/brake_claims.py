@@ -33,6 +33,10 @@ from agent.k8s.retry import with_retries
 
 CLAIM_LABEL = "gpu-health-agent.io/brake-claim"
 CLAIM_PREFIX = "gpu-health-brake-"
+#: The NVLink fabric domain the claiming node reports itself (NVML), on its claim: a published unit counts a
+#: claim as one of its own only where the claim states the unit's domain (a unit naming nodes of another
+#: domain gains them nothing).
+DOMAIN_ANNOTATION = "gpu-health-agent.io/fabric-domain"
 
 
 def claim_name(node: str) -> str:
@@ -50,6 +54,8 @@ class Claim:
     version: int | None
     #: The API server's creationTimestamp, seconds since the epoch (None: unreadable, counted as new).
     created: float | None = None
+    #: The fabric domain its holder stated (DOMAIN_ANNOTATION; "" none).
+    domain: str = ""
 
     @classmethod
     def of(cls, lease: JsonDocument) -> Claim:
@@ -58,20 +64,29 @@ class Claim:
         text = str(meta.get("resourceVersion") or "")
         version = int(text) if text.isdigit() and not text.startswith("0") else None
         return cls(str(meta.get("name", "")), str(spec.get("holderIdentity") or ""), str(meta.get("uid", "")),
-                   version, epoch(meta.get("creationTimestamp")))
+                   version, epoch(meta.get("creationTimestamp")),
+                   str((meta.get("annotations") or {}).get(DOMAIN_ANNOTATION) or ""))
 
 
 def places_ahead(own: Claim, claims: Iterable[Claim], *, units: Mapping[str, str],
-                 unclaimed: Iterable[str] = ()) -> int:
+                 unclaimed: Iterable[str] = (), domains: Mapping[str, str] | None = None) -> int:
     """The places taken ahead of `own`: the holders of the claims created before it, and the `unclaimed` nodes
     (newly quarantined within the window by the count, with no claim listed: an older agent's, an operator's
     confirm, a claim already given back), a published unit's nodes (`units`: node to unit id) as one place,
-    and `own`'s unit being its own place."""
+    and `own`'s unit being its own place. With `domains` (unit id to its fabric domain), a claim joins its
+    unit only where it states that domain itself, and an unclaimed node (which states none) never does."""
     listed = list(claims)
     holders = {c.holder for c in listed}
-    mine = units.get(own.holder, own.holder)
-    ahead = {units.get(c.holder, c.holder) for c in listed if c.name != own.name and _before(c, own)}
-    ahead |= {units.get(node, node) for node in unclaimed if node not in holders and node != own.holder}
+
+    def place(holder: str, domain: str | None) -> str:
+        unit = units.get(holder)
+        if unit is None or (domains is not None and (domain is None or domains.get(unit) != domain)):
+            return holder
+        return unit
+
+    mine = place(own.holder, own.domain)
+    ahead = {place(c.holder, c.domain) for c in listed if c.name != own.name and _before(c, own)}
+    ahead |= {place(node, None) for node in unclaimed if node not in holders and node != own.holder}
     ahead.discard(mine)
     return len(ahead)
 
@@ -96,8 +111,10 @@ class BrakeClaims:
 
     def __init__(self, raw: RawApi, *, node_name: str, namespace: str, window_seconds: float,
                  monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, fabric_domain: Callable[[], str] = str) -> None:
         self.raw = raw
+        #: This node's NVLink fabric domain as it reports it (NVML), stated on its claim.
+        self.fabric_domain = fabric_domain
         self.node = node_name
         self.name = claim_name(node_name)
         self.namespace = namespace
@@ -111,7 +128,8 @@ class BrakeClaims:
         #: Whether this process gave back what an earlier one left (expire's first call).
         self._started = False
 
-    def rank(self, *, bound: int, units: Mapping[str, str], unclaimed: Iterable[str] = ()) -> tuple[bool, int]:
+    def rank(self, *, bound: int, units: Mapping[str, str], unclaimed: Iterable[str] = (),
+             domains: Mapping[str, str] | None = None) -> tuple[bool, int]:
         """Create this node's claim, list every claim, and rank it (with the `unclaimed` quarantines the count
         saw, places_ahead): whether fewer than `bound` places are taken ahead of it within the window, and how
         many are. A refused claim is deleted; where that delete fails it stays refused (its holder deletes it
@@ -119,7 +137,7 @@ class BrakeClaims:
         own = Claim.of(self._retried(self._create))
         listed = [c for c in self._list() if c.name != own.name]
         ahead = places_ahead(own, within_window([own, *listed], window_seconds=self.window), units=units,
-                             unclaimed=unclaimed)
+                             unclaimed=unclaimed, domains=domains)
         if ahead < bound:
             return True, ahead
         # A delete that fails leaves it this node's to delete (the next claim or tidy does): meanwhile it only
@@ -161,8 +179,11 @@ class BrakeClaims:
     def _create(self) -> JsonDocument:
         """This node's claim: created; the one this process holds (within its window: ranked as it was made);
         one an earlier process left is deleted and made anew (its stamp and rank are of another time)."""
-        body = {"metadata": {"name": self.name, "namespace": self.namespace, "labels": {CLAIM_LABEL: "true"}},
-                "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.window)}}
+        domain = self.fabric_domain()
+        metadata: JsonDocument = {"name": self.name, "namespace": self.namespace, "labels": {CLAIM_LABEL: "true"}}
+        if domain:
+            metadata["annotations"] = {DOMAIN_ANNOTATION: domain}
+        body = {"metadata": metadata, "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.window)}}
         path = f"{self.leases}/{self.name}"
         for _ in range(3):
             try:

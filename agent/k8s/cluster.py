@@ -129,7 +129,8 @@ def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time
     if not settings.fleet_holds and brake is None:
         return None, None
     claims = BrakeClaims(raw, node_name=config.node_name, namespace=settings.namespace,
-                         window_seconds=brake.window_seconds, monotonic=monotonic) if brake is not None else None
+                         window_seconds=brake.window_seconds, monotonic=monotonic,
+                         fabric_domain=lambda: hooks.facts().fabric_domain) if brake is not None else None
     gate = FleetGate(raw, namespace=settings.namespace, gpu_node_selector=settings.gpu_node_selector, brake=brake,
                      holds=settings.fleet_holds, clock=monotonic, wall=clock, claims=claims,
                      claim_retry_seconds=2 * settings.retry_seconds,

@@ -138,7 +138,9 @@ class FleetGate:
         counted = self._count
         if self.claims is not None and (counted is not None or self._count_error):
             now = self.clock()
-            units = by_unit(live_units(self._holds[2], now=now)) if self.holds and self._holds is not None else {}
+            live = [h for h in self._holds[2] if h.unit] if self.holds and self._holds is not None else []
+            units = by_unit(live_units(live, now=now))
+            domains = {h.id: h.key for h in live}  # a claim joins a unit only stating its domain
             if self._count_error or counted is None:
                 # Nothing counted: the brake's floor of places, and only by the claims, which are exact.
                 gpu_nodes, bound, unclaimed = None, brake_bound(0, brake), []
@@ -148,7 +150,7 @@ class FleetGate:
                 # one, a claim given back) take their places too.
                 unclaimed = quarantined_within(counted[2], now=now, policy=brake)
             try:
-                admitted, ahead = self.claims.rank(bound=bound, units=units, unclaimed=unclaimed)
+                admitted, ahead = self.claims.rank(bound=bound, units=units, unclaimed=unclaimed, domains=domains)
             except K8sError as exc:
                 self._log.warning("brake_claim_failed", error=str(exc))
                 if gpu_nodes is None:

@@ -175,6 +175,37 @@ def test_a_unit_of_another_fabric_domain_does_not_take_this_node_in(fake):
     assert any("whose fabric domain is fabric-B" in str(e.get("reason")) for e in captured)
 
 
+@BRAKE_ON_THE_FAKE
+def test_a_unit_naming_nodes_of_another_fabric_domain_counts_them_as_their_own(fake):
+    """A unit for NVLink down on fabric domain A names six nodes whose own domain is B, and their links go
+    down: each claim states domain B, so no claim joins the unit and the brake takes out its bound of 2."""
+    from tests.integration.test_fleet_agents import links_down
+
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9), fabric_domain="fabric-B")
+    correlate(fake, fleet_controller(fake))
+    names = [a.inventory.name for a in fleet]
+    operator(fake).merge_patch(HOLDS_PATH, {"data": forged_unit(names, "nvlink-link-down", "fabric-A",
+                                                                FaultClass.INTERCONNECT)})
+    for agent in fleet:
+        links_down(agent)
+    assert len(tainted(fake, fleet)) == 2
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_unit_of_the_nodes_own_fabric_domain_still_counts_as_one(fake):
+    """The same unit, the six nodes' own domain A: their claims state it, the unit is one place, all six out."""
+    from tests.integration.test_fleet_agents import links_down
+
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9), fabric_domain="fabric-A")
+    correlate(fake, fleet_controller(fake))
+    names = [a.inventory.name for a in fleet]
+    operator(fake).merge_patch(HOLDS_PATH, {"data": forged_unit(names, "nvlink-link-down", "fabric-A",
+                                                                FaultClass.INTERCONNECT)})
+    for agent in fleet:
+        links_down(agent)
+    assert len(tainted(fake, fleet)) == 6
+
+
 def test_a_quarantined_agent_that_restarts_keeps_its_quarantine_time(fake):
     """A DaemonSet rollout restarts a quarantined agent an hour later: its quarantine label keeps the second
     it was first quarantined, so the brake does not count it as new."""
