@@ -214,7 +214,7 @@ def _selected(api: Any, nodes: tuple[str, ...], selector: str | None, *, named: 
 
 
 def _show(store: HoldsStore, holds: list[Hold], dry_run: bool, what: str) -> None:
-    data = encode(holds, now=store.clock(), wall=store.wall(), writer=store.writer)
+    data = encode(holds, now=store.clock(), wall=store.write_wall(), writer=store.writer)
     if dry_run:
         click.echo(f"would write configmap {store.namespace}/{HOLDS_CONFIGMAP} ({what}):")
         click.echo(json.dumps({**data, HOLDS_KEY: json.loads(data[HOLDS_KEY])}, indent=2, sort_keys=True))
@@ -246,7 +246,7 @@ def hold_command(rule_id: str, nodes: tuple[str, ...], selector: str | None, dur
     chosen = _selected(api, nodes, selector)
     key = selector or ",".join(chosen)
     hold_id = f"operator/{rule_id}/{hashlib.sha256(key.encode()).hexdigest()[:10]}"
-    store = HoldsStore(RawApi(api), _namespace(namespace), writer="operator")
+    store = HoldsStore(RawApi(api), _namespace(namespace), writer="operator", own_clock=False)
     cause = f"held by an operator: {reason}" if reason else "held by an operator"
 
     def change(holds: list[Hold]) -> list[Hold]:
@@ -274,7 +274,7 @@ def release_command(hold_id: str, dry_run: bool, namespace: str | None, kubeconf
     from agent.fleetctl.store import HoldsStore  # noqa: PLC0415
     from agent.k8s.raw import RawApi  # noqa: PLC0415
 
-    store = HoldsStore(RawApi(_client(kubeconfig)), _namespace(namespace), writer="operator")
+    store = HoldsStore(RawApi(_client(kubeconfig)), _namespace(namespace), writer="operator", own_clock=False)
 
     def change(holds: list[Hold]) -> list[Hold]:
         if hold_id not in {h.id for h in holds}:
@@ -323,7 +323,7 @@ def status_command(output: str, namespace: str | None, kubeconfig: str | None) -
     from agent.fleetctl.store import HoldsStore  # noqa: PLC0415
     from agent.k8s.raw import RawApi  # noqa: PLC0415
 
-    store = HoldsStore(RawApi(_client(kubeconfig)), _namespace(namespace), writer="operator")
+    store = HoldsStore(RawApi(_client(kubeconfig)), _namespace(namespace), writer="operator", own_clock=False)
     holds, _ = store.read()
     now = store.clock()
     rows: list[dict[str, Any]] = [{"id": h.id, "kind": h.kind, "rule": h.rule_id, "state": _state(h, now),

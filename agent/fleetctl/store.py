@@ -17,6 +17,7 @@ from agent.fleet.published import (
     HEARD_KEY,
     HOLDS_CONFIGMAP,
     SEEN_KEY,
+    WRITTEN_KEY,
     decode_all,
     decode_census,
     decode_seen,
@@ -40,9 +41,16 @@ class HoldsStore:
     a deposed leader's pass that was under way writes nothing after a new leader may have taken over."""
 
     def __init__(self, raw: RawApi, namespace: str, *, writer: str, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, fence: Callable[[], bool] = lambda: True) -> None:
+                 wall: Callable[[], float] = time.time, fence: Callable[[], bool] = lambda: True,
+                 own_clock: bool = True) -> None:
         self.raw = raw
         self.fence = fence
+        #: False for an operator's store (a laptop's clock may be far off): it places what it reads as just
+        #: written (no correction by its own wall clock) and writes on the timeline of the version it read
+        #: (`written` plus the time since, on its monotonic clock), so its clock moves no one else's hold.
+        self.own_clock = own_clock
+        #: The `written` of the version last read, and when this process read it (its monotonic clock).
+        self._timeline: tuple[float, float] | None = None
         self.namespace = namespace
         self.writer = writer
         self.clock = clock
@@ -76,9 +84,14 @@ class HoldsStore:
         self._word = {key: str(data[key]) for key in (HEARD_KEY, ALIVE_KEY, CENSUS_KEY, SEEN_KEY) if key in data}
         if self._placed is not None and self._placed[0] == version:
             return list(self._placed[1]), version
-        holds, self.unread = decode_all(obj.get("data"), observed_at=self.clock(), wall=self.wall(),
+        reader_wall = self.wall() if self.own_clock else None
+        holds, self.unread = decode_all(obj.get("data"), observed_at=self.clock(), wall=reader_wall,
                                         source=self.source)
-        self.seen = decode_seen(obj.get("data"), observed_at=self.clock(), wall=self.wall())
+        self.seen = decode_seen(obj.get("data"), observed_at=self.clock(), wall=reader_wall)
+        try:
+            self._timeline = (float(data.get(WRITTEN_KEY, "")), self.clock())
+        except ValueError:
+            self._timeline = None
         self._placed = (version, holds)
         return list(holds), version
 
@@ -95,6 +108,14 @@ class HoldsStore:
             return True
         return (new.selector, dict(new.unlabelled)) != (old.selector, dict(old.unlabelled))
 
+    def write_wall(self) -> float:
+        """The wall time a write is stamped with: this process's clock, or (own_clock False) the timeline of the
+        version read, where there is one."""
+        if self.own_clock or self._timeline is None:
+            return self.wall()
+        written, read_at = self._timeline
+        return written + (self.clock() - read_at)
+
     def heard_text(self) -> str:
         """What the object last read says the controller heard (its text; "" for none)."""
         return self._word.get(HEARD_KEY, "")
@@ -105,7 +126,7 @@ class HoldsStore:
         Deposed when the fence says this writer no longer leads."""
         if not self.fence():
             raise Deposed(f"{self.writer} no longer holds the fleet controller's Lease: {self.source} not written")
-        wall = self.wall()
+        wall = self.write_wall()
         data = encode(holds, now=self.clock(), wall=wall, writer=self.writer,
                       unread=still_written(self.unread, wall=wall))
         data.update(self._word if word is None else word)

@@ -625,3 +625,26 @@ def test_the_driver_version_is_grouped_by_its_gfd_label_not_by_the_summary(serve
     made = controller(server, Clock())
     assert {s.driver_version for s in made.view.summaries.values()} == {"570.86.15", "575.51.03"}
     assert made.reconcile() == []
+
+
+@pytest.mark.parametrize("skew", [900.0, -900.0], ids=["ahead", "behind"])
+def test_an_operators_skewed_clock_moves_no_other_hold(server, skew):
+    """The controller publishes two holds; an operator whose laptop runs 15 minutes ahead (or behind) releases
+    one: the other keeps its expiry for every reader, one that reads the object afresh included (the operator
+    reads without its own clock's correction and writes on the object's own timeline)."""
+    clock, wall = Clock(), Clock(1.7e9)
+    add_nodes(server.cluster, 4, XID13)
+    add_nodes_of = [f"gpu-{i}" for i in range(4, 8)]
+    for name in add_nodes_of:
+        server.cluster.add("nodes", {"metadata": {"name": name, "annotations": {
+            SUMMARY_ANNOTATION: summary(name, ("xid-31", FaultClass.APPLICATION), owner="ml/Job/other")}}})
+    made = controller(server, clock, wall=wall)
+    made.reconcile()
+    before = {h.id: h.expires_at for h in published(server, clock)}
+    assert len(before) == 2
+    operator = HoldsStore(RawApi(client_for(server.url)), NS, writer="operator", clock=Clock(50.0),
+                          wall=lambda: 1.7e9 + skew, own_clock=False)
+    operator.update(lambda holds: [h for h in holds if h.rule_id != "xid-13"])
+    fresh = HoldsStore(RawApi(client_for(server.url)), NS, writer="reader", clock=clock, wall=wall)
+    [(kept, expires)] = [(h.id, h.expires_at) for h in fresh.read()[0]]
+    assert kept.startswith("xid-31/") and expires == pytest.approx(before[kept], abs=1.0)
