@@ -18,6 +18,7 @@ from agent.fleet.published import (
     HOLDS_CONFIGMAP,
     QUARANTINE_LABEL,
     SUMMARY_ANNOTATION,
+    WRITTEN_KEY,
     Census,
     decode_all,
     decode_census,
@@ -82,6 +83,10 @@ class FleetGate:
         self._holds: tuple[float, str, tuple[Hold, ...]] | None = None
         #: The controller's word in the version read: {rule: nodes heard}, alive-until by its wall clock.
         self._heard: tuple[dict[str, frozenset[str]], float] = ({}, 0.0)
+        #: Until when (this reader's monotonic clock) the controller's promise to write again stands: from when
+        #: this reader first saw the version, for as long as the writer promised (its alive-until less its
+        #: written, both on its own clock). None: no promise. No wall clock of two machines is compared.
+        self._promise: float | None = None
         #: The controller's census in the version read (None: none, or unreadable).
         self._census: Census | None = None
         self._count: tuple[float, int, dict[str, float]] | None = None
@@ -121,10 +126,12 @@ class FleetGate:
         refused = self._refused[1] if count and self._refused is not None and \
             now - self._refused[0] < self.claim_retry_seconds else ""
         published = self.holds and self._holds is not None and bool(self._holds[1])
-        heard, alive_until = self._heard if self.holds else ({}, 0.0)
+        heard = self._heard[0] if self.holds else {}
+        promise = self._promise if self.holds else None
         return FleetReading(holds, now, gpu_nodes, quarantined, published=published, heard=heard,
-                            controller_alive=self.wall() < alive_until,
-                            controller_gone=0 < alive_until <= self.wall(), count_cached=cached, refused=refused,
+                            controller_alive=promise is not None and now < promise,
+                            controller_gone=promise is not None and promise <= now, count_cached=cached,
+                            refused=refused,
                             holds_error=self._stale, count_error=self._count_error if count else "")
 
     def claim(self, node: str) -> str:
@@ -229,13 +236,15 @@ class FleetGate:
             obj = with_retries(lambda: self.raw.get(self.path), deadline_seconds=READ_DEADLINE_SECONDS,
                                throttled=True)
         except NotFound:
-            self._holds, self._heard, self._census = (now, "", ()), ({}, 0.0), None
+            self._holds, self._heard, self._census, self._promise = (now, "", ()), ({}, 0.0), None, None
             return ()
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         if cached is not None and cached[1] == version and version:
             holds = cached[2]
         else:
-            placed, unread = decode_all(obj.get("data"), observed_at=now, wall=self.wall(), source=self.source)
+            # Placed as written when first seen (no correction by this reader's wall clock against the writer's:
+            # a controller minutes behind would hide every hold); each lasts its own remaining time from here.
+            placed, unread = decode_all(obj.get("data"), observed_at=now, source=self.source)
             self._set_aside("holds", (u.reason for u in unread))
             holds = tuple(self._trusted(placed, now))
             try:
@@ -243,6 +252,7 @@ class FleetGate:
             except InputError as exc:  # the holds stand; without the word the node waits the base settle only
                 self._set_aside("heard", [exc.line()])
                 self._heard = ({}, 0.0)
+            self._promise = promised_until(obj.get("data"), self._heard[1], now)
             try:
                 self._census = decode_census(obj.get("data"), source=self.source)
             except InputError as exc:  # the brake then lists every GPU node, as without a controller
@@ -335,7 +345,8 @@ class FleetGate:
         """The census to count by: the holds are read, its controller is alive by its promise, and it
         counted this agent's GPU node selector."""
         census = self._census if self.holds else None
-        if census is None or census.selector != self.selector or not self.wall() < self._heard[1]:
+        if census is None or census.selector != self.selector or self._promise is None or \
+                not self.clock() < self._promise:
             return None
         return census
 
@@ -344,3 +355,15 @@ class FleetGate:
                             WatchOptions(label_selector=selector, metadata_only=True))
         items, _ = with_retries(listing.list_all, deadline_seconds=READ_DEADLINE_SECONDS, throttled=True)
         return items
+
+
+def promised_until(data: JsonDocument | None, alive_until: float, now: float) -> float | None:
+    """The controller's promise on the reader's clock `now` (when it first saw this version): for as long as
+    the writer promised, its alive-until less its written (both its own wall clock); None without one."""
+    if alive_until <= 0:
+        return None
+    try:
+        written = float((data or {}).get(WRITTEN_KEY, ""))
+    except ValueError:
+        return None
+    return now + max(0.0, alive_until - written)

@@ -292,3 +292,11 @@ def test_a_restarted_controller_takes_its_predecessors_first_sightings(fake):
     data = operator(fake).get(HOLDS_PATH)["data"]
     assert json.loads(data["holds.json"]) == []
     assert [e for e in fake[0].events() if e.get("reason") == "FleetCorrelation"] == []
+
+
+def test_a_controller_whose_clock_is_minutes_behind_hides_no_hold(fake):
+    """The controller's wall clock runs 15 minutes behind the agents' (its holds last 10 minutes): agents
+    reading its object place each hold from when they saw it, so the hold still keeps every taint off."""
+    fleet = agents(fake, fleet=True, fleet_clock=Clock(1.7e9 + 900.0))
+    storm(fake, fleet, fleet_controller(fake, wall=1.7e9), gsp_timeouts)
+    assert tainted(fake, fleet) == []
