@@ -319,27 +319,40 @@ class FleetGate:
                 since = quarantined_since((metadata.get("labels") or {}).get(QUARANTINE_LABEL))
                 if since > 0:
                     quarantined[str(metadata.get("name"))] = now - max(0.0, wall - since)
-            for node, since in census.unlabelled.items():  # an older agent's, by its summary
-                quarantined.setdefault(node, now - max(0.0, wall - since))
+            if census.unlabelled:
+                # An older agent's quarantine, as the census names it: counted only for a GPU node that exists
+                # and whose own summary says so (a census naming nodes that are not there blocks no one).
+                self.lists += 1
+                named = self._summaries_quarantined(self._list(self.selector), now, wall)
+                for node in census.unlabelled:
+                    if node in named:
+                        quarantined.setdefault(node, named[node])
             gpu_nodes = census.gpu_nodes
         else:
             self.lists += 1
             items = self._list(self.selector)
-            for item in items:
-                metadata = item.get("metadata") or {}
-                text = (metadata.get("annotations") or {}).get(SUMMARY_ANNOTATION)
-                if not text:
-                    continue
-                try:
-                    summary = NodeSummary.from_json(str(text), source=f"node {metadata.get('name')}")
-                except InputError:
-                    continue  # the controller counts an unreadable summary; here it quarantines nothing
-                if summary.quarantined_since > 0:
-                    age = max(0.0, wall - summary.quarantined_since)
-                    quarantined[summary.node or str(metadata.get("name"))] = now - age
+            quarantined = self._summaries_quarantined(items, now, wall)
             gpu_nodes = len(items)
         self._count = (now, gpu_nodes, quarantined)
         return gpu_nodes, quarantined, False
+
+    @staticmethod
+    def _summaries_quarantined(items: list[JsonDocument], now: float, wall: float) -> dict[str, float]:
+        """The listed nodes whose own summary says quarantined, and since when (on this clock)."""
+        quarantined: dict[str, float] = {}
+        for item in items:
+            metadata = item.get("metadata") or {}
+            text = (metadata.get("annotations") or {}).get(SUMMARY_ANNOTATION)
+            if not text:
+                continue
+            try:
+                summary = NodeSummary.from_json(str(text), source=f"node {metadata.get('name')}")
+            except InputError:
+                continue  # the controller counts an unreadable summary; here it quarantines nothing
+            if summary.quarantined_since > 0:
+                age = max(0.0, wall - summary.quarantined_since)
+                quarantined[str(metadata.get("name") or summary.node)] = now - age
+        return quarantined
 
     def _live_census(self) -> Census | None:
         """The census to count by: the holds are read, its controller is alive by its promise, and it

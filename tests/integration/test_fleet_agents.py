@@ -4,6 +4,7 @@ hardware evidence is acted on whatever the hold says."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -309,7 +310,8 @@ def test_a_quarantined_node_carries_the_quarantine_label_with_its_summary(fake):
 @BRAKE_ON_THE_FAKE
 def test_the_census_counts_the_gpu_nodes_and_an_older_agents_unlabelled_quarantine(fake):
     """An older agent's node publishes its quarantine in its summary alone, and a CPU node is no GPU node: the
-    controller's census counts 3 GPU nodes and names the older node's quarantine, which the brake counts."""
+    controller's census counts 3 GPU nodes and names the older node's quarantine, which the brake counts once
+    its own summary says so (one list of the GPU nodes, only while the census names such a node)."""
     _, server = fake
     fleet = agents(fake, count=2, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
     operator = RawApi(operator_client(server))
@@ -322,7 +324,24 @@ def test_the_census_counts_the_gpu_nodes_and_an_older_agents_unlabelled_quaranti
     reading = fleet[0].side.fleet.read(count=True)
     assert reading.gpu_nodes == 3
     assert set(reading.quarantined_at) == {"old"}
-    assert fleet[0].side.fleet.lists == 0
+    assert fleet[0].side.fleet.lists == 1
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_census_naming_nodes_that_are_not_there_blocks_no_quarantine(fake):
+    """The census names ten quarantined nodes that do not exist (forged, or stale): the brake counts none of
+    them, and Xid 79 on two of six nodes is tainted (its bound)."""
+    _, server = fake
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
+    correlate(fake, fleet_controller(fake))
+    path = f"/api/v1/namespaces/{NS}/configmaps/{HOLDS_CONFIGMAP}"
+    raw = RawApi(operator_client(server))
+    census = json.loads(raw.get(path)["data"][CENSUS_KEY])
+    census["unlabelled"] = {f"ghost-{i}": 1.7e9 - 10.0 for i in range(10)}
+    raw.merge_patch(path, {"data": {CENSUS_KEY: json.dumps(census)}})
+    for agent in fleet[:2]:
+        agent.fault(0, xid=79, at=1.0)
+    assert len(tainted(fake, fleet)) == 2
 
 
 @BRAKE_ON_THE_FAKE
