@@ -149,9 +149,9 @@ def forged_unit(nodes: list[str], rule: str, domain: str, cls: FaultClass) -> di
 
 @BRAKE_ON_THE_FAKE
 def test_a_unit_for_a_hardware_rule_is_not_counted_as_one(fake):
-    """A unit published for Xid 79 (hardware, never a fabric fault) on six nodes: each agent's own rules
-    say it is no unit, so the brake counts the six as six and takes out its bound of 2."""
-    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9))
+    """A unit published for Xid 79 (hardware, never a fabric fault) on six nodes of its fabric domain: each
+    agent's own rules say it is no unit, so the brake counts the six as six and takes out its bound of 2."""
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9), fabric_domain="fabric-1")
     correlate(fake, fleet_controller(fake))
     names = [a.inventory.name for a in fleet]
     operator(fake).merge_patch(HOLDS_PATH, {"data": forged_unit(names, "xid-79", "fabric-1",
