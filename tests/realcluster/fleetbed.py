@@ -26,6 +26,7 @@ from tests.realcluster.controlplane import (
     GPU_LABEL,
     KWOK_LABEL,
     REPO,
+    UNSERVED_KINDS,
     ControlPlane,
     _kubeconfig,
 )
@@ -42,7 +43,8 @@ def fleet_kubeconfig(plane: ControlPlane, *, manager: str = "gpu-health-tests", 
     as the controller's pod would have it."""
     plane.apply_shipped_manifests()
     rendered = plane.kubectl("kustomize", str(REPO / "daemonset" / "fleet"))
-    documents = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "Deployment"]
+    documents = [d for d in yaml.safe_load_all(rendered)
+                 if d and d["kind"] != "Deployment" and d["kind"] not in UNSERVED_KINDS]
     plane.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={manager}", "-f", "-",
                   input_text=yaml.safe_dump_all(documents))
     token = plane.core.create_namespaced_service_account_token(
