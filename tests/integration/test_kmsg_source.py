@@ -181,8 +181,9 @@ def test_a_line_written_in_two_parts_is_read_as_one_record(tmp_path: Path):
         assert wait_for(lambda: source.stats.lines == 1)  # the read that took the first part has happened
         with log.open("a") as handle:
             handle.write(":00): 48, pid=1, name=x, DBE\n")
-        assert wait_for(lambda: source.stats.lines == 2)
+        assert wait_for(lambda: bool(collected.xids()))  # emitted after the line is counted: wait for it
         assert [(o.value, o.gpu.pci_bus_id) for o in collected.xids()] == [(48, "0000:3b:00")]
+        assert source.stats.lines == 2
     finally:
         stop_text_follower(log, stop, thread)
 
