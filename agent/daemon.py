@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,9 +22,6 @@ from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
 from agent.engine.reload import NAMED, refusal
 from agent.errors import AgentError, InputErrors
-from agent.fleet.publish import NodeFacts
-from agent.gpu.helper import HelperClient
-from agent.gpu.reset import DeviceReset, ResetExecutor, ResetProcedure
 from agent.hot_path import describe as describe_storm_path
 from agent.journal import Journal
 from agent.logs import get_logger
@@ -35,11 +33,12 @@ from agent.remediation.record import OwedEvent
 from agent.sources.attribution import gpus_by_pod_uid
 from agent.sources.backlog import Backlog
 from agent.sources.base import Source
-from agent.sources.nvml import NvmlSource
 
 if TYPE_CHECKING:
+    from agent.gpu.reset import DeviceReset, ResetExecutor, ResetProcedure
     from agent.k8s.cluster import ClusterSide, NodeHooks
     from agent.k8s.operands import OperandPauser
+    from agent.sources.nvml import NvmlSource
 
 log = get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
@@ -61,6 +60,8 @@ def rules_dir_of(config: Config) -> Path:
 
 def device_reset_of(config: Config) -> DeviceReset:
     """The privileged part of a reset as configured: where it runs (the reset container, or this process)."""
+    from agent.gpu.reset import DeviceReset  # noqa: PLC0415 - the GPU edge only where a reset can be asked for
+
     settings = config.remediation
     proc = Path(settings.reset_proc_root)
     return DeviceReset(command=list(settings.reset_command), timeout_seconds=settings.reset_timeout_seconds,
@@ -73,6 +74,8 @@ def reset_executor_of(config: Config) -> ResetExecutor:
     """The reset container through its socket where one is configured, else the reset in this process."""
     settings = config.remediation
     if settings.reset_helper_socket:
+        from agent.gpu.helper import HelperClient  # noqa: PLC0415 - only where the reset container is configured
+
         return HelperClient(settings.reset_helper_socket,
                             timeout_seconds=settings.reset_timeout_seconds + settings.reset_holder_wait_seconds + 30)
     return device_reset_of(config)
@@ -110,6 +113,16 @@ class RulesWatcher:
             return False
         self.fingerprint = current
         return True
+
+
+def nvml_source_of(sources: Sequence[Source]) -> NvmlSource | None:
+    """The NVML source among `sources`, found without importing its module: where that module was never
+    loaded, no NvmlSource exists."""
+    module = sys.modules.get("agent.sources.nvml")
+    if module is None:
+        return None
+    nvml_type: type[NvmlSource] = module.NvmlSource
+    return next((source for source in sources if isinstance(source, nvml_type)), None)
 
 
 @cache
@@ -150,7 +163,7 @@ class Daemon:
                                                                 owners=self._pod_owners))
             sources = [p.source for p in self.probes if p.source is not None]
         self.sources = [*sources, *extra_sources]
-        self.nvml = next((s for s in self.sources if isinstance(s, NvmlSource)), None)
+        self.nvml = nvml_source_of(self.sources)
         if cluster_of is not None:
             self.cluster = cluster = cluster_of(self._node_hooks(config))
         if not self.sources:
@@ -202,6 +215,8 @@ class Daemon:
 
     def _node_hooks(self, config: Config) -> NodeHooks:
         """What the cluster side reads from this node's side, each read when it is called."""
+        from agent.fleet.publish import NodeFacts  # noqa: PLC0415 - the fleet summary only where there is a cluster
+        from agent.gpu.reset import ResetProcedure  # noqa: PLC0415 - resets only where there is a cluster
         from agent.k8s.cluster import NodeHooks  # noqa: PLC0415 - the Kubernetes edge only where there is a cluster
 
         nvml = self.nvml
@@ -230,7 +245,11 @@ class Daemon:
 
         The reset procedure's own lock keeps this from racing a running reset; it never raises.
         """
-        reset = self.cluster.actuator.reset if self.cluster is not None else None
+        if self.cluster is None:
+            return
+        from agent.gpu.reset import ResetProcedure  # noqa: PLC0415 - resets only where there is a cluster
+
+        reset = self.cluster.actuator.reset
         if isinstance(reset, ResetProcedure):
             done = reset.restore_if_needed()
             if done:

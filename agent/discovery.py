@@ -12,14 +12,8 @@ from agent.config import Config
 from agent.drill import DrillBox, drills_dir
 from agent.errors import AgentError
 from agent.journal import Journal
-from agent.kmsgdevice.plugin import RESOURCE as KMSG_RESOURCE
 from agent.sources.base import Source
-from agent.sources.dcgm import DcgmSource
-from agent.sources.dcgm_bindings import BindingsReader, import_bindings
-from agent.sources.dcgm_exporter import ExporterReader
 from agent.sources.kmsg import KmsgSource
-from agent.sources.node_memory import JsonFileMemory
-from agent.sources.nvml import NvmlSource, load_pynvml
 
 #: What the NVML source remembers across restarts and reboots, in the state directory.
 NVML_MEMORY_FILE = "nvml-memory.json"
@@ -45,15 +39,24 @@ class SourceContext:
     owners: Callable[[], Mapping[str, str]] = dict
 
 
-#: Why the kernel log cannot be opened, by errno, and what gives it to the agent's container.
+#: What gives the kernel log to the agent's container, where its errno says nothing more particular.
 _KMSG_HINT = "the agent needs CAP_SYSLOG and the device in its container"
-_KMSG_HINTS = {
-    errno.EPERM: "the device is not allowed in this container's device cgroup: request the "
-                 f"{KMSG_RESOURCE} resource (the gpu-health-kmsg-device DaemonSet's device plugin) or give the "
-                 "container /dev/kmsg another way (CDI, a privileged container)",
-    errno.EACCES: "reading the kernel log needs CAP_SYSLOG (securityContext.capabilities.add: [SYSLOG])",
-    errno.ENOENT: f"no such device in this container: request the {KMSG_RESOURCE} resource",
-}
+
+
+def _kmsg_hint(error: int) -> str:
+    """Why the kernel log cannot be opened, by errno, and what gives it to the agent's container."""
+    from agent.kmsgdevice.plugin import RESOURCE  # noqa: PLC0415 - the device plugin's module only for this hint
+
+    hints = {
+        errno.EPERM: "the device is not allowed in this container's device cgroup: request the "
+                     f"{RESOURCE} resource (the gpu-health-kmsg-device DaemonSet's device plugin) or give the "
+                     "container /dev/kmsg another way (CDI, a privileged container)",
+        errno.EACCES: "reading the kernel log needs CAP_SYSLOG (securityContext.capabilities.add: [SYSLOG])",
+        errno.ENOENT: f"no such device in this container: request the {RESOURCE} resource",
+    }
+    return hints.get(error, _KMSG_HINT)
+
+
 DISABLED_IN_CONFIG = "disabled in config"
 #: Sources whose absence is logged as a warning even when auto-detected: the primary Xid source.
 LOUD_WHEN_MISSING = frozenset({"kmsg"})
@@ -65,7 +68,7 @@ def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
     except OSError as exc:
-        return None, f"cannot open {path}: {exc.strerror} ({_KMSG_HINTS.get(exc.errno or 0, _KMSG_HINT)})"
+        return None, f"cannot open {path}: {exc.strerror} ({_kmsg_hint(exc.errno or 0)})"
     source = KmsgSource(path=path, admit_user_records=settings.admit_user_records, cursor=ctx.journal,
                         proc_root=Path(settings.proc_root), owners=ctx.owners,
                         drills=DrillBox(drills_dir(ctx.config.journal_path)), node_name=ctx.config.node_name,
@@ -74,6 +77,10 @@ def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
 
 
 def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
+    # Each source's modules are imported only where it is asked for (an idle kernel-log agent loads none of them).
+    from agent.sources.node_memory import JsonFileMemory  # noqa: PLC0415
+    from agent.sources.nvml import NvmlSource, load_pynvml  # noqa: PLC0415
+
     settings = ctx.config.sources.nvml
     try:
         nvml = load_pynvml()
@@ -94,6 +101,10 @@ def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
 
 
 def _dcgm_factory(ctx: SourceContext) -> tuple[Source | None, str]:
+    from agent.sources.dcgm import DcgmSource  # noqa: PLC0415
+    from agent.sources.dcgm_bindings import BindingsReader, import_bindings  # noqa: PLC0415
+    from agent.sources.dcgm_exporter import ExporterReader  # noqa: PLC0415
+
     settings = ctx.config.sources.dcgm
     if settings.exporter_url:
         reader: ExporterReader | BindingsReader = ExporterReader(settings.exporter_url,

@@ -29,7 +29,9 @@ poll's timer overshoot, so a long-running NPD sits at a mean between this 1 s an
 phases); restarting it here would only set the same phase again. The filelog poll is NPD's way of
 following a syslog file; its kmsg plugin reads /dev/kmsg itself (a fixed path: it cannot be pointed at this
 script's pipe) and has no such poll. NPD uses the admin kubeconfig, the agent its own ServiceAccount token.
-Usage: scripts/bench_latency.py [--real [--npd]] [FAULTS] [HEALTHY_SECONDS]
+With `--npd-source DIR` (a checkout of NPD carrying `vendor/`, e.g. its main branch), that tree is built too
+(bench_storm's build_npd_source) and measured after the release, on the same control plane, one at a time.
+Usage: scripts/bench_latency.py [--real [--npd [--npd-source DIR]]] [FAULTS] [HEALTHY_SECONDS]
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from tests.conftest import eight_gpus  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_storm import BuiltNpd, build_npd, free_port, npd_kernel_monitor, syslog_line  # noqa: E402
+from bench_storm import BuiltNpd, build_npds, free_port, npd_kernel_monitor, syslog_line  # noqa: E402
 
 NODE = "bench-node"
 NPD_CONDITION = "XidError"
@@ -241,16 +243,19 @@ def stop_npd(npd: subprocess.Popen[bytes]) -> None:
         npd.wait()
 
 
-def measure_npd(backend: RealBackend, folder: Path, faults: int, agent_p50: float) -> None:
-    """NPD's row on the same control plane, as the module docstring says; prints it and the p50 ratio."""
-    workdir = folder / "npd"  # its module source, binary, config, log and stderr; removed once measured
+def measure_npds(backend: RealBackend, folder: Path, faults: int, agent_p50: float, source: Path | None) -> None:
+    """NPD's rows on the same control plane: the release, then the checkout `source` if given, one at a time."""
+    workdir = folder / "npd"  # its module source, binaries, configs, logs and stderr; removed once measured
     workdir.mkdir()
-    built = build_npd(workdir)
-    if isinstance(built, str):
-        print(f"# NPD not measured: {built}")
-        return
+    for built in build_npds(workdir, source=source):
+        measure_npd(backend, built, workdir, faults, agent_p50)
+    shutil.rmtree(workdir)
+
+
+def measure_npd(backend: RealBackend, built: BuiltNpd, workdir: Path, faults: int, agent_p50: float) -> None:
+    """One NPD build's row, as the module docstring says; prints it and the p50 ratio."""
     count = min(faults, NPD_FAULTS)
-    log = workdir / "kern.log"
+    log = workdir / f"kern-{built.label}.log"
     try:
         npd = start_npd(built, backend, log)
     except RuntimeError as error:
@@ -278,16 +283,25 @@ def measure_npd(backend: RealBackend, folder: Path, faults: int, agent_p50: floa
           "phase (see the docstring)")
     print(f"node-problem-detector {built.version}: kernel-log Xid 79 -> condition visible through the API: "
           f"{figures(delays)} over {len(delays)} of {count} faults")
-    print(f"agent / NPD p50: {agent_p50 / statistics.median(delays):.3f}")
-    shutil.rmtree(workdir)
+    print(f"agent / NPD {built.version} p50: {agent_p50 / statistics.median(delays):.3f}")
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a not in ("--real", "--npd")]
-    real = "--real" in sys.argv[1:]
-    npd = "--npd" in sys.argv[1:]
+    argv = sys.argv[1:]
+    source = None
+    if "--npd-source" in argv:
+        at = argv.index("--npd-source")
+        if at + 1 >= len(argv):
+            sys.exit("--npd-source needs a directory")
+        source = Path(argv[at + 1])
+        del argv[at:at + 2]
+    args = [a for a in argv if a not in ("--real", "--npd")]
+    real = "--real" in argv
+    npd = "--npd" in argv
     if npd and not real:
         sys.exit("--npd needs --real")
+    if source is not None and not npd:
+        sys.exit("--npd-source needs --real --npd")
     faults = int(args[0]) if args else 200
     healthy_seconds = float(args[1]) if len(args) > 1 else 60.0
     configure_logging("error")
@@ -348,7 +362,7 @@ def main() -> None:
     stop.set()
     thread.join(10)
     if npd and isinstance(backend, RealBackend):
-        measure_npd(backend, folder, faults, statistics.median(delays))
+        measure_npds(backend, folder, faults, statistics.median(delays), source)
     backend.stop()
 
 

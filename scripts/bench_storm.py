@@ -9,8 +9,13 @@ written by this script as the storm goes; each is its own process, measured thro
 The agent runs as `gpu-health-agent run` in local mode with only the kernel-log source. NPD is built at
 benchmark time from the Go module proxy into a temporary directory (never vendored or committed) and runs
 its system-log monitor (filelog plugin) with its stock kernel rules plus one rule per Xid code used here.
+With `--npd-source DIR` (a checkout of NPD, e.g. its main branch, carrying `vendor/`), that tree is built
+too, offline (`go build -mod=vendor -tags NPD_TAGS ./cmd/nodeproblemdetector`), and measured as a column of
+its own beside the release, named by its commit. The agent runs from the tree this script imports `agent`
+from (printed first; PYTHONPATH=. measures a worktree rather than the one .venv was installed from).
 
-Usage: python scripts/bench_storm.py [--quick] [--seconds 30] [--rate 10000] [--no-npd]
+Usage: python scripts/bench_storm.py [--quick] [--seconds 30] [--rate 10000] [--mixed-lines N] [--no-npd]
+       [--npd-source DIR] [--tools agent,agent+backlog,npd]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+import agent
 from agent.engine import builtin_rules_dir, load_rules
 from agent.journal import Journal
 from agent.logs import configure_logging
@@ -54,6 +60,10 @@ NPD_TAGS = "disable_custom_plugin_monitor disable_system_stats_monitor disable_s
 NEW_KINDS = ((48, "e1"), (63, "e2"), (94, "e3"), (119, "e4"), (74, "e5"))
 MARKER = (79, "ee")
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+#: The tree the agent measured comes from: the one this script imported `agent` from.
+AGENT_TREE = Path(agent.__file__).resolve().parent.parent
+#: How often "caught up" is looked for once a storm ended (a scrape of the tool's /metrics each time).
+CATCH_UP_POLL_SECONDS = 0.01
 
 
 def syslog_line(body: str, now: float) -> str:
@@ -115,6 +125,11 @@ class Tool:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def slug(self) -> str:
+        """The name as it may appear in a file name."""
+        return re.sub(r"[^A-Za-z0-9.+-]", "_", self.name)
+
     def command(self, log: Path) -> list[str]:
         raise NotImplementedError
 
@@ -123,11 +138,11 @@ class Tool:
 
     def start(self, log: Path) -> None:
         log.touch()
-        stderr = (self.workdir / f"{self.name}.stderr").open("ab")
+        stderr = (self.workdir / f"{self.slug}.stderr").open("ab")
         self.process = subprocess.Popen(self.command(log), stdout=subprocess.DEVNULL, stderr=stderr,
                                         cwd=self.workdir, env=self.env())
         if wait_until(lambda: bool(scrape(self.port)), 60) is None:
-            raise RuntimeError(f"{self.name} did not start; see {self.workdir / (self.name + '.stderr')}")
+            raise RuntimeError(f"{self.name} did not start; see {self.workdir / (self.slug + '.stderr')}")
 
     def env(self) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
@@ -151,10 +166,16 @@ class Tool:
 class Agent(Tool):
     name = "agent"
 
+    def env(self) -> dict[str, str]:
+        """The agent from AGENT_TREE, whichever tree the interpreter's own install points at."""
+        env = super().env()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AGENT_TREE), env.get("PYTHONPATH", "")) if p)
+        return env
+
     def command(self, log: Path) -> list[str]:
         config = self.workdir / "agent.yaml"
         config.write_text(json.dumps({
-            "node_name": "benchnode", "journal_path": str(self.workdir / f"{self.name}-{log.stem}.db"),
+            "node_name": "benchnode", "journal_path": str(self.workdir / f"{self.slug}-{log.stem}.db"),
             "sources": {"kmsg": {"enabled": "on", "path": str(log)}, "nvml": {"enabled": "off"},
                         "dcgm": {"enabled": "off"}},
             "http": {"host": "127.0.0.1", "port": self.port}, "log": {"level": "warning", "format": "json"},
@@ -173,7 +194,7 @@ class BacklogAgent(Agent):
     name = "agent+backlog"
 
     def command(self, log: Path) -> list[str]:
-        journal = self.workdir / f"{self.name}-{log.stem}.db"
+        journal = self.workdir / f"{self.slug}-{log.stem}.db"
         return [sys.executable, str(Path(__file__).resolve()), "--serve", str(log), str(self.port), str(journal)]
 
 
@@ -198,18 +219,19 @@ def serve(log: Path, port: int, journal: Path) -> None:
 
 
 class Npd(Tool):
-    name = "npd"
+    """One NPD build: its column is named by its version (the release's tag, or the checkout's commit)."""
 
-    def __init__(self, workdir: Path, binary: Path, stock_rules: Path) -> None:
+    def __init__(self, workdir: Path, built: BuiltNpd) -> None:
         super().__init__(workdir)
-        self.binary = binary
-        self.stock_rules = stock_rules
+        self.name = f"npd {built.label}"
+        self.binary = built.binary
+        self.stock_rules = built.stock_rules
 
     def command(self, log: Path) -> list[str]:
         xid_rules = [{"type": "temporary", "reason": f"NvidiaXid{code}",
                       "pattern": rf"NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): {code},.*"} for code in
                      sorted({code for code, _ in (*NEW_KINDS, MARKER)} | {13, 31, 43})]
-        path = self.workdir / "npd-kernel-monitor.json"
+        path = self.workdir / f"{self.slug}-kernel-monitor.json"
         path.write_text(json.dumps(npd_kernel_monitor(log, self.stock_rules, [], xid_rules), indent=1))
         return [str(self.binary), "--enable-k8s-exporter=false", f"--config.system-log-monitor={path}",
                 "--prometheus-address=127.0.0.1", f"--prometheus-port={self.port}", "--hostname-override=benchnode",
@@ -221,11 +243,13 @@ class Npd(Tool):
 
 
 class BuiltNpd(NamedTuple):
-    """An NPD binary built from the module proxy, its stock kernel-monitor.json and its version."""
+    """An NPD binary, its stock kernel-monitor.json and its version: the release's tag (built from the module
+    proxy), or the commit and date of the checkout it was built from (`--npd-source`)."""
 
     binary: Path
     stock_rules: Path
     version: str
+    label: str = ""
 
 
 def npd_kernel_monitor(log: Path, stock_rules: Path, conditions: list[dict[str, str]],
@@ -268,8 +292,54 @@ def build_npd(workdir: Path) -> BuiltNpd | str:
             why = f"building {NPD_MODULE}@{version} failed: {built.stderr.strip()[-300:]}"
             continue
         print(f"# NPD {version} built from the Go module proxy into {binary}")
-        return BuiltNpd(binary, source / "config" / "kernel-monitor.json", version)
+        return BuiltNpd(binary, source / "config" / "kernel-monitor.json", version, version)
     return why or "no NPD version could be fetched"
+
+
+def build_npd_source(source: Path, workdir: Path) -> BuiltNpd | str:
+    """NPD built offline from a local checkout that carries `vendor/` (its main branch, say), or why not."""
+    go = shutil.which("go")
+    if go is None:
+        return "no Go toolchain on PATH"
+    source = source.resolve()
+    if not (source / "cmd" / "nodeproblemdetector").is_dir():
+        return f"{source} is not a node-problem-detector checkout (no cmd/nodeproblemdetector)"
+    if not (source / "vendor" / "modules.txt").is_file():
+        return f"{source} has no vendor/modules.txt: `go build -mod=vendor` needs the vendored modules"
+    commit, date = source_commit(source)
+    binary = workdir / f"node-problem-detector-{commit}"
+    env = {**os.environ, "GOFLAGS": "-mod=vendor -buildvcs=false", "GOTOOLCHAIN": "local", "GOPROXY": "off"}
+    built = subprocess.run([go, "build", "-mod=vendor", "-tags", NPD_TAGS, "-o", str(binary),
+                            "./cmd/nodeproblemdetector"], cwd=source, capture_output=True, text=True, env=env,
+                           timeout=1800, check=False)
+    if built.returncode != 0:
+        return f"building {source} failed: {built.stderr.strip()[-300:]}"
+    version = f"{commit} ({date})" if date else commit
+    print(f"# NPD {version} built from the checkout {source} (-mod=vendor) into {binary}")
+    return BuiltNpd(binary, source / "config" / "kernel-monitor.json", version, commit)
+
+
+def source_commit(source: Path) -> tuple[str, str]:
+    """(short commit, commit date) of a git checkout; (the directory's name, "") for a tree that is not one."""
+    shown = subprocess.run(["git", "-C", str(source), "log", "-1", "--format=%h %cs"], capture_output=True,
+                           text=True, timeout=30, check=False)
+    fields = shown.stdout.split()
+    if shown.returncode != 0 or len(fields) != 2:
+        return source.name, ""
+    dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+    return fields[0] + ("+dirty" if dirty else ""), fields[1]
+
+
+def build_npds(workdir: Path, *, source: Path | None) -> list[BuiltNpd]:
+    """The module proxy's release and, with `source`, the checkout: those that built (why not, for the others)."""
+    builds: list[BuiltNpd] = []
+    for built in (build_npd(workdir), *([build_npd_source(source, workdir)] if source is not None else [])):
+        if isinstance(built, str):
+            print(f"# NPD not measured: {built}")
+        else:
+            builds.append(built)
+    return builds
 
 
 class Writer:
@@ -323,7 +393,8 @@ def storm(tool: Tool, log: Path, bodies: list[str], rate: int, seconds: float) -
         inject = [((n + 1) / (len(NEW_KINDS) + 1), xid_body(code, bus)) for n, (code, bus) in enumerate(NEW_KINDS)]
         lines = writer.storm(bodies, rate, seconds, inject)
         writer.write([xid_body(*MARKER)])
-        caught_up = wait_until(lambda: tool.seen(scrape(tool.port), *MARKER), timeout=max(120.0, seconds * 10))
+        caught_up = wait_until(lambda: tool.seen(scrape(tool.port), *MARKER), timeout=max(120.0, seconds * 10),
+                               interval=CATCH_UP_POLL_SECONDS)
         cpu = cpu_seconds(tool.pid) - cpu_before
         metrics = scrape(tool.port)
         kinds = sum(tool.seen(metrics, code, bus) for code, bus in NEW_KINDS)
@@ -364,30 +435,31 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10 s storms and a 200,000-line mixed log")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--mixed-lines", type=int, help="lines of the mixed log (1,000,000; 200,000 with --quick)")
     parser.add_argument("--no-npd", action="store_true", help="measure the agent only")
-    parser.add_argument("--tools", default="agent,agent+backlog,npd", help="which to measure (comma-separated)")
+    parser.add_argument("--npd-source", type=Path, metavar="DIR",
+                        help="also build NPD from this checkout (with vendor/) and measure it beside the release")
+    parser.add_argument("--tools", default="agent,agent+backlog,npd",
+                        help="which to measure (comma-separated; npd: every NPD build)")
     parser.add_argument("--serve", nargs=3, metavar=("LOG", "PORT", "JOURNAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(Path(args.serve[0]), int(args.serve[1]), Path(args.serve[2]))
         return
     seconds = 10.0 if args.quick else args.seconds
-    mixed_lines = 200_000 if args.quick else 1_000_000
+    mixed_lines = args.mixed_lines or (200_000 if args.quick else 1_000_000)
     workdir = Path(tempfile.mkdtemp(prefix="bench-storm-"))
     wanted = set(args.tools.split(","))
+    print(f"# the agent from {AGENT_TREE}")
     tools: list[Tool] = [tool for tool in (Agent(workdir), BacklogAgent(workdir)) if tool.name in wanted]
     if not args.no_npd and "npd" in wanted:
-        built = build_npd(workdir)
-        if isinstance(built, str):
-            print(f"# NPD not measured: {built}")
-        else:
-            tools.append(Npd(workdir, built.binary, built.stock_rules))
+        tools.extend(Npd(workdir, built) for built in build_npds(workdir, source=args.npd_source))
     distinct = [body_of(line) for line in kernel_log(int(args.rate * seconds), 1.0)]
     repeating = [body_of(line) for line in repeating_storm(29)]
     mixed_log = [body_of(line) for line in kernel_log(mixed_lines, 0.01)]
     rows: dict[str, dict[str, str]] = {}
     for tool in tools:
-        def log(label: str, name: str = tool.name) -> Path:
+        def log(label: str, name: str = tool.slug) -> Path:
             return workdir / f"{name}-{label}.log"
 
         print(f"# measuring {tool.name}", file=sys.stderr, flush=True)
@@ -407,9 +479,11 @@ def main() -> None:
         print(f"# {tool.name}: " + "; ".join(f"{k}: {v[tool.name]}" for k, v in rows.items() if tool.name in v),
               file=sys.stderr, flush=True)
     names = [tool.name for tool in tools]
-    print(f"{'figure':58} " + " ".join(f"{name:>14}" for name in names))
+    widths = [max(14, len(name)) for name in names]
+    print(f"{'figure':58} " + " ".join(f"{name:>{width}}" for name, width in zip(names, widths, strict=True)))
     for figure, values in rows.items():
-        print(f"{figure:58} " + " ".join(f"{values.get(name, '-'):>14}" for name in names))
+        print(f"{figure:58} " + " ".join(f"{values.get(name, '-'):>{width}}"
+                                         for name, width in zip(names, widths, strict=True)))
     shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -1,7 +1,12 @@
-"""The `gpu-health-agent` command line: thin wrappers over the daemon, simulator, rules and journal."""
+"""The `gpu-health-agent` command line: thin wrappers over the daemon, simulator, rules and journal.
+
+Each command's module is imported when that command runs (or `--help` lists them all): the agent's
+`run` never loads what only the fleet controller, `check`, `simulate` or the inspection commands use.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any
@@ -9,14 +14,45 @@ from typing import Any
 import click
 
 from agent import __version__
-from agent.cli import check, cluster, drill, inspect, kmsg, kmsgdevice, nvml, run, simulate
 from agent.cli.common import EXIT_BAD_INPUT, EXIT_FAILED
-from agent.fleetctl.commands import fleet
 from agent.hot_path import describe as describe_storm_path
+
+#: Each command's name -> the module and attribute that define it.
+COMMANDS = {
+    "fleet": ("agent.fleetctl.commands", "fleet"),
+    "run": ("agent.cli.run", "run"),
+    "reset-helper": ("agent.cli.run", "reset_helper"),
+    "release": ("agent.cli.cluster", "release"),
+    "cleanup": ("agent.cli.cluster", "cleanup"),
+    "drill": ("agent.cli.drill", "drill"),
+    "simulate": ("agent.cli.simulate", "simulate_command"),
+    "check": ("agent.cli.check", "check"),
+    "nvml": ("agent.cli.nvml", "nvml"),
+    "kmsg": ("agent.cli.kmsg", "kmsg"),
+    "kmsg-device-plugin": ("agent.cli.kmsgdevice", "kmsg_device_plugin"),
+    "rules": ("agent.cli.inspect", "rules"),
+    "config": ("agent.cli.inspect", "config_group"),
+    "history": ("agent.cli.inspect", "history"),
+    "explain": ("agent.cli.inspect", "explain"),
+}
 
 
 class _OneLineGroup(click.Group):
-    """Usage errors are one line on stderr (`gpu-health-agent CMD: problem (see CMD --help)`), never a traceback."""
+    """Usage errors are one line on stderr (`gpu-health-agent CMD: problem (see CMD --help)`), never a traceback.
+
+    Its commands are imported by name when asked for (COMMANDS), not when the command line is built."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *super().list_commands(ctx)})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return super().get_command(ctx, cmd_name)
+        command = getattr(importlib.import_module(where[0]), where[1])
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{where[0]}.{where[1]} is not a click command")
+        return command
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
@@ -58,10 +94,3 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
               help="Show the version, and whether the storm path is compiled, and exit.")
 def main() -> None:
     """Node-level GPU health and self-healing agent for Kubernetes."""
-
-
-for command in (fleet, run.run, run.reset_helper, cluster.release, cluster.cleanup, drill.drill,
-                simulate.simulate_command, check.check, nvml.nvml, kmsg.kmsg,
-                kmsgdevice.kmsg_device_plugin, inspect.rules, inspect.config_group,
-                inspect.history, inspect.explain):
-    main.add_command(command)

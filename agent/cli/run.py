@@ -18,13 +18,11 @@ from agent.config import Config
 from agent.daemon import Daemon, device_reset_of, rules_dir_of
 from agent.engine import load_rules
 from agent.errors import AgentError, InputError
-from agent.gpu.helper import serve as serve_resets
 from agent.httpserver import AgentHttpServer
 from agent.k8s.detect import cluster_configured
 from agent.logs import configure_logging
 from agent.remediation import Mode
 from agent.shutdown import stop_event
-from agent.sources.scenario import ScaledClock, ScenarioSource, inventory, load_scenario
 
 
 class LateMetric:
@@ -78,8 +76,12 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
     extra = []
     # A sped-up scenario runs the agent on the same sped-up clock, so its windows (debounce, quiet windows
     # before a clear) pass as fast as its observations come.
-    clock = ScaledClock(speed) if scenario and speed != 1.0 else time.time
+    clock: Callable[[], float] = time.time
     if scenario:
+        # The scenario player is loaded only for a replay.
+        from agent.sources.scenario import ScaledClock, ScenarioSource, inventory, load_scenario  # noqa: PLC0415
+
+        clock = ScaledClock(speed) if speed != 1.0 else time.time
         replay = load_scenario(scenario)
         node = dataclasses.replace(inventory(replay), name=config.node_name)
         extra.append(ScenarioSource(replay, node, speed=speed, stamp=clock))
@@ -123,6 +125,8 @@ def reset_helper(config_path: str | None) -> None:
     socket_path = config.remediation.reset_helper_socket
     if not socket_path:
         raise AgentError("remediation.reset_helper_socket is not set: the reset helper has nowhere to listen")
+    from agent.gpu.helper import serve as serve_resets  # noqa: PLC0415 - only the reset container serves resets
+
     stop = stop_event()
     click.echo(f"gpu-health-agent reset helper: listening on {socket_path}", err=True)
     try:

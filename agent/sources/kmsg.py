@@ -1,6 +1,7 @@
 """The kernel-log source: tails /dev/kmsg (or follows a text log) and emits Xid, SXid and GPU-loss observations.
 
-Event-driven: it waits in poll() on the device and wakes the moment the kernel writes a record.
+Event-driven: it waits in poll() on the device and wakes the moment the kernel writes a record; a followed
+text log wakes it through inotify the moment the file is written (a timer only where inotify is not to be had).
 Records overwritten before they were read (EPIPE) are counted and skipped; after a restart it resumes
 after the last record the pipeline acknowledged in the same boot (acknowledged = classified and in the
 durable record), so nothing is handled twice and nothing read but not yet classified is lost.
@@ -26,7 +27,7 @@ from agent.sources.attribution import PodAttribution, parse_cgroup, workload_key
 from agent.sources.base import Emit
 from agent.sources.dedup import Deduplicator
 from agent.sources.kernel_log import KERNEL_FACILITY, KMSG_XID, KernelLogParser, KernelRecord
-from agent.sources.kmsg_records import RecordReader
+from agent.sources.kmsg_records import RecordReader, watch_writes
 
 CURSOR_NAME = "kmsg"
 _POD_CACHE_SECONDS = 5.0
@@ -37,6 +38,10 @@ ATTRIBUTIONS_PER_SECOND = 1000
 _GPU_CACHE_SIZE = 256
 _ATTR_TYPES = (str, int, float, bool)
 _RECORD_SIGNALS = {"xid": Signal.XID, "sxid": Signal.SXID, "gpu_lost": Signal.GPU_LOST}
+#: A followed text log is read this much at a time (a storm's 10 ms of lines is ~15 KB).
+_TEXT_CHUNK = 65536
+#: A text log's line with no end in sight is read as it is past this length (a kernel record is 1-2 KB).
+_MAX_PENDING_LINE = 65536
 
 
 class CursorStore(Protocol):
@@ -357,7 +362,7 @@ class KmsgSource:
             self.ready.set()
             while not stop.is_set():
                 if not poller.poll(self.wake_seconds * 1000):
-                    self._emit_all(emit, self.processor.flush(self.clock()), boot_id, last_seq)
+                    self._emit_all(emit, self.processor.flush(self.clock()))
                     continue
                 for line in reader.available():
                     last_seq = self._handle_record(line, emit, boot_id, last_seq, resume_after)
@@ -365,7 +370,7 @@ class KmsgSource:
                         break
         finally:
             os.close(fd)
-            self._emit_all(emit, self.processor.flush(self.clock(), force=True), boot_id, last_seq)
+            self._emit_all(emit, self.processor.flush(self.clock(), force=True))
 
     def _lost(self) -> None:
         self.count("lost", 1)
@@ -383,7 +388,7 @@ class KmsgSource:
             if resume_after is not None and seq <= resume_after:
                 self.stats.skipped_after_restart += 1
                 return last_seq
-        self._emit_all(emit, self.processor.handle(line, self.clock(), seq or 0), boot_id, last_seq)
+        self._emit_all(emit, self.processor.handle(line, self.clock(), seq or 0))
         return last_seq
 
     def _resume_point(self, boot_id: str) -> int | None:
@@ -392,27 +397,53 @@ class KmsgSource:
         saved = _parse_cursor(self.cursor.cursor(CURSOR_NAME))
         return saved[1] if saved is not None and saved[0] == boot_id else None
 
-    def _emit_all(self, emit: Emit, observations: list[Observation], boot_id: str, seq: int | None) -> None:
+    def _emit_all(self, emit: Emit, observations: list[Observation]) -> None:
         """Hand observations on; each carries its record's `kmsg_seq`, which the pipeline acknowledges."""
         for observation in observations:
             emit(observation)
 
     def _follow_text(self, emit: Emit, stop: threading.Event) -> None:
+        """Follows a text log: reads what it holds, then waits for the next write (inotify) or the wake timer.
+
+        Only whole lines are handled; a writer's unfinished line waits for its end, and is handled as it is
+        once a whole wake period passed with nothing more written (a log whose last line has no newline)."""
         line_no = 0
-        with self.path.open(encoding="utf-8", errors="replace") as handle:
-            self.ready.set()
-            while not stop.is_set():
-                line = handle.readline()
-                if not line:
-                    for observation in self.processor.flush(self.clock()):
-                        emit(observation)
-                    stop.wait(self.wake_seconds)
-                    continue
-                line_no += 1
-                for observation in self.processor.handle(line, self.clock(), line_no):
-                    emit(observation)
-        for observation in self.processor.flush(self.clock(), force=True):
-            emit(observation)
+        pending = ""
+        quiet = False  # True after a wait in which nothing was written
+        watch = watch_writes(self.path)
+        try:
+            with self.path.open(encoding="utf-8", errors="replace") as handle:
+                self.ready.set()
+                while not stop.is_set():
+                    chunk = handle.read(_TEXT_CHUNK)
+                    if chunk:
+                        quiet = False
+                        lines = (pending + chunk).split("\n")
+                        pending = lines.pop()
+                        for line in lines:
+                            line_no = self._text_line(emit, line + "\n", line_no)
+                        if len(pending) > _MAX_PENDING_LINE:  # no line ends: read it as it is, bounded
+                            line_no, pending = self._text_line(emit, pending, line_no), ""
+                        continue
+                    if pending and quiet:
+                        line_no, pending = self._text_line(emit, pending, line_no), ""
+                    self._emit_all(emit, self.processor.flush(self.clock()))
+                    if watch is not None:
+                        quiet = not watch.wait(self.wake_seconds)
+                    else:
+                        stop.wait(self.wake_seconds)
+                        quiet = True
+                if pending:
+                    self._text_line(emit, pending, line_no)
+        finally:
+            if watch is not None:
+                watch.close()
+        self._emit_all(emit, self.processor.flush(self.clock(), force=True))
+
+    def _text_line(self, emit: Emit, line: str, line_no: int) -> int:
+        """Handle the text log's next line; its number."""
+        self._emit_all(emit, self.processor.handle(line, self.clock(), line_no + 1))
+        return line_no + 1
 
 
 def _seq_of(line: str) -> int | None:

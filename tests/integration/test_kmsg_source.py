@@ -147,6 +147,59 @@ def test_a_text_log_is_followed_as_it_grows(tmp_path: Path):
         thread.join(5)
 
 
+def stop_text_follower(log: Path, stop: threading.Event, thread: threading.Thread) -> None:
+    """Stop a follower that waits on a long wake timer: the write after the stop wakes it at once."""
+    stop.set()
+    with log.open("a") as handle:
+        handle.write("\n")
+    thread.join(5)
+
+
+def test_a_text_log_is_read_the_moment_it_is_written_not_when_the_wake_timer_fires(tmp_path: Path):
+    """The write itself wakes the follower (inotify): with a wake timer of an hour, a new line is read at once."""
+    log = tmp_path / "syslog"
+    log.write_text("")
+    collected, stop, thread = start(KmsgSource(path=log, wake_seconds=3600))
+    try:
+        with log.open("a") as handle:
+            handle.write("Nov 30 12:00:00 node kernel: [ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, off bus\n")
+        assert wait_for(lambda: [o.value for o in collected.xids()] == [79])
+    finally:
+        stop_text_follower(log, stop, thread)
+
+
+def test_a_line_written_in_two_parts_is_read_as_one_record(tmp_path: Path):
+    """A writer's unfinished line waits for its end: the two parts make one Xid, on its GPU."""
+    log = tmp_path / "syslog"
+    log.write_text("")
+    source = KmsgSource(path=log, wake_seconds=3600)
+    collected, stop, thread = start(source)
+    try:
+        with log.open("a") as handle:
+            handle.write("Nov 30 12:00:00 node kernel: [ 1.0] usb 1-1: new device\n"
+                         "Nov 30 12:00:01 node kernel: [ 2.0] NVRM: Xid (PCI:0000:3b")
+        assert wait_for(lambda: source.stats.lines == 1)  # the read that took the first part has happened
+        with log.open("a") as handle:
+            handle.write(":00): 48, pid=1, name=x, DBE\n")
+        assert wait_for(lambda: bool(collected.xids()))  # emitted after the line is counted: wait for it
+        assert [(o.value, o.gpu.pci_bus_id) for o in collected.xids()] == [(48, "0000:3b:00")]
+        assert source.stats.lines == 2
+    finally:
+        stop_text_follower(log, stop, thread)
+
+
+def test_a_last_line_without_a_newline_is_read_once_the_log_stays_quiet(tmp_path: Path):
+    """A log whose last line never gets its newline loses nothing: after a quiet wake period it is read as it is."""
+    log = tmp_path / "syslog"
+    log.write_text("Nov 30 12:00:01 node kernel: [ 2.0] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE")
+    collected, stop, thread = start(KmsgSource(path=log, wake_seconds=0.05))
+    try:
+        assert wait_for(lambda: [o.value for o in collected.xids()] == [48])
+    finally:
+        stop.set()
+        thread.join(5)
+
+
 def test_kmsg_parse_json_prints_one_object_per_xid_or_sxid_line():
     result = CliRunner().invoke(main, ["kmsg", "parse", str(FIXTURES / "kmsg" / "nvswitch.log"), "--json"])
     assert result.exit_code == 0
