@@ -175,35 +175,32 @@ def test_a_unit_of_another_fabric_domain_does_not_take_this_node_in(fake):
     assert any("whose fabric domain is fabric-B" in str(e.get("reason")) for e in captured)
 
 
-@BRAKE_ON_THE_FAKE
-def test_a_unit_naming_nodes_of_another_fabric_domain_counts_them_as_their_own(fake):
-    """A unit for NVLink down on fabric domain A names six nodes whose own domain is B, and their links go
-    down: each claim states domain B, so no claim joins the unit and the brake takes out its bound of 2."""
+def links_down_under_a_unit_of_fabric_a(fake: Any, own_domain: str) -> int:
+    """Six agents of fabric domain `own_domain` under a unit published for NVLink down on fabric-A naming all
+    six; every link of every node goes down: how many nodes are tainted."""
     from tests.integration.test_fleet_agents import links_down
 
-    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9), fabric_domain="fabric-B")
+    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9), fabric_domain=own_domain)
     correlate(fake, fleet_controller(fake))
     names = [a.inventory.name for a in fleet]
     operator(fake).merge_patch(HOLDS_PATH, {"data": forged_unit(names, "nvlink-link-down", "fabric-A",
                                                                 FaultClass.INTERCONNECT)})
     for agent in fleet:
         links_down(agent)
-    assert len(tainted(fake, fleet)) == 2
+    return len(tainted(fake, fleet))
+
+
+@BRAKE_ON_THE_FAKE
+def test_a_unit_naming_nodes_of_another_fabric_domain_counts_them_as_their_own(fake):
+    """The six nodes' own domain is B: each claim states B, so no claim joins the unit and the brake takes out
+    its bound of 2."""
+    assert links_down_under_a_unit_of_fabric_a(fake, "fabric-B") == 2
 
 
 @BRAKE_ON_THE_FAKE
 def test_a_unit_of_the_nodes_own_fabric_domain_still_counts_as_one(fake):
-    """The same unit, the six nodes' own domain A: their claims state it, the unit is one place, all six out."""
-    from tests.integration.test_fleet_agents import links_down
-
-    fleet = agents(fake, fleet=True, brake=BRAKE, fleet_clock=Clock(1.7e9), fabric_domain="fabric-A")
-    correlate(fake, fleet_controller(fake))
-    names = [a.inventory.name for a in fleet]
-    operator(fake).merge_patch(HOLDS_PATH, {"data": forged_unit(names, "nvlink-link-down", "fabric-A",
-                                                                FaultClass.INTERCONNECT)})
-    for agent in fleet:
-        links_down(agent)
-    assert len(tainted(fake, fleet)) == 6
+    """The six nodes' own domain is A: their claims state it, the unit is one place, all six out."""
+    assert links_down_under_a_unit_of_fabric_a(fake, "fabric-A") == 6
 
 
 def test_a_quarantined_agent_that_restarts_keeps_its_quarantine_time(fake):
