@@ -53,6 +53,11 @@ def text(value: bytes | int) -> str:
 
 
 def encode_varint(value: int) -> bytes:
+    """A base-128 varint; a negative number as protobuf encodes an int64 (its 64-bit two's complement, ten
+    bytes: before, a negative number never reached zero and the loop ran for ever). Beyond 64 bits: an error."""
+    if not -(1 << 63) <= value < 1 << 64:
+        raise ProtobufError(f"{value} does not fit a 64-bit varint")
+    value &= (1 << 64) - 1
     out = bytearray()
     while True:
         byte = value & 0x7F
