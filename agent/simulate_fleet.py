@@ -123,7 +123,7 @@ def simulate_fleet(scenario: Scenario, *, rules: RuleSet, policy: GuardPolicy,
     passes half a second after a change); each second, the observations due, the controller, then every
     agent's tick. A GPU reset is simulated: there is no GPU."""
     fleet = scenario.fleet or ScenarioFleet(nodes=2)
-    clock = _VirtualClock()
+    clock = _FleetClock()
     started = time.time()
 
     def wall() -> float:
@@ -147,7 +147,7 @@ def simulate_fleet(scenario: Scenario, *, rules: RuleSet, policy: GuardPolicy,
 
 
 def _node(scenario: Scenario, fleet: ScenarioFleet, number: int, cluster: FakeCluster, api_client: Any,
-          base: Config, rules: RuleSet, policy: GuardPolicy, clock: _VirtualClock,
+          base: Config, rules: RuleSet, policy: GuardPolicy, clock: _FleetClock,
           wall: Callable[[], float]) -> NodeRun:
     node = inventory(scenario, number)
     labels = {RACK_LABEL: f"rack-{number // fleet.rack_size}"} if fleet.rack_size else {}
@@ -174,7 +174,7 @@ def _simulated_reset(operands: OperandPauser) -> Callable[[str], tuple[bool, str
     return reset
 
 
-def _controller(api_client: Any, clock: _VirtualClock, wall: Callable[[], float]) -> FleetController:
+def _controller(api_client: Any, clock: _FleetClock, wall: Callable[[], float]) -> FleetController:
     raw = RawApi(api_client)
     settings = FleetSettings()
     return FleetController(raw, settings, identity="fleet-simulate", clock=clock, wall=wall,
@@ -183,7 +183,7 @@ def _controller(api_client: Any, clock: _VirtualClock, wall: Callable[[], float]
 
 
 def _replay(scenario: Scenario, report: FleetReport, controller: FleetController | None,
-            clock: _VirtualClock) -> None:
+            clock: _FleetClock) -> None:
     due = fleet_timeline(scenario)
     position, second = 0, 0.0
     while second <= scenario.end:
@@ -208,7 +208,7 @@ def _controller_pass(controller: FleetController, report: FleetReport, at: float
     report.correlations += [Sighted(at, c) for c in controller.reconcile()]
 
 
-class _VirtualClock:
+class _FleetClock:
     def __init__(self) -> None:
         self.now = 0.0
 

@@ -17,7 +17,7 @@ from agent.fleet.unit import settling, unit_ids
 from agent.fleetctl.metrics import FleetMetrics
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.store import Deposed, HoldsStore
-from agent.fleetctl.view import FleetView
+from agent.fleetctl.view import SummaryView
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.leader import LeaderElector
@@ -52,7 +52,7 @@ class FleetController:
         self.events = events
         self.metrics = metrics or FleetMetrics()
         self.clock = clock
-        self.view = FleetView(settings.labels)
+        self.view = SummaryView(settings.labels)
         #: Whether this controller still leads (its elector's Lease renewed within the deadline): every write
         #: of the holds object is fenced by it.
         self.store = HoldsStore(raw, settings.namespace, writer=identity, clock=clock, wall=wall, fence=fence)

@@ -45,7 +45,7 @@ class Labels:
     gpu_nodes: str = GPU_NODE_SELECTOR
 
 
-class FleetView:
+class SummaryView:
     """Nodes' summaries as the watch delivers them; `observe` says whether anything the correlation reads
     changed, so the controller runs a pass only then (and at its tick)."""
 

@@ -23,18 +23,18 @@ DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 
 
-class _Strict(BaseModel):
+class _StrictScenario(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ScenarioGpu(_Strict):
+class ScenarioGpu(_StrictScenario):
     index: int = Field(ge=0)
     uuid: str = Field(min_length=1)
     pci_bus_id: str = Field(min_length=1)
     model: str = DEFAULT_MODEL
 
 
-class ScenarioPod(_Strict):
+class ScenarioPod(_StrictScenario):
     namespace: str = "default"
     name: str = Field(min_length=1)
     uid: str = ""
@@ -42,7 +42,7 @@ class ScenarioPod(_Strict):
     daemonset: bool = False
 
 
-class ScenarioHostHolder(_Strict):
+class ScenarioHostHolder(_StrictScenario):
     """A host process holding one GPU open that the reset procedure cannot stop (nv-hostengine, a host
     dcgm-exporter), until a virtual time (absent: for ever). Only on a `gpu_operator` node."""
 
@@ -51,7 +51,7 @@ class ScenarioHostHolder(_Strict):
     until: float | None = Field(default=None, ge=0)
 
 
-class ScenarioNode(_Strict):
+class ScenarioNode(_StrictScenario):
     name: str = "gpu-node-1"
     gpus: int | list[ScenarioGpu] = 8
     model: str = DEFAULT_MODEL
@@ -72,7 +72,7 @@ class ScenarioNode(_Strict):
     diagnostic: bool = False
 
 
-class ScenarioFleet(_Strict):
+class ScenarioFleet(_StrictScenario):
     """Several nodes like `node`, each with its own agent, and the fleet controller (docs/scenarios.md)."""
 
     nodes: int = Field(ge=2, le=500)
@@ -89,7 +89,7 @@ class ScenarioFleet(_Strict):
     controller: bool = True
 
 
-class ScenarioEvent(_Strict):
+class ScenarioEvent(_StrictScenario):
     """One timeline entry: an observation (maybe repeated), at a virtual time in seconds."""
 
     at: float = Field(ge=0)
@@ -107,7 +107,7 @@ class ScenarioEvent(_Strict):
     stagger: float = Field(default=0.0, ge=0)
 
 
-class Scenario(_Strict):
+class Scenario(_StrictScenario):
     name: str = Field(min_length=1)
     description: str = ""
     node: ScenarioNode = Field(default_factory=ScenarioNode)

@@ -41,3 +41,17 @@ def test_the_changelog_keeps_an_unreleased_section_above_the_releases():
     assert all(released), headings
     numbers = [tuple(int(n) for n in m.groups()) for m in released if m]
     assert numbers == sorted(numbers, reverse=True)
+
+
+def test_no_two_module_level_classes_of_the_agent_share_a_name():
+    """One name per idea: a class name names one class in agent/ (issue 40 found FleetView, _Strict and
+    _VirtualClock twice each)."""
+    import ast
+    from collections import defaultdict
+
+    found: dict[str, list[str]] = defaultdict(list)
+    for path in sorted((REPO / "agent").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                found[node.name].append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in found.items() if len(paths) > 1} == {}
