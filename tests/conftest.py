@@ -137,13 +137,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         report.sections.append(("control plane logs", _CONTROL_PLANES[0].log_tails()))
 
 
+#: The least time a request under `no_retry_sleep` gets for its answer.
+SLOW_ANSWER_SECONDS = 3.0
+
+
 @pytest.fixture
 def no_retry_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     """API retries that do not sleep and give up after 0.3 s: a test of failing calls runs in milliseconds.
-    A module asks for it with `pytestmark = pytest.mark.usefixtures("no_retry_sleep")`."""
-    from agent.k8s import retry
+    A module asks for it with `pytestmark = pytest.mark.usefixtures("no_retry_sleep")`.
+
+    One request still gets at least `SLOW_ANSWER_SECONDS` to be answered: the fake API server runs in the
+    test's own process, and on a loaded CI machine one healthy answer took longer than 0.3 s (the request's
+    timeout, cut to the retry deadline, failed a test that injected no fault)."""
+    from agent.k8s import client, retry
     monkeypatch.setattr(retry, "WAIT", False)
     monkeypatch.setattr(retry, "DEFAULT_DEADLINE_SECONDS", 0.3)
+
+    def remaining_with_floor() -> float | None:
+        left = retry.remaining_seconds()
+        return None if left is None else max(left, SLOW_ANSWER_SECONDS)
+
+    monkeypatch.setattr(client, "remaining_seconds", remaining_with_floor)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
