@@ -94,6 +94,8 @@ class FleetGate:
         self._count_error = ""
         #: Why the last read of the holds failed, while the failures go on ("" once one succeeds).
         self._stale = ""
+        #: When (this reader's clock) that read last failed.
+        self._failed_at = 0.0
         #: When this agent first saw each hold (by id, on its clock): a hold stands at most HOLD_CAP_SECONDS.
         self._first_sight: dict[str, float] = {}
         #: The reasons already logged of what was set aside, so each is one line, once.
@@ -210,16 +212,21 @@ class FleetGate:
 
     def _holds_or_stale(self, now: float, fresh_after: float | None = None) -> tuple[Hold, ...]:
         """The holds read now, or where they cannot be read (after retries) the last ones read, each standing
-        until its own expiry: a 503 or a damaged object never ends a hold early."""
+        until its own expiry: a 503 or a damaged object never ends a hold early. A failed read is tried again
+        once a cache period (or for a settle that ended since), not by every pass: during an outage a pass
+        does not spend the read's whole retry deadline on it."""
+        standing = self._holds[2] if self._holds is not None else ()
+        if self._stale and now - self._failed_at < self.cache_seconds and \
+                (fresh_after is None or self._failed_at >= fresh_after):
+            return standing
         try:
             holds = self._read_holds(now, fresh_after)
         except (K8sError, InputError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             if not self._stale:
-                self._log.warning("fleet_view_unreadable", error=error,
-                                  standing=len(self._holds[2]) if self._holds is not None else 0)
-            self._stale = error
-            return self._holds[2] if self._holds is not None else ()
+                self._log.warning("fleet_view_unreadable", error=error, standing=len(standing))
+            self._stale, self._failed_at = error, now
+            return standing
         if self._stale:
             self._log.info("fleet_view_readable", was=self._stale)
             self._stale = ""

@@ -12,6 +12,7 @@ import pytest
 
 from agent.fleet import BrakePolicy, Dimension, Hold
 from agent.fleet.published import HOLDS_CONFIGMAP, QUARANTINE_LABEL, encode
+from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.raw import RawApi
 from agent.logs import capture_logs
 from agent.model import FaultClass
@@ -297,3 +298,33 @@ def test_a_controller_whose_clock_is_minutes_behind_hides_no_hold(fake):
     fleet = agents(fake, fleet=True, fleet_clock=Clock(1.7e9 + 900.0))
     storm(fake, fleet, fleet_controller(fake, wall=1.7e9), gsp_timeouts)
     assert tainted(fake, fleet) == []
+
+
+def holds_reads(fake: Any) -> int:
+    return sum(1 for method, path, _ in fake[0].log if method == "GET" and path == HOLDS_PATH)
+
+
+@BRAKE_ON_THE_FAKE
+def test_an_unreadable_holds_object_is_tried_once_a_cache_period_not_every_pass(fake):
+    """The holds read fails (503, retried) for a minute: the passes within one cache period take the holds
+    last read without asking again, and say why they stand; the next period tries once more."""
+    cluster, _ = fake
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), gsp_timeouts)
+    clock = Clock(100.0)
+    gate = FleetGate(RawApi(operator_client(fake[1])), namespace=NS, gpu_node_selector="", brake=None,
+                     cache_seconds=10.0, clock=clock)
+    standing = gate.read(count=False).holds
+    assert standing
+    cluster.faults.fail_reads[HOLDS_PATH] = 503
+    clock.now += 11.0
+    failed = gate.read(count=False)
+    tried = holds_reads(fake)
+    for _ in range(5):
+        clock.now += 1.0
+        again = gate.read(count=False)
+    assert holds_reads(fake) == tried
+    assert again.holds == failed.holds == standing and "503" in again.holds_error
+    clock.now += 10.0
+    gate.read(count=False)
+    assert holds_reads(fake) > tried
