@@ -103,15 +103,16 @@ class SummaryView:
                           zone=str(labels.get(self.labels.zone) or summary.zone),
                           driver_version=gfd_driver(labels) or summary.driver_version,
                           gpu_model=str(labels.get(GFD_PRODUCT_LABEL) or summary.gpu_model))
-        if self.summaries.get(name) == summary:
+        previous = self.summaries.get(name)
+        if previous == summary:
             return False
         self.summaries[name] = summary
         boot = self.boots.get(name)
         if boot is None or boot[0] != summary.boot_id:
             self.boots[name] = (summary.boot_id, now - summary.uptime_seconds)
         rules = {f.rule_id for f in summary.faults}
-        for key in [k for k in self.first_seen if k[0] == name and k[1] not in rules]:
-            del self.first_seen[key]  # the fault ended: a later one is a new sighting
+        for rule in _rules(previous) - rules:  # the fault ended: a later one is a new sighting
+            self.first_seen.pop((name, rule), None)
         for rule in rules:
             self.first_seen.setdefault((name, rule), now)
         return True
@@ -134,9 +135,12 @@ class SummaryView:
         return self._drop_summary(name)
 
     def _drop_summary(self, name: str) -> bool:
-        for key in [k for k in self.first_seen if k[0] == name]:
-            del self.first_seen[key]
-        return self.summaries.pop(name, None) is not None
+        """Forget the node's summary and its first sightings (only its summary's rules have any: a lookup
+        each, never a scan of the fleet's sightings per node)."""
+        dropped = self.summaries.pop(name, None)
+        for rule in _rules(dropped):
+            self.first_seen.pop((name, rule), None)
+        return dropped is not None
 
     def sightings(self) -> list[Sighting]:
         """Every active fault, with when it was first seen and when its node booted (this clock)."""
@@ -148,6 +152,10 @@ class SummaryView:
                 if seen is not None:
                     found.append(Sighting(name, fault.rule_id, fault.fault_class, seen, booted))
         return found
+
+
+def _rules(summary: NodeSummary | None) -> set[str]:
+    return {f.rule_id for f in summary.faults} if summary is not None else set()
 
 
 def _name(obj: Mapping[str, Any]) -> str:
