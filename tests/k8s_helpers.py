@@ -18,7 +18,7 @@ from agent.k8s.actuator import K8sActuator
 from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import client_for
-from agent.k8s.cluster import ClusterSide
+from agent.k8s.cluster import ClusterSide, own_summary
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.fleet_gate import FleetGate
@@ -201,6 +201,7 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
         side.summariser = actuator.summarise = Summariser(
             inventory.name, wall=wall, uptime=lambda: 86400.0, pods=lambda: inventory.pods,
             facts=lambda: NodeFacts(driver_version=driver, fabric_domain=fabric_domain))
+        side.fleet.own = own_summary(side.summariser, writer)
         budget.units.read = side.fleet.units
         budget.census = side.fleet.census_gpu_nodes
     opened = Journal(journal) if journal is not None else None

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 from agent.errors import InputError
 from agent.fleet.correlate import Correlation, Dimension
+from agent.fleet.scope import own_key_matches
+from agent.fleet.summary import NodeSummary
 from agent.model import FaultClass
 
 #: The classes a fleet cause can explain; a hardware fault is a node's own evidence and is never held.
@@ -41,16 +43,26 @@ class Hold:
     spent: bool = False
     #: A unit (agent.fleet.unit), not a hold: its nodes are taken out together, counted as one disruption.
     unit: bool = False
+    #: Scoped by its group key (agent.fleet.scope): it also covers a node whose own key is `key` (for a
+    #: fabric-wide cause: whose own fabric domain is one of `domains`), listed in `nodes` or not.
+    scope: bool = False
+    domains: frozenset[str] = frozenset()
 
     @property
     def kind(self) -> str:
         return "unit" if self.unit else "hold"
 
     def to_json(self) -> dict[str, object]:
-        return {"id": self.id, "kind": self.kind, "rule": self.rule_id, "class": str(self.fault_class),
-                "dimension": str(self.dimension), "key": self.key, "cause": self.cause, "nodes": sorted(self.nodes),
-                "started": self.started_at, "expires": self.expires_at, "operator": self.by_operator,
-                "spent": self.spent}
+        """The entry as published and reported; a scoped hold adds its scope (and a fabric-wide one the
+        domains it touched)."""
+        entry: dict[str, object] = {
+            "id": self.id, "kind": self.kind, "rule": self.rule_id, "class": str(self.fault_class),
+            "dimension": str(self.dimension), "key": self.key, "cause": self.cause, "nodes": sorted(self.nodes),
+            "started": self.started_at, "expires": self.expires_at, "operator": self.by_operator,
+            "spent": self.spent}
+        if self.scope:
+            entry |= {"scope": True} | ({"domains": sorted(self.domains)} if self.domains else {})
+        return entry
 
     @classmethod
     def from_json(cls, value: Mapping[str, object], *, source: str = "") -> Hold:
@@ -58,6 +70,9 @@ class Hold:
             nodes = value["nodes"]
             if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
                 raise TypeError("nodes is not a list of names")
+            domains = value.get("domains", [])
+            if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
+                raise TypeError("domains is not a list of names")
             kind = value.get("kind", "hold")  # absent: written before units existed, a hold
             if kind not in ("hold", "unit"):
                 raise ValueError(f"kind {kind!r} is neither hold nor unit")
@@ -65,7 +80,8 @@ class Hold:
                        dimension=Dimension(str(value["dimension"])), key=str(value["key"]), cause=str(value["cause"]),
                        nodes=frozenset(nodes), started_at=_seconds(value["started"]),
                        expires_at=_seconds(value["expires"]), by_operator=value.get("operator") is True,
-                       spent=value.get("spent") is True, unit=kind == "unit")
+                       spent=value.get("spent") is True, unit=kind == "unit",
+                       scope=value.get("scope") is True and kind == "hold", domains=frozenset(domains))
         except (KeyError, ValueError, TypeError) as exc:
             raise InputError(f"hold is malformed: {exc}", file=source) from None
 
@@ -149,21 +165,26 @@ def next_holds(previous: Mapping[str, Hold], correlations: Iterable[Correlation]
                 for h in holds.values())
             holds[key] = Hold(key, correlation.rule_id, correlation.fault_class, correlation.dimension,
                               correlation.key, correlation.cause, correlation.group, now, now + hold_seconds,
-                              unit=unit)
+                              unit=unit, domains=correlation.touched)
         elif not (held.by_operator or held.spent):
             expires = min(held.started_at + max_hold_seconds, now + hold_seconds)
             holds[key] = replace(held, cause=correlation.cause, nodes=held.nodes | correlation.group,
-                                 expires_at=max(held.expires_at, expires), unit=held.unit and key in units)
+                                 expires_at=max(held.expires_at, expires), unit=held.unit and key in units,
+                                 domains=held.domains | correlation.touched)
     return holds
 
 
 def covering_hold(holds: Iterable[Hold], *, node: str, rule_id: str, fault_class: FaultClass,
-                  now: float) -> Hold | None:
+                  now: float, own: NodeSummary | None = None) -> Hold | None:
     """The live hold that covers this node's fault, if any: never a hardware fault, never another rule, never
-    a unit (its nodes act)."""
+    a unit (its nodes act). A hold names the node, or is scoped by a group key the node's own summary `own`
+    has (agent.fleet.scope: the reader's own knowledge, never the writer's list)."""
     if not holdable(fault_class):
         return None
     for hold in holds:
-        if not hold.unit and hold.rule_id == rule_id and node in hold.nodes and now < hold.expires_at:
+        if hold.unit or hold.rule_id != rule_id or now >= hold.expires_at:
+            continue
+        if node in hold.nodes or (hold.scope and own is not None and
+                                   own_key_matches(hold.dimension, hold.key, hold.domains, own)):
             return hold
     return None

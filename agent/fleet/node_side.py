@@ -8,6 +8,7 @@ from typing import Protocol
 
 from agent.fleet.brake import BrakePolicy, brake_allows, brake_bound, newly_quarantined
 from agent.fleet.hold import Hold, covering_hold, holdable
+from agent.fleet.summary import NodeSummary
 from agent.fleet.unit import by_unit, live_units
 from agent.model import Action, FaultClass
 
@@ -53,6 +54,9 @@ class FleetReading:
     #: The controller gave its word and its promise lapsed (uninstalled, or down longer than three ticks):
     #: nobody is there to hear of a fault, so a node does not wait the settle for it.
     controller_gone: bool = False
+    #: This node's own summary as it last published it: what a scoped hold is judged against
+    #: (agent.fleet.scope); None before its first.
+    own: NodeSummary | None = None
     #: Whether the brake's count came from the reader's cache (listed up to its count_seconds before) rather
     #: than listed for this read.
     count_cached: bool = False
@@ -167,7 +171,7 @@ def fleet_view(source: FleetSource | None, *, node: str, faults: Iterable[FaultL
     held: dict[tuple[str, str], str] = {}
     for fault in holdable_acting:
         hold = covering_hold(reading.holds, node=node, rule_id=fault.rule_id, fault_class=fault.fault_class,
-                             now=reading.now)
+                             now=reading.now, own=reading.own)
         if hold is not None and quarantined and quarantined_at is not None and not hold.by_operator and \
                 quarantined_at < hold.started_at - BEFORE_HOLD_SLACK_SECONDS:
             continue  # acted on before the correlation formed: not the hold's to undo

@@ -33,6 +33,8 @@ class Summariser:
         self.pods = pods
         self.facts = facts
         self._quarantined_since = 0.0
+        #: The summary last made (what a scoped hold is judged against: agent.fleet.scope); None before one.
+        self.last: NodeSummary | None = None
 
     def __call__(self, document: Mapping[str, object]) -> NodeSummary:
         return self.summary(document)
@@ -53,12 +55,13 @@ class Summariser:
         cursors = document.get("cursors")
         models = sorted({str(g.get("model")) for g in _dicts(document.get("gpus")) if g.get("model")})
         facts = self.facts()
-        return NodeSummary(node=self.node, gpu_model=",".join(models), driver_version=facts.driver_version,
-                           fabric_domain=facts.fabric_domain,
-                           boot_id=str(cursors.get("boot_id", "")) if isinstance(cursors, Mapping) else "",
-                           uptime_seconds=max(0.0, self.uptime()),
-                           workloads=tuple(sorted({p.owner for p in pods if p.owner})), faults=faults,
-                           quarantined_since=self._quarantined_since)
+        self.last = NodeSummary(node=self.node, gpu_model=",".join(models), driver_version=facts.driver_version,
+                                fabric_domain=facts.fabric_domain,
+                                boot_id=str(cursors.get("boot_id", "")) if isinstance(cursors, Mapping) else "",
+                                uptime_seconds=max(0.0, self.uptime()),
+                                workloads=tuple(sorted({p.owner for p in pods if p.owner})), faults=faults,
+                                quarantined_since=self._quarantined_since)
+        return self.last
 
     @staticmethod
     def _fault(entry: Mapping[str, object], pods: list[PodRef]) -> FaultSummary:

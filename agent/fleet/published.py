@@ -24,11 +24,13 @@ version, during a rolling upgrade), so a node asking the brake reads no list of 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, replace
 
 from agent.errors import InputError
-from agent.fleet.hold import Hold, Unread, holds_to_json, parse_holds
+from agent.fleet.correlate import Correlation, Sighting
+from agent.fleet.hold import Hold, Unread, holdable, holds_to_json, parse_holds
+from agent.fleet.scope import SCOPABLE
 
 SUMMARY_ANNOTATION = "gpu-health-agent.io/fleet-summary"
 HOLDS_CONFIGMAP = "gpu-health-fleet-holds"
@@ -51,16 +53,39 @@ SEEN_KEY = "seen.json"
 CENSUS_KEY = "census.json"
 #: On a quarantined node (node or device taint): the second, on the node's wall clock, it was first seen so.
 QUARANTINE_LABEL = "gpu-health-agent.io/quarantined-since"
+#: How many node names the scoped holds list in all (published_form); the heard nodes and the first
+#: sightings listed, each (the controller keeps the most recent; agent.fleetctl.controller).
+LISTED_NODES = 500
+HEARD_NODES = 1000
+SEEN_NODES = 1000
+
+
+def published_form(holds: Iterable[Hold]) -> list[Hold]:
+    """The holds as published (agent.fleet.scope): a hold of a key readers judge themselves is scoped by it,
+    and names its nodes too while at most LISTED_NODES names are listed so in all (in id order: for a reader
+    of an earlier version, and a node whose own key reads otherwise than the controller's); every other
+    hold, an operator's and a unit name theirs. The object's size then grows with its causes, not the fleet."""
+    published: list[Hold] = []
+    listed = 0
+    for hold in sorted(holds, key=lambda h: h.id):
+        if hold.unit or hold.by_operator or hold.dimension not in SCOPABLE:
+            published.append(hold)
+            continue
+        keep = listed + len(hold.nodes) <= LISTED_NODES
+        listed += len(hold.nodes) if keep else 0
+        published.append(replace(hold, scope=True, nodes=hold.nodes if keep else frozenset()))
+    return published
 
 
 def encode(holds: Iterable[Hold], *, now: float, wall: float, writer: str,
            unread: Iterable[Unread] = ()) -> dict[str, str]:
     """The ConfigMap's data for holds kept on the writer's monotonic clock (`now`), stamped on its wall
     clock (`wall`): every time shifts by the same offset, so a reader recovers the differences. Entries the
-    writer could not read (`unread`: a newer writer's) go with them unchanged."""
+    writer could not read (`unread`: a newer writer's) go with them unchanged. Holds go in their published
+    form (published_form)."""
     offset = wall - now
     shifted = [replace(h, started_at=round(h.started_at + offset, 3), expires_at=round(h.expires_at + offset, 3))
-               for h in holds]
+               for h in published_form(holds)]
     return {HOLDS_KEY: holds_to_json(shifted, unread=[u.entry for u in unread]), WRITTEN_KEY: f"{wall:.3f}",
             WRITER_KEY: writer}
 
@@ -102,9 +127,9 @@ def still_written(unread: Iterable[Unread], *, wall: float) -> list[Unread]:
 
 
 def same_holds(left: Iterable[Hold], right: Iterable[Hold], *, slack: float = 1.0) -> bool:
-    """Whether two sets of holds say the same thing, times within `slack` seconds (a placement's jitter):
-    the controller writes only when something changed."""
-    a, b = {h.id: h for h in left}, {h.id: h for h in right}
+    """Whether two sets of holds say the same thing in their published form, times within `slack` seconds (a
+    placement's jitter): the controller writes only when something changed."""
+    a, b = {h.id: h for h in published_form(left)}, {h.id: h for h in published_form(right)}
     if a.keys() != b.keys():
         return False
     for key, x in a.items():
@@ -114,6 +139,28 @@ def same_holds(left: Iterable[Hold], right: Iterable[Hold], *, slack: float = 1.
         if abs(x.started_at - y.started_at) > slack or abs(x.expires_at - y.expires_at) > slack:
             return False
     return True
+
+
+def word_of_pass(correlations: Iterable[Correlation], sightings: Iterable[Sighting], *, units: Set[str],
+                 withheld: Set[tuple[str, str]], spent: Set[str], now: float, window_seconds: float
+                 ) -> tuple[dict[str, set[str]], dict[tuple[str, str], float]]:
+    """What a controller's pass publishes beside its holds: the nodes it heard of by rule (the word a settling
+    node waits for: this pass correlated its fault; never one of `withheld`, (rule, node) of a cause still
+    settling) and the first sightings ((node, rule) -> seen at, within the window) a new leader takes. Neither
+    names a node a scoped hold covers by its own key (it waits for no word, and its cause is the hold: a
+    standing cause of a SCOPABLE key, neither a unit nor `spent`), and each keeps the most recent
+    HEARD_NODES / SEEN_NODES (a node heard of earlier is past its settle), so the object stays bounded."""
+    standing = list(correlations)
+    scoped = {(c.rule_id, node) for c in standing if c.id not in units and c.id not in spent
+              and holdable(c.fault_class) and c.dimension in SCOPABLE for node in c.nodes}
+    recent = sorted((x for x in sightings if holdable(x.fault_class) and (x.rule_id, x.node) not in scoped),
+                    key=lambda x: (-x.seen_at, x.node, x.rule_id))
+    heard: dict[str, set[str]] = {}
+    for sighting in [x for x in recent if (x.rule_id, x.node) not in withheld][:HEARD_NODES]:
+        heard.setdefault(sighting.rule_id, set()).add(sighting.node)
+    first = {(x.node, x.rule_id): x.seen_at
+             for x in [x for x in recent if now - x.seen_at <= window_seconds][:SEEN_NODES]}
+    return heard, first
 
 
 def encode_heard(heard: Mapping[str, Iterable[str]], *, alive_until: float) -> dict[str, str]:

@@ -327,7 +327,7 @@ def status_command(output: str, namespace: str | None, kubeconfig: str | None) -
     holds, _ = store.read()
     now = store.clock()
     rows: list[dict[str, Any]] = [{"id": h.id, "kind": h.kind, "rule": h.rule_id, "state": _state(h, now),
-                                   "nodes": sorted(h.nodes),
+                                   "nodes": sorted(h.nodes), "scope": _scope(h),
              "remaining_seconds": max(0, round(h.expires_at - now)), "cause": h.cause} for h in holds]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
@@ -335,8 +335,18 @@ def status_command(output: str, namespace: str | None, kubeconfig: str | None) -
     if not rows:
         click.echo(f"no holds in {store.source}")
     for row in rows:
-        click.echo(f"{row['id']}  {row['kind']}  {row['state']}  {len(row['nodes'])} node(s)  "
+        covers = f"every node whose own {row['scope']}" if row["scope"] else f"{len(row['nodes'])} node(s)"
+        click.echo(f"{row['id']}  {row['kind']}  {row['state']}  {covers}  "
                    f"{row['remaining_seconds']}s left  {row['cause']}")
+
+
+def _scope(hold: Hold) -> str:
+    """What a scoped hold covers in words ("" for one that covers the nodes it names only)."""
+    if not hold.scope:
+        return ""
+    if hold.domains:
+        return f"{hold.dimension} is one of {len(hold.domains)} it touched"
+    return f"{hold.dimension} is {hold.key}" + (f" (named: {len(hold.nodes)})" if hold.nodes else "")
 
 
 def _state(hold: Hold, now: float) -> str:

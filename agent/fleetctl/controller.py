@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
-from agent.fleet.published import HOLDS_CONFIGMAP, encode_census, encode_seen
+from agent.fleet.published import HOLDS_CONFIGMAP, encode_census, encode_seen, word_of_pass
 from agent.fleet.unit import settling, unit_ids
 from agent.fleetctl.metrics import FleetMetrics
 from agent.fleetctl.settings import FleetSettings
@@ -103,12 +103,9 @@ class FleetController:
         # pass at its end names it (a unit, or a hold), or the fabric-wide cause it turned out to be.
         withheld = {(c.rule_id, node) for c in correlations if c.id in young for node in c.nodes}
         correlations = [c for c in correlations if c.id not in young]
-        heard: dict[str, set[str]] = {}
-        for sighting in sightings:  # the word a settling node waits for: this pass correlated its fault
-            if holdable(sighting.fault_class) and (sighting.rule_id, sighting.node) not in withheld:
-                heard.setdefault(sighting.rule_id, set()).add(sighting.node)
-        first = {(x.node, x.rule_id): x.seen_at for x in sightings
-                 if holdable(x.fault_class) and now - x.seen_at <= s.policy.window_seconds}
+        heard, first = word_of_pass(correlations, sightings, units=units, withheld=withheld,
+                                    spent={h.id for h in read[0] if h.spent}, now=now,
+                                    window_seconds=s.policy.window_seconds)
         for entry in self.store.unread:  # a newer writer's entries: kept as written, never a reason to stop
             if entry.reason not in self._told:
                 self._told.add(entry.reason)

@@ -10,11 +10,14 @@ from typing import Any
 
 from agent.config import Config
 from agent.diagnostics import command_runner
-from agent.fleet import BrakePolicy
+from agent.errors import InputError
+from agent.fleet import BrakePolicy, NodeSummary
 from agent.fleet.publish import NodeFacts, Summariser
+from agent.fleet.published import SUMMARY_ANNOTATION
 from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
 from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.budget import LeaseBudget
+from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
 from agent.k8s.fleet_gate import FleetGate
@@ -114,7 +117,25 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
                      gpus_by_pod_uid=hooks.gpus_by_pod_uid, mig_parents=hooks.mig_parents,
                      dra_gpus=devices.gpus_by_pod)
+    if fleet is not None and summariser is not None:
+        fleet.own = own_summary(summariser, writer)
     return ClusterSide(actuator, budget, pods, writer, own_pod, operands, fleet, summariser, watch)
+
+
+def own_summary(summariser: Summariser, writer: NodeWriter) -> Callable[[], NodeSummary | None]:
+    """This node's summary as the summariser last made it, or before its first (a restarted agent's first
+    pass) as its Node shows it: what a scoped hold covers the node by (agent.fleet.scope)."""
+    return lambda: summariser.last or published_summary(writer)
+
+
+def published_summary(writer: NodeWriter) -> NodeSummary | None:
+    """The summary this node's agent last published on its Node (a restarted agent's, before it makes its
+    own); None where there is none or it cannot be read."""
+    try:
+        text = writer.read().annotations.get(SUMMARY_ANNOTATION, "")
+        return NodeSummary.from_json(text, source="own Node's summary") if text else None
+    except (K8sError, InputError):
+        return None
 
 
 def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time.time,

@@ -57,7 +57,8 @@ class FleetGate:
                  claims: BrakeClaims | None = None, claim_retry_seconds: float = 30.0, node: str = "",
                  rule_class: Callable[[str], FaultClass | None] = lambda rule_id: None,
                  fabric_domain: Callable[[], str] = str,
-                 on_unread: Callable[[str], None] = lambda what: None) -> None:
+                 on_unread: Callable[[str], None] = lambda what: None,
+                 own: Callable[[], NodeSummary | None] = lambda: None) -> None:
         self.raw = raw
         self.brake = brake
         self.holds = holds
@@ -75,6 +76,8 @@ class FleetGate:
         self.node = node
         self.rule_class = rule_class
         self.fabric_domain = fabric_domain
+        #: This node's summary as it last published it: a scoped hold covers it by its own keys.
+        self.own = own
         #: Called once for each entry (or key) of the shared object this agent set aside ("holds", "census",
         #: "heard", "unit"): the daemon counts them in a metric.
         self.on_unread = on_unread
@@ -133,7 +136,7 @@ class FleetGate:
         return FleetReading(holds, now, gpu_nodes, quarantined, published=published, heard=heard,
                             controller_alive=promise is not None and now < promise,
                             controller_gone=promise is not None and promise <= now, count_cached=cached,
-                            refused=refused,
+                            refused=refused, own=self.own() if holds else None,
                             holds_error=self._stale, count_error=self._count_error if count else "")
 
     def claim(self, node: str) -> str:

@@ -163,3 +163,20 @@ def test_fleet_run_answers_its_probes_on_a_listener_of_its_own(server, kubeconfi
             connection.close()
         process.terminate()
         process.wait(timeout=15)
+
+
+def test_status_says_what_a_scoped_hold_covers(server, kubeconfig, monkeypatch):
+    """A controller's hold published by its key alone (past LISTED_NODES): status says it covers every node
+    of that driver version, not "0 node(s)"."""
+    from agent.fleet import published
+    from agent.fleet.correlate import Dimension
+    from agent.fleet.hold import Hold
+    from agent.model import FaultClass
+    monkeypatch.setattr(published, "LISTED_NODES", 0)
+    driver = Hold("xid-119/driver-version/570.86.15", "xid-119", FaultClass.DRIVER, Dimension.DRIVER_VERSION,
+                  "570.86.15", "the driver version 570.86.15", frozenset({"gpu-0", "gpu-1"}), 0.0, 3600.0)
+    server.cluster.add("configmaps", {"metadata": {"name": HOLDS_CONFIGMAP, "namespace": "gpu-health"},
+                                      "data": published.encode([driver], now=0.0, wall=1.7e9, writer="fleet-a")})
+    result = fleet(kubeconfig, "status")
+    assert result.exit_code == 0, result.output
+    assert "every node whose own driver-version is 570.86.15" in result.output and "0 node(s)" not in result.output

@@ -16,6 +16,7 @@ from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.raw import RawApi
 from agent.logs import capture_logs
 from agent.model import FaultClass
+from agent.remediation import Mode
 from tests.integration.test_fleet_agents import (
     NS,
     Clock,
@@ -26,7 +27,7 @@ from tests.integration.test_fleet_agents import (
     storm,
     tainted,
 )
-from tests.k8s_helpers import operator_client, restart
+from tests.k8s_helpers import gpu_node, make_agent, operator_client, restart
 
 pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 BRAKE = BrakePolicy(max_share=0.15, min_nodes=2, max_nodes=200, window_seconds=600.0)
@@ -328,3 +329,36 @@ def test_an_unreadable_holds_object_is_tried_once_a_cache_period_not_every_pass(
     clock.now += 10.0
     gate.read(count=False)
     assert holds_reads(fake) > tried
+
+
+@pytest.fixture
+def nothing_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scoped holds name none of their nodes (as past LISTED_NODES at fleet scale)."""
+    from agent.fleet import published
+    monkeypatch.setattr(published, "LISTED_NODES", 0)
+
+
+def test_a_hold_scoped_by_its_driver_version_holds_nodes_it_does_not_name(fake, nothing_listed):
+    """Xid 119/120 on every node of one driver, the hold published by its key alone: each agent finds itself
+    in it by its own driver version, and restarted agents (before their own first summary) too."""
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), gsp_timeouts)
+    published = json.loads(operator(fake).get(HOLDS_PATH)["data"]["holds.json"])
+    assert published and all(entry["scope"] and entry["nodes"] == [] for entry in published)
+    assert tainted(fake, fleet) == []
+    fleet = [restart(agent) for agent in fleet]
+    for agent in fleet:
+        agent.settle(400.0)
+    assert tainted(fake, fleet) == []
+
+
+def test_a_scoped_hold_never_covers_a_node_of_another_driver(fake, nothing_listed):
+    """The same storm, and one node whose own NVML reads another driver: the hold's key is not its own, so
+    its fault is its own, tainted."""
+    fleet = agents(fake, fleet=True)
+    storm(fake, fleet, fleet_controller(fake), gsp_timeouts)
+    other = make_agent(fake[0], fake[1], gpu_node("odd", gpus=2), mode=Mode.QUARANTINE, fleet=True,
+                       driver="575.51.03")
+    gsp_timeouts(other)
+    other.settle(400.0)
+    assert [n for n in tainted(fake, [*fleet, other])] == [other.inventory.name]
