@@ -9,6 +9,8 @@ import pytest
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.model import GpuRef, Observation, Signal, frozen_attrs
 
+pytest_plugins = ["tests.fault_table"]
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
