@@ -15,14 +15,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from agent.logs import get_logger
-from agent.model import GpuRef, Observation, Signal, frozen_attrs
+from agent.model import GpuRef, Observation, Signal, frozen_attrs, normalise_pci
 from agent.sources import nvml_links, nvml_probe, nvml_reads
 from agent.sources.base import Emit
 from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
+from agent.sources.expected_gpus import labelled_count, pci_gpus, shortfall
 from agent.sources.node_memory import InMemory, NodeMemory
 from agent.sources.nvml_calls import GpuLost, GpuState, NvmlCalls, Reading, handle_key, text
 from agent.sources.nvml_calls import observation as _observation
@@ -46,8 +48,19 @@ class NvmlSource:
     def __init__(self, nvml: Any, *, poll_seconds: float = 10.0, call_timeout_seconds: float = 2.0,
                  clock: Callable[[], float] = time.time, event_wait_ms: int = 500,
                  memory: NodeMemory | None = None, reprobe_seconds: float = REPROBE_SECONDS,
-                 max_hung_calls: int = 8) -> None:
+                 max_hung_calls: int = 8, pci_devices: Path | None = None,
+                 node_labels: Callable[[], Mapping[str, str]] = dict) -> None:
+        """`pci_devices` (sysfs, None: not read) and `node_labels` (the Node's, as last seen) say how many GPUs
+        the node should have where no inventory is remembered (a first boot): see expected_gpus."""
         self.nvml = nvml
+        self.pci_devices = pci_devices
+        self.node_labels = node_labels
+        #: The most GPUs GFD's label has said since the start: GFD relabels with what it finds on this boot, and
+        #: a relabel to fewer must not hide the GPUs that went missing.
+        self.labelled_gpus: int | None = None
+        #: The NVIDIA GPUs on the PCI bus at the start (normalised addresses), read once: the bus does not change
+        #: while the driver runs, and a GPU that falls off it later is Xid 79's.
+        self.on_bus: list[str] = []
         self.memory: NodeMemory = memory if memory is not None else InMemory()
         self.reprobe_seconds = reprobe_seconds
         self.missing: list[GpuRef] = []
@@ -71,6 +84,7 @@ class NvmlSource:
         self.driver_version = text(self.calls.call("nvmlSystemGetDriverVersion", self.nvml.nvmlSystemGetDriverVersion))
         count = int(self.calls.call("nvmlDeviceGetCount", self.nvml.nvmlDeviceGetCount))
         self.gpus = [discover(self.calls, self.nvml, index) for index in range(count)]
+        self.on_bus = pci_gpus(self.pci_devices) if self.pci_devices is not None else []
         self._remember_inventory()
         self._restore_nvlink_baselines()
 
@@ -116,11 +130,15 @@ class NvmlSource:
                                            "index": gpu.ref.index}
         self.memory.save(INVENTORY_KEY, sorted(inventory.values(), key=lambda g: str(g["uuid"])))
 
-    def forget_gpu(self, uuid: str) -> None:
-        """An operator released a missing GPU (removed or replaced on purpose): stop reporting it."""
-        known = self.memory.load(INVENTORY_KEY) or []
-        self.memory.save(INVENTORY_KEY, [g for g in known if isinstance(g, dict) and g.get("uuid") != uuid])
-        self.missing = [ref for ref in self.missing if ref.uuid != uuid]
+    def forget_gpu(self, uuid: str, *, pci_bus_id: str = "") -> None:
+        """An operator released a missing GPU (removed or replaced on purpose; one on the bus NVML does not
+        enumerate, known only by its address, until the next start): stop reporting it."""
+        if uuid:
+            known = self.memory.load(INVENTORY_KEY) or []
+            self.memory.save(INVENTORY_KEY, [g for g in known if isinstance(g, dict) and g.get("uuid") != uuid])
+            self.missing = [ref for ref in self.missing if ref.uuid != uuid]
+        elif pci_bus_id:
+            self.on_bus = [pci for pci in self.on_bus if pci != normalise_pci(pci_bus_id)]
 
     def _restore_nvlink_baselines(self) -> None:
         saved = self.memory.load(NVLINK_KEY) or {}
@@ -154,7 +172,36 @@ class NvmlSource:
             observations.append(Observation(Signal.GPU_MISSING, 1.0, now, self.name, ref, frozen_attrs(
                 {"last_seen": f"PCI {ref.pci_bus_id or '?'} before the last restart",
                  "message": "no longer enumerated by NVML"})))
+        observations.extend(self._expected_missing(now))
         return observations
+
+    def _expected_missing(self, now: float) -> list[Observation]:
+        """The GPUs a first boot lacks beside the remembered inventory's: each NVIDIA GPU on the PCI bus that
+        NVML does not enumerate (known by its address), and, as one reading of the node, how many fewer GPUs
+        than GFD's `nvidia.com/gpu.count` says all of them account for (0 once they do)."""
+        labelled = labelled_count(self._labels())
+        if labelled is not None:
+            self.labelled_gpus = max(labelled, self.labelled_gpus or 0)
+        lacking = shortfall(enumerated=[g.ref.pci_bus_id for g in self.gpus], enumerated_count=len(self.gpus),
+                            on_bus=self.on_bus if all(g.ref.pci_bus_id for g in self.gpus) else [],
+                            remembered_missing=[r.pci_bus_id for r in self.missing],
+                            expected=self.labelled_gpus)
+        out = [Observation(Signal.GPU_MISSING, 1.0, now, self.name, GpuRef(pci_bus_id=pci), frozen_attrs(
+                   {"expected_from": "pci", "last_seen": f"PCI {pci} on the bus (sysfs)",
+                    "message": "an NVIDIA GPU on the PCI bus that NVML does not enumerate"}))
+               for pci in lacking.on_bus]
+        if lacking.expected is not None:
+            out.append(Observation(Signal.GPU_MISSING, float(lacking.unnamed), now, self.name, None, frozen_attrs(
+                {"expected_from": "label", "expected": lacking.expected, "enumerated": len(self.gpus),
+                 "message": f"GPU Feature Discovery's nvidia.com/gpu.count says {lacking.expected}"})))
+        return out
+
+    def _labels(self) -> Mapping[str, str]:
+        try:
+            return self.node_labels()
+        except Exception as exc:  # noqa: BLE001 - the Node's labels are a hint; reading them never stops a poll
+            log.warning("node_labels_unreadable", error=str(exc))
+            return {}
 
     def poll_gpu(self, gpu: GpuState) -> list[Observation]:
         """Every reading of one GPU, all under one deadline: a hung call makes the GPU Unknown."""
