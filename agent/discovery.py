@@ -81,6 +81,7 @@ def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
 def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     # Each source's modules are imported only where it is asked for (an idle kernel-log agent loads none of them).
     from agent.sources.expected_gpus import PCI_DEVICES  # noqa: PLC0415
+    from agent.sources.fabric_manager import FabricManagerWatch  # noqa: PLC0415
     from agent.sources.node_memory import JsonFileMemory  # noqa: PLC0415
     from agent.sources.nvml import NvmlSource, load_pynvml  # noqa: PLC0415
 
@@ -100,9 +101,11 @@ def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     # known to be missing, and a link down is judged against the links it had.
     memory = JsonFileMemory(Path(ctx.config.journal_path).parent / NVML_MEMORY_FILE)
     # A first boot has no remembered GPUs: the PCI bus and GFD's gpu.count label say how many there should be.
+    # Fabric Manager is the host's process, seen in the host's /proc (the one the kernel-log source reads).
     return NvmlSource(nvml, poll_seconds=settings.poll_seconds, memory=memory,
                       call_timeout_seconds=settings.call_timeout_seconds, pci_devices=PCI_DEVICES,
-                      node_labels=ctx.node_labels), ""
+                      node_labels=ctx.node_labels,
+                      fabric_manager=FabricManagerWatch(Path(ctx.config.sources.kmsg.proc_root))), ""
 
 
 def _dcgm_factory(ctx: SourceContext) -> tuple[Source | None, str]:

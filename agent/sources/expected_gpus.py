@@ -23,6 +23,7 @@ GPU_CLASSES = ("0x0300", "0x0302")
 #: The drivers a GPU of this node's NVML may be bound to: nvidia, or none (its probe failed). A GPU bound to
 #: another driver (vfio-pci: passed through to a VM) is not this node's NVML's to enumerate.
 NVML_DRIVERS = frozenset({"nvidia", ""})
+NVSWITCH_CLASS = "0x0680"
 
 
 def _read(path: Path) -> str:
@@ -52,6 +53,17 @@ def pci_gpus(devices: Path = PCI_DEVICES) -> list[str]:
         if driver in NVML_DRIVERS:
             found.append(normalise_pci(name))
     return found
+
+
+def nvswitches(devices: Path = PCI_DEVICES) -> int:
+    """How many NVIDIA NVSwitches (bridge class 0x0680) the host's PCI bus holds: an HGX baseboard's, whose fabric
+    the host's Fabric Manager configures (0 where sysfs cannot be read)."""
+    try:
+        entries = os.listdir(devices)
+    except OSError:
+        return 0
+    return sum(1 for name in entries if _read(devices / name / "vendor") == NVIDIA_VENDOR
+               and _read(devices / name / "class").startswith(NVSWITCH_CLASS))
 
 
 def labelled_count(labels: Mapping[str, str]) -> int | None:

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.logs import get_logger
-from agent.model import GpuRef, Observation, Signal, frozen_attrs, normalise_pci
+from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs, normalise_pci
 from agent.sources import nvml_links, nvml_probe, nvml_reads
 from agent.sources.base import Emit
 from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
-from agent.sources.expected_gpus import labelled_count, pci_gpus, shortfall
+from agent.sources.expected_gpus import labelled_count, nvswitches, pci_gpus, shortfall
+from agent.sources.fabric_manager import UNSEEN, FabricManagerWatch, FmInstance, status
 from agent.sources.node_memory import InMemory, NodeMemory
 from agent.sources.nvml_calls import GpuLost, GpuState, NvmlCalls, Reading, handle_key, text
 from agent.sources.nvml_calls import observation as _observation
@@ -38,6 +39,8 @@ log = get_logger("agent.sources.nvml")
 
 REPROBE_SECONDS = 600.0
 INVENTORY_KEY = "nvml.inventory"
+#: The Fabric Manager instance each GPU registered with, this boot: {"boot": boot id, "gpus": {uuid: instance}}.
+FABRIC_MANAGER_KEY = "nvml.fabric_manager"
 
 
 class NvmlSource:
@@ -49,10 +52,19 @@ class NvmlSource:
                  clock: Callable[[], float] = time.time, event_wait_ms: int = 500,
                  memory: NodeMemory | None = None, reprobe_seconds: float = REPROBE_SECONDS,
                  max_hung_calls: int = 8, pci_devices: Path | None = None,
-                 node_labels: Callable[[], Mapping[str, str]] = dict) -> None:
+                 node_labels: Callable[[], Mapping[str, str]] = dict,
+                 fabric_manager: FabricManagerWatch | None = None) -> None:
         """`pci_devices` (sysfs, None: not read) and `node_labels` (the Node's, as last seen) say how many GPUs
-        the node should have where no inventory is remembered (a first boot): see expected_gpus."""
+        the node should have where no inventory is remembered (a first boot): see expected_gpus.
+        `fabric_manager` (None: not watched) finds the host's nv-fabricmanager: see fabric_manager."""
         self.nvml = nvml
+        self.fabric_manager = fabric_manager
+        #: The instance running at this poll, whether one must run (NVSwitches on the bus, or one seen), and the
+        #: instance each GPU registered with (FABRIC_MANAGER_KEY).
+        self.fm_now: FmInstance | None = None
+        self.fm_expected = False
+        self.fm_registered: dict[str, str] = {}
+        self._fm_boot = ""
         self.pci_devices = pci_devices
         self.node_labels = node_labels
         #: The most GPUs GFD's label has said since the start: GFD relabels with what it finds on this boot, and
@@ -87,6 +99,7 @@ class NvmlSource:
         self.on_bus = pci_gpus(self.pci_devices) if self.pci_devices is not None else []
         self._remember_inventory()
         self._restore_nvlink_baselines()
+        self._restore_fabric_manager()
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):  # shutting down a wedged driver is best effort
@@ -147,6 +160,42 @@ class NvmlSource:
             if isinstance(links, list):
                 gpu.links_seen_up.update(int(n) for n in links if isinstance(n, int))
 
+    def _restore_fabric_manager(self) -> None:
+        """The instance each GPU registered with, as remembered this boot (another boot registers anew)."""
+        if self.fabric_manager is None:
+            return
+        self._fm_boot = self.fabric_manager.boot_id()
+        self.fm_expected = bool(self.pci_devices is not None and nvswitches(self.pci_devices))
+        saved = self.memory.load(FABRIC_MANAGER_KEY)
+        if isinstance(saved, dict) and saved.get("boot") == self._fm_boot and isinstance(saved.get("gpus"), dict):
+            self.fm_registered = {str(k): str(v) for k, v in saved["gpus"].items()}
+
+    def _fabric_manager_attrs(self, gpu: GpuState) -> dict[str, AttrValue | None]:
+        """What the GPU's fabric reading says of Fabric Manager (nothing where nothing says one runs here)."""
+        if self.fabric_manager is None:
+            return {}
+        now = self.fm_now
+        state = status(now, self.fm_registered.get(gpu.ref.uuid), expected=self.fm_expected)
+        if state is None:
+            return {}
+        return {"fabric_manager": state, "fabric_manager_pid": now.pid if now is not None else None}
+
+    def _note_registration(self, gpu: GpuState) -> None:
+        """A GPU read registered (Completed) with no instance remembered registered with the one running now
+        (or with one that could not be seen, where one must run: any instance later is another)."""
+        uuid = gpu.ref.uuid
+        if self.fabric_manager is None or not uuid or uuid in self.fm_registered or \
+                gpu.readings.get("fabric_state") != "Completed" or not (self.fm_now or self.fm_expected):
+            return
+        self.fm_registered[uuid] = self.fm_now.key if self.fm_now is not None else UNSEEN
+        self.memory.save(FABRIC_MANAGER_KEY, {"boot": self._fm_boot, "gpus": dict(sorted(self.fm_registered.items()))})
+
+    def _registered_again(self, uuid: str) -> None:
+        """A reset GPU registers again, with whichever instance runs when it is next read Completed."""
+        if self.fm_registered.pop(uuid, None) is not None:
+            self.memory.save(FABRIC_MANAGER_KEY, {"boot": self._fm_boot,
+                                                  "gpus": dict(sorted(self.fm_registered.items()))})
+
     @property
     def fabric_domain(self) -> str:
         """The NVLink fabric domain(s) of this node's GPUs as the last poll read them ("" on a PCIe-only node or
@@ -165,6 +214,9 @@ class NvmlSource:
 
     def _poll_all(self) -> list[Observation]:
         observations: list[Observation] = []
+        if self.fabric_manager is not None:
+            self.fm_now = self.fabric_manager.instance()
+            self.fm_expected = self.fm_expected or self.fm_now is not None
         for gpu in self.gpus:
             observations.extend(self.poll_gpu(gpu))
         now = self.clock()
@@ -295,7 +347,8 @@ class NvmlSource:
         nvml_reads.read_retired_pages(calls, gpu, now, out)
         nvml_reads.read_remapped_rows(calls, gpu, now, out)
         nvml_links.read_nvlink_state(calls, self.memory, self.gpus, gpu, now, out)
-        nvml_links.read_fabric(calls, gpu, now, out)
+        nvml_links.read_fabric(calls, gpu, now, out, extra=self._fabric_manager_attrs(gpu))
+        self._note_registration(gpu)
         utilization = calls.optional(gpu, "nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, h,
                                      aux=True)
         if utilization is not None:
@@ -341,9 +394,12 @@ class NvmlSource:
                 self._released = True
                 self.calls.call("nvmlShutdown", self.nvml.nvmlShutdown)
 
-    def reacquire_after_reset(self) -> None:
+    def reacquire_after_reset(self, reset_uuid: str = "") -> None:
         """nvmlInit and each GPU's handle again; readings and event waits resume. Should nvmlInit fail, polls resume
-        anyway, so the GPUs read as unreadable (Unknown) rather than silently not at all."""
+        anyway, so the GPUs read as unreadable (Unknown) rather than silently not at all. The GPU reset
+        (`reset_uuid`, "" when the reset failed) registers with the fabric again."""
+        if reset_uuid:
+            self._registered_again(reset_uuid)
         with self._session:
             if not self._released:
                 return

@@ -137,9 +137,11 @@ def read_pcie_link(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observ
                                utilization_gpu=busy, width=int(width) if width is not None else None))
 
 
-def read_fabric(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observation]) -> None:
-    """The GPU's fabric registration (NVSwitch systems, GB200 NVL72): state, status and health mask.
-    NotSupported (a PCIe-only GPU) gives no reading; so does state NotSupported."""
+def read_fabric(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observation], *,
+                extra: dict[str, AttrValue | None] | None = None) -> None:
+    """The GPU's fabric registration (NVSwitch systems, GB200 NVL72): state, status and health mask, and `extra`
+    (what the source knows of Fabric Manager). NotSupported (a PCIe-only GPU) gives no reading; so does state
+    NotSupported."""
     info = _fabric_info(calls, gpu)
     if info is None or int(info.state) == FABRIC_STATE_NOT_SUPPORTED:
         return
@@ -163,7 +165,7 @@ def read_fabric(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observati
         attrs["health_summary"] = FABRIC_SUMMARIES.get(summary, f"code {summary}")
     gpu.readings.update(fabric_state=attrs["state_name"], fabric_status=attrs["status_text"], fabric_health_mask=mask,
                         fabric_domain=fabric_domain(bytes(info.clusterUuid), int(info.cliqueId)))
-    out.append(observation(gpu, Signal.GPU_FABRIC, state, now, extra=attrs))
+    out.append(observation(gpu, Signal.GPU_FABRIC, state, now, extra={**attrs, **(extra or {})}))
 
 
 def fabric_domain(cluster_uuid: bytes, clique_id: int) -> str:
