@@ -132,3 +132,29 @@ def test_a_released_gpu_on_the_bus_is_not_raised_again(fake_nvml, tmp_path):
         assert [o for o in nvml.poll() if o.signal is Signal.GPU_MISSING and o.value] == []
     finally:
         nvml.stop()
+
+
+def test_the_daemon_hands_the_nvml_source_the_labels_of_its_node_as_last_read(tmp_path):
+    """GFD's nvidia.com/gpu.count reaches the NVML source through the daemon: the Node as its cluster side saw it
+    (fake API server over real HTTP)."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import load_config
+    from agent.daemon import Daemon
+    from agent.k8s.client import client_for
+    from agent.k8s.cluster import build_cluster_side
+    from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
+    from tests.integration.test_node_watch import Idle
+    from tests.k8s_helpers import RULES, gpu_node
+
+    cluster = FakeCluster()
+    populate(cluster, gpu_node("n1"), labels={"nvidia.com/gpu.count": "8"})
+    server = FakeApiServer(cluster).start()
+    try:
+        config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db")})
+        side = build_cluster_side(client_for(server.url), config, on_stuck=lambda pod: None)
+        daemon = Daemon(config, rules=RULES, sources=[Idle()], registry=CollectorRegistry(), cluster=side)
+        side.writer.read()
+        assert daemon._node_labels()["nvidia.com/gpu.count"] == "8"
+    finally:
+        server.stop()
