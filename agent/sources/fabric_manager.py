@@ -8,9 +8,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.logs import get_logger
+
+log = get_logger("agent.sources.fabric_manager")
+
 #: The process name: /proc/PID/comm holds at most 15 characters of it.
 FM_NAME = "nv-fabricmanager"
 _COMM = FM_NAME[:15]
+#: What PID 1 of the host is called: a /proc whose PID 1 is anything else is a container's (the host's /proc is
+#: not mounted there), where no Fabric Manager can be seen, so its absence says nothing.
+HOST_INITS = frozenset({"systemd", "init"})
 #: A GPU that registered while no Fabric Manager instance could be seen: any instance later is another one.
 UNSEEN = "unseen"
 RUNNING, DOWN, RESTARTED = "running", "down", "restarted"
@@ -49,6 +56,18 @@ class FabricManagerWatch:
     def __init__(self, proc_root: Path) -> None:
         self.proc_root = proc_root
         self._last: FmInstance | None = None
+        self._host: bool | None = None
+
+    def sees_host(self) -> bool:
+        """Whether `proc_root` is the host's /proc (PID 1 is systemd or init), read once; where it is not, one
+        warning says so and Fabric Manager is not judged (a container's own /proc never shows it)."""
+        if self._host is None:
+            init = _read(self.proc_root / "1" / "comm").strip()
+            self._host = init in HOST_INITS
+            if not self._host:
+                log.warning("fabric_manager_unwatched", proc_root=str(self.proc_root), pid1=init or "unreadable",
+                            fix="mount the host's /proc (the DaemonSet's /host/proc) and set sources.kmsg.proc_root")
+        return self._host
 
     def boot_id(self) -> str:
         return _read(self.proc_root / "sys" / "kernel" / "random" / "boot_id").strip()

@@ -162,6 +162,8 @@ class NvmlSource:
 
     def _restore_fabric_manager(self) -> None:
         """The instance each GPU registered with, as remembered this boot (another boot registers anew)."""
+        if self.fabric_manager is not None and not self.fabric_manager.sees_host():
+            self.fabric_manager = None  # a container's own /proc: Fabric Manager cannot be seen, so is not judged
         if self.fabric_manager is None:
             return
         self._fm_boot = self.fabric_manager.boot_id()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.engine import builtin_rules_dir, load_rules
+from agent.logs import capture_logs
 from agent.model import NodeInventory, Signal
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode
@@ -24,11 +25,11 @@ class HostProc:
     """The host's /proc as the kernel lays it out: per process comm (15 characters), cmdline (NUL-separated),
     stat (starttime is field 22), and the boot id."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, init: str = "/sbin/init") -> None:
         self.root = root
         (root / "sys" / "kernel" / "random").mkdir(parents=True)
         (root / "sys" / "kernel" / "random" / "boot_id").write_text(BOOT + "\n")
-        self.process(1, "/sbin/init", 1)
+        self.process(1, init, 1)
         self.process(812, "/usr/sbin/sshd", 900)
 
     def process(self, pid: int, argv0: str, started: int) -> None:
@@ -55,9 +56,9 @@ class Clock:
 class Node:
     """An HGX node (NVSwitches on the bus, every GPU's fabric Completed), polled every 10 s on a virtual clock."""
 
-    def __init__(self, fake_nvml, tmp_path: Path, *, nvswitches: bool = True) -> None:
+    def __init__(self, fake_nvml, tmp_path: Path, *, nvswitches: bool = True, init: str = "/sbin/init") -> None:
         fake_nvml.write(eight_gpus(**{str(i): {"fabric": {"state": 3, "status": 0}} for i in range(8)}))
-        self.proc = HostProc(tmp_path / "proc")
+        self.proc = HostProc(tmp_path / "proc", init=init)
         self.clock = Clock()
         bus = baseboard(tmp_path / "sys")
         if not nvswitches:
@@ -175,3 +176,16 @@ def test_a_process_merely_named_like_fabric_manager_is_not_it(fake_nvml, tmp_pat
         assert node.fabric(0).attrs["fabric_manager"] == "down"
     finally:
         node.stop()
+
+
+def test_a_containers_own_proc_is_one_warning_and_fabric_manager_is_not_judged(fake_nvml, tmp_path):
+    """The host's /proc not mounted (PID 1 is the agent itself): no Fabric Manager can be seen there, so its
+    absence quarantines nothing on an NVSwitch node; one line says what to mount."""
+    with capture_logs() as logs:
+        node = Node(fake_nvml, tmp_path, init="/usr/local/bin/python3")
+        try:
+            assert node.over(60) == []
+            assert "fabric_manager" not in node.fabric(0).attrs
+        finally:
+            node.stop()
+    assert [e["event"] for e in logs if e["event"] == "fabric_manager_unwatched"] == ["fabric_manager_unwatched"]
