@@ -98,6 +98,11 @@ def read_nvlink_state(calls: NvmlCalls, memory: NodeMemory, gpus: list[GpuState]
     # where the GPU should have it (its model's count, its peers'); a link neither judges gives no reading, so
     # "none down" is said only when every link is judged (never healthy by default).
     expected, expected_from = expected_nvlinks(gpu, gpus)
+    # Links train once the GPU has registered with the fabric (Fabric Manager configures them): while its last
+    # fabric reading says it has not, an untrained link is that registration's (fabric-not-registered), not a fault
+    # of its own; a GPU without a fabric reading (no NVSwitch, or before the first) is judged as it reads.
+    if gpu.readings.get("fabric_state") not in (None, "Completed"):
+        expected = 0
     expected = min(expected, gpu.nvlinks or 0)
     down = [n for n in inactive if n in gpu.links_seen_up]
     # The links it lacks of those it should have: inactive ones without a baseline, as many as it lacks.

@@ -222,6 +222,18 @@ def test_a_first_boot_with_12_of_18_links_trained_is_judged_by_the_model(fake_nv
     assert readings["nvlinks_down"] == list(range(12, 18))  # what the reset's clean poll must see up again
 
 
+def test_links_not_trained_while_the_gpu_has_not_registered_with_the_fabric_are_not_judged(fake_nvml):
+    """Fabric Manager not started at boot: no link trains, and fabric-not-registered says why; the links are not
+    a fault of their own (a reset could not train them)."""
+    fake_nvml.write(eight_gpus(**{"0": {"nvlink": {"links": 18, "down": list(range(18))}, "fabric": {"state": 1}}}))
+    nvml = source()
+    try:
+        nvml.poll()  # the first poll reads the fabric after the links
+        assert [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 0] == []
+    finally:
+        nvml.stop()
+
+
 def test_a_board_of_an_unlisted_model_is_judged_against_its_peers(fake_nvml):
     """A new board (no baseline) of a model the table does not name: its peers on the node have 18 links up."""
     model = {"name": "NVIDIA Future SXM"}
