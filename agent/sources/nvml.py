@@ -184,10 +184,16 @@ class NvmlSource:
 
     def _note_registration(self, gpu: GpuState) -> None:
         """A GPU read registered (Completed) with no instance remembered registered with the one running now
-        (or with one that could not be seen, where one must run: any instance later is another)."""
+        (or with one that could not be seen, where one must run: any instance later is another); one read
+        registering again (a reset by anyone, a driver reload) is forgotten, to be noted when it completes."""
         uuid = gpu.ref.uuid
-        if self.fabric_manager is None or not uuid or uuid in self.fm_registered or \
-                gpu.readings.get("fabric_state") != "Completed" or not (self.fm_now or self.fm_expected):
+        state = gpu.readings.get("fabric_state")
+        if self.fabric_manager is None or not uuid or state is None:
+            return
+        if state != "Completed":
+            self._registered_again(uuid)
+            return
+        if uuid in self.fm_registered or not (self.fm_now or self.fm_expected):
             return
         self.fm_registered[uuid] = self.fm_now.key if self.fm_now is not None else UNSEEN
         self.memory.save(FABRIC_MANAGER_KEY, {"boot": self._fm_boot, "gpus": dict(sorted(self.fm_registered.items()))})

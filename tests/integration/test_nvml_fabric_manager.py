@@ -146,6 +146,17 @@ def test_a_reset_gpu_registers_with_the_running_fabric_manager(hgx):
     assert (hgx.fabric(2).attrs["fabric_manager"], hgx.fabric(5).attrs["fabric_manager"]) == ("running", "restarted")
 
 
+def test_a_gpu_seen_registering_again_registers_with_the_running_fabric_manager(hgx, fake_nvml):
+    """Reset by someone else (or its driver reloaded): GPU 4 read InProgress, then Completed, with the new
+    instance: no longer restarted."""
+    restart_fabric_manager(hgx, registered_for=10)
+    fabrics = {str(i): {"fabric": {"state": 3, "status": 0}} for i in range(8)}
+    fake_nvml.write(eight_gpus(**{**fabrics, "4": {"fabric": {"state": 2, "status": 0}}}))
+    hgx.nvml.poll()
+    fake_nvml.write(eight_gpus(**fabrics))
+    assert (hgx.fabric(4).attrs["fabric_manager"], hgx.fabric(1).attrs["fabric_manager"]) == ("running", "restarted")
+
+
 def test_what_the_gpus_registered_with_survives_an_agent_restart(hgx):
     """The agent restarts after Fabric Manager did: the instance the GPUs registered with is remembered."""
     restart_fabric_manager(hgx, registered_for=10)
