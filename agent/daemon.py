@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 log = get_logger("agent.daemon")
 JOURNAL_PRUNE_SECONDS = 3600.0
 #: The rule a GPU the node had and NVML no longer finds raises (rules/node.yaml).
-GPU_MISSING_RULE = "gpu-missing"
+#: The rules of a missing GPU whose release the NVML source must hear of, so that it stops raising it.
+GPU_MISSING_RULES = frozenset({"gpu-missing", "gpu-not-enumerated"})
 #: Observations the backlog holds before it folds repeats (new kinds are admitted up to twice this).
 BACKLOG_CAPACITY = 10_000
 #: SIGTERM to exit: the DaemonSet grants 30 s; everything not yet applied is in the journal for the next agent.
@@ -160,7 +161,7 @@ class Daemon:
         self.cluster = cluster  # before the sources: the kernel-log source reads the pod owners through it
         if sources is None:
             self.probes = discover_sources(SourceContext(config, self.journal, self._count,
-                                                                owners=self._pod_owners))
+                                                                owners=self._pod_owners, node_labels=self._node_labels))
             sources = [p.source for p in self.probes if p.source is not None]
         self.sources = [*sources, *extra_sources]
         self.nvml = nvml_source_of(self.sources)
@@ -257,13 +258,19 @@ class Daemon:
 
     def _forget_released(self, verdict: Verdict) -> None:
         """An operator released a missing GPU: NVML forgets it, so the next poll does not raise it again."""
-        if self.nvml is not None and verdict.rule_id == GPU_MISSING_RULE and verdict.gpu is not None \
-                and verdict.gpu.uuid:
-            self.nvml.forget_gpu(verdict.gpu.uuid)
+        if self.nvml is not None and verdict.rule_id in GPU_MISSING_RULES and verdict.gpu is not None \
+                and (verdict.gpu.uuid or verdict.gpu.pci_bus_id):
+            self.nvml.forget_gpu(verdict.gpu.uuid, pci_bus_id=verdict.gpu.pci_bus_id)
 
     def _pod_owners(self) -> Mapping[str, str]:
         """The workload of each pod on this node, as the cluster side's last pod listing saw it."""
         return self.cluster.pods.owners if self.cluster is not None else {}
+
+    def _node_labels(self) -> Mapping[str, str]:
+        """The labels of this node's Node as the cluster side last saw it (GFD's among them)."""
+        node = self.cluster.writer.seen.node if self.cluster is not None else None
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        return {str(k): str(v) for k, v in labels.items()}
 
     def _count(self, source: str, name: str, amount: int) -> None:
         if name == "lost":

@@ -37,6 +37,8 @@ class SourceContext:
     count: Callable[[str, str, int], None]
     #: pod UID -> workload for the pods on this node (empty without a cluster).
     owners: Callable[[], Mapping[str, str]] = dict
+    #: The labels of this node's Node as last seen (empty without a cluster, or before the first read).
+    node_labels: Callable[[], Mapping[str, str]] = dict
 
 
 #: What gives the kernel log to the agent's container, where its errno says nothing more particular.
@@ -78,6 +80,8 @@ def _kmsg_factory(ctx: SourceContext) -> tuple[Source | None, str]:
 
 def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     # Each source's modules are imported only where it is asked for (an idle kernel-log agent loads none of them).
+    from agent.sources.expected_gpus import PCI_DEVICES  # noqa: PLC0415
+    from agent.sources.fabric_manager import FabricManagerWatch  # noqa: PLC0415
     from agent.sources.node_memory import JsonFileMemory  # noqa: PLC0415
     from agent.sources.nvml import NvmlSource, load_pynvml  # noqa: PLC0415
 
@@ -96,8 +100,12 @@ def _nvml_factory(ctx: SourceContext) -> tuple[Source | None, str]:
     # The node's GPUs and the NVLinks seen up, kept beside the journal: after a reboot a GPU the node had is
     # known to be missing, and a link down is judged against the links it had.
     memory = JsonFileMemory(Path(ctx.config.journal_path).parent / NVML_MEMORY_FILE)
+    # A first boot has no remembered GPUs: the PCI bus and GFD's gpu.count label say how many there should be.
+    # Fabric Manager is the host's process, seen in the host's /proc (the one the kernel-log source reads).
     return NvmlSource(nvml, poll_seconds=settings.poll_seconds, memory=memory,
-                      call_timeout_seconds=settings.call_timeout_seconds), ""
+                      call_timeout_seconds=settings.call_timeout_seconds, pci_devices=PCI_DEVICES,
+                      node_labels=ctx.node_labels,
+                      fabric_manager=FabricManagerWatch(Path(ctx.config.sources.kmsg.proc_root))), ""
 
 
 def _dcgm_factory(ctx: SourceContext) -> tuple[Source | None, str]:

@@ -250,36 +250,65 @@ def _hopper_only(rule: dict[str, Any]) -> dict[str, Any]:
     return rule
 
 
+#: Xid 74's rules by the class of its registers (agent/sources/xid_fields.nvlink_error_class), in order.
+XID74_BY_CLASS: list[tuple[str, str, Policy, str]] = [
+    ("xid-74-ignorable", "IGNORE",
+     Policy("info", "none", "interconnect", QUIET_INFO,
+            "NVIDIA's workflow: only bits that can be safely ignored (first register bits 0, 23, 30; fifth "
+            "register ECC thresholds with no uncorrectable error) are set."),
+     "Xid 74 on link {link} of {gpu}: only ignorable NVLink error bits"),
+    ("xid-74-sympathetic", "SYMPATHETIC",
+     Policy("info", "none", "interconnect", QUIET_INFO,
+            "NVIDIA's workflow: only secondary (sympathetic) bits are set; the accompanying Xid or SXid decides."),
+     "Xid 74 on link {link} of {gpu}: secondary NVLink error bits only"),
+    ("xid-74-ecc-parity", "ECC_PARITY",
+     Policy("warning", "notify", "interconnect", QUIET_WARN,
+            "NVIDIA's workflow: ECC/parity bits only (first register bits 4, 5; third 0, 1, 2, 6; fifth 18, 19, "
+            "21, 22, 24, 25, 27, 28) are a likely hardware issue with ECC/parity, to report \"if seen more than 2 "
+            "times on the same link\". One is counted and reported, nobody is evicted and nothing is reset: "
+            "xid-74-ecc-parity-repeated decides the third on the same link, and an Xid 154 the driver prints "
+            "with it decides what the driver needs (its own rule)."),
+     "Xid 74 on link {link} of {gpu}: an NVLink ECC/parity error (counted: a third on the same link within a "
+     "day is a hardware issue)"),
+    ("xid-74-ecc-parity-repeated", "ECC_PARITY",
+     Policy("degraded", "quarantine_reset_when_idle", "interconnect", RESET,
+            "NVIDIA's workflow: ECC/parity bits \"seen more than 2 times on the same link\" are a hardware "
+            "issue to report. NVIDIA gives no window; we count a day, each link apart. New work stays off, "
+            "nobody running is evicted, the GPU is reset once idle (a reset clears the link's error) and a clean "
+            "poll verifies it; a return after verified resets leads to replacement."),
+     "Xid 74 ECC/parity errors on link {link} of {gpu}: more than 2 on the same link within a day"),
+    ("xid-74-fabric-reset", "FABRIC_RESET",
+     Policy("degraded", "quarantine_reset_when_idle", "interconnect", RESET,
+            "NVIDIA's workflow: fourth register bit 18 is \"generally sympathetic or secondary, though a reset "
+            "of the fabric is required\"; other bits set or another Xid follow their own resolution (their own "
+            "rules). Seen solo it is not ignored: new work stays off, nobody running is evicted, and the GPU is "
+            "reset once idle (the reset retrains its links with the fabric) and verified by a clean poll."),
+     "Xid 74 on link {link} of {gpu}: the NVLink fabric needs a reset (fourth register bit 18)"),
+    ("xid-74-serious", "INVESTIGATE",
+     Policy("degraded", "reset_gpu", "interconnect", RESET,
+            "NVIDIA's workflow: bits other than the ignorable, sympathetic, ECC/parity and fabric-reset ones point "
+            "to a possible link or mechanical issue (or are bits the workflow does not list: report a bug), and a "
+            "GPU reset or node reboot clears the error. The pods using the GPU "
+            "move (Eviction API) and the GPU is reset once idle; a return after verified resets leads to "
+            "replacement."),
+     "Xid 74 on link {link} of {gpu}: NVLink error bits of a likely hardware issue"),
+]
+#: "If seen more than 2 times on the same link": NVIDIA gives no window, we count a day per link.
+XID74_WINDOWS = {"xid-74-ecc-parity-repeated": {"count": 3, "seconds": 86400, "per": "link"}}
+
+
 def _xid74(row: dict[str, str]) -> list[dict[str, Any]]:
     """WORKFLOW_NVLINK_ERR: the registers decide; a line whose registers cannot be read keeps the caution."""
-    ignorable = _base(
-        row, "xid-74-ignorable",
-        Policy("info", "none", "interconnect", QUIET_INFO,
-               "NVIDIA's workflow: only bits that can be safely ignored (first register bits 0, 23, 30; fifth "
-               "register ECC thresholds with no uncorrectable error) are set."),
-        "Xid 74 on link {link} of {gpu}: only ignorable NVLink error bits",
-    )
-    ignorable["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "IGNORE"}]
-    sympathetic = _base(
-        row, "xid-74-sympathetic",
-        Policy("info", "none", "interconnect", QUIET_INFO,
-               "NVIDIA's workflow: only secondary (sympathetic) bits are set; the accompanying Xid or SXid decides."),
-        "Xid 74 on link {link} of {gpu}: secondary NVLink error bits only",
-    )
-    sympathetic["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "SYMPATHETIC"}]
-    serious = _base(
-        row, "xid-74-serious",
-        Policy("degraded", "reset_gpu", "interconnect", RESET,
-               "NVIDIA's workflow: bits other than the ignorable and sympathetic ones point to a likely hardware "
-               "issue (ECC/parity, link), and a GPU reset or node reboot clears the error. The pods using the GPU "
-               "move (Eviction API) and the GPU is reset once idle; a return after verified resets leads to "
-               "replacement."),
-        "Xid 74 on link {link} of {gpu}: NVLink error bits of a likely hardware issue",
-    )
-    serious["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": "INVESTIGATE"}]
+    decoded = []
+    for rule_id, nvlink_class, policy, summary in XID74_BY_CLASS:
+        rule = _base(row, rule_id, policy, summary)
+        rule["when"] = [{"field": "nvlink_error_class", "op": "eq", "value": nvlink_class}]
+        if rule_id in XID74_WINDOWS:
+            rule["window"] = XID74_WINDOWS[rule_id]
+        decoded.append(_hopper_only(rule))
     undecoded = _plain(row)
     undecoded["fallback"] = True
-    return [_hopper_only(ignorable), _hopper_only(sympathetic), _hopper_only(serious), undecoded]
+    return [*decoded, undecoded]
 
 
 #: A contained incident (`contains: true`): Xid 94 and the recovery action drain-and-reset that follows it.

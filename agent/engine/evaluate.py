@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from agent.engine.index import DERIVED_XID_FIELDS, Candidates, RuleGroup
 from agent.engine.loader import RuleSet
 from agent.engine.schema import Condition, Rule, Window
-from agent.engine.state import OVERFLOW_GPU_KEY, Counting, EngineState, GroupState, RuleState
+from agent.engine.state import OVERFLOW_GPU_KEY, PER_VALUE_KEYS, Counting, EngineState, GroupState, RuleState
 from agent.model import (
     LIFECYCLE_SIGNALS,
     NODE_KEY,
@@ -218,7 +218,7 @@ def _on_matches(matched: Iterable[RuleGroup], obs: Observation, gpu_key: str, st
 def _count(rule: Rule, group: GroupState, obs: Observation, now: float) -> list[RuleState]:
     """Count the observation in each of the group's windows; the rules whose window it fills (now active)."""
     window = rule.window
-    distinct, count = window.distinct, window.count
+    distinct, per, count = window.distinct, window.per, window.count
     fired: list[RuleState] = []
     for counting in group.counting:
         if counting.sustain_since is None:
@@ -226,6 +226,9 @@ def _count(rule: Rule, group: GroupState, obs: Observation, now: float) -> list[
         if distinct:
             _record_distinct(distinct, window, counting, obs, now)
             if len(counting.distinct) < count:
+                continue
+        elif per:
+            if _record_per_value(per, window, counting, obs, now) < count:
                 continue
         else:
             _record_hit(window, counting, obs, now)
@@ -278,6 +281,24 @@ def _record_distinct(attr: str, window: Window, counting: Counting, obs: Observa
     if seconds:
         while distinct and now - distinct[next(iter(distinct))] > seconds:
             distinct.popitem(last=False)
+
+
+def _record_per_value(attr: str, window: Window, counting: Counting, obs: Observation, now: float) -> int:
+    """The hits of this observation's value of `attr`, counted apart from the other values' (0 without one)."""
+    value = obs.attrs.get(attr)
+    if value is None or value == "":
+        return 0
+    key = value if type(value) is str else str(value)
+    per = counting.per
+    hits = per.get(key)
+    if hits is None:
+        hits = per[key] = Counting()
+        while len(per) > PER_VALUE_KEYS:
+            per.popitem(last=False)
+    else:
+        per.move_to_end(key)
+    _record_hit(window, hits, obs, now)
+    return hits.hit_total
 
 
 def _record_hit(window: Window, counting: Counting, obs: Observation, now: float) -> None:

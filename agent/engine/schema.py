@@ -53,16 +53,21 @@ class Condition(_Strict):
 
 class Window(_Strict):
     """Fire after `count` occurrences within `seconds` (0: no time limit); with `distinct`, count
-    distinct values of that attribute instead (e.g. different pods hitting the same GPU)."""
+    distinct values of that attribute instead (e.g. different pods hitting the same GPU); with `per`, count
+    the occurrences of each value of that attribute apart and fire when one value has `count` of them (e.g. the
+    same NVLink link: an observation without the attribute counts for nothing)."""
 
     count: int = Field(default=1, ge=1)
     seconds: float = Field(default=0.0, ge=0)
     distinct: str | None = None
+    per: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _window_needs_time_for_counts(self) -> Window:
         if self.count > 1 and self.seconds == 0:
             raise ValueError("a count above 1 needs seconds > 0 (N occurrences within T)")
+        if self.per is not None and self.distinct is not None:
+            raise ValueError("a window counts either distinct values or occurrences per value, not both")
         return self
 
 

@@ -33,6 +33,8 @@ XID_CORRELATION_SECONDS = 10.0
 #: the inventory, mangled or forged); anything beyond them is charged to OVERFLOW_GPU_KEY.
 UNKNOWN_GPU_KEYS = 16
 OVERFLOW_GPU_KEY = "gpu:overflow"
+#: A per-value window (Window.per) counts at most this many values apart on one GPU (an H100 has 18 NVLinks).
+PER_VALUE_KEYS = 64
 
 
 @dataclass(slots=True, eq=False)
@@ -40,7 +42,9 @@ class Counting:
     """A window some inactive rules of a group count in on one GPU, and since when their match is sustained.
 
     `hits` holds (time, count) of the occurrences a count window still needs, with their running total;
-    `distinct` the last time of each distinct value a distinct window counts (at most `count` of them).
+    `distinct` the last time of each distinct value a distinct window counts (at most `count` of them); `per`
+    the hits of each value a per-value window counts apart (at most PER_VALUE_KEYS values, the least recent
+    forgotten first).
     `waiting` are the inactive rules counting in it (an active rule keeps the Counting it fired with, frozen).
     """
 
@@ -49,29 +53,36 @@ class Counting:
     distinct: OrderedDict[str, float] = field(default_factory=OrderedDict)
     sustain_since: float | None = None
     waiting: list[RuleState] = field(default_factory=list)
+    per: OrderedDict[str, Counting] = field(default_factory=OrderedDict)
 
     @property
     def fresh(self) -> bool:
         """Nothing counted yet: a rule that starts counting afresh may join it."""
-        return not self.hits and not self.distinct and self.sustain_since is None
+        return not self.hits and not self.distinct and not self.per and self.sustain_since is None
 
     def same_count(self, other: Counting) -> bool:
         return (self.hits, self.hit_total, self.distinct, self.sustain_since) == (
-            other.hits, other.hit_total, other.distinct, other.sustain_since)
+            other.hits, other.hit_total, other.distinct, other.sustain_since) and (
+            list(self.per) == list(other.per)
+            and all(mine.same_count(other.per[key]) for key, mine in self.per.items()))
 
     def copy(self) -> Counting:
         """The same window, counted apart from now on (no waiting rules)."""
-        return Counting(deque(self.hits), self.hit_total, OrderedDict(self.distinct), self.sustain_since)
+        return Counting(deque(self.hits), self.hit_total, OrderedDict(self.distinct), self.sustain_since,
+                        per=OrderedDict((key, value.copy()) for key, value in self.per.items()))
 
     def clear(self) -> None:
         self.hits.clear()
         self.hit_total = 0
         self.distinct.clear()
+        self.per.clear()
         self.sustain_since = None
 
     def first_seen(self) -> float | None:
         if self.distinct:
             return next(iter(self.distinct.values()))
+        if self.per:  # the value counted last is the one that filled the window
+            return next(reversed(self.per.values())).first_seen()
         return self.hits[0][0] if self.hits else None
 
 

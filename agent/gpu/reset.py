@@ -91,7 +91,9 @@ class NvmlHandles(Protocol):
 
     def release_for_reset(self) -> None: ...
 
-    def reacquire_after_reset(self) -> None: ...
+    def reacquire_after_reset(self, reset_uuid: str = "") -> None:
+        """NVML again; `reset_uuid` is the GPU reset ("" when the reset failed): it registers with the fabric anew."""
+        ...
 
 
 @dataclass(slots=True)
@@ -249,7 +251,7 @@ class ResetProcedure:
         finally:
             if released and self.nvml is not None:
                 try:
-                    self.nvml.reacquire_after_reset()
+                    self.nvml.reacquire_after_reset(uuid if outcome.ok else "")
                 except Exception as exc:  # noqa: BLE001 - reported; the NVML source reports the GPUs unreadable
                     notes.append(f"NVML not reinitialised: {type(exc).__name__}: {exc}")
             if self.operands is not None:

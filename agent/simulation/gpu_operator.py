@@ -40,7 +40,7 @@ class SimulatedNvml:
     def release_for_reset(self) -> None:
         self.held = False
 
-    def reacquire_after_reset(self) -> None:
+    def reacquire_after_reset(self, reset_uuid: str = "") -> None:
         self.held = True
 
 

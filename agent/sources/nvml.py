@@ -15,14 +15,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from agent.logs import get_logger
-from agent.model import GpuRef, Observation, Signal, frozen_attrs
+from agent.model import AttrValue, GpuRef, Observation, Signal, frozen_attrs, normalise_pci
 from agent.sources import nvml_links, nvml_probe, nvml_reads
 from agent.sources.base import Emit
 from agent.sources.bounded import BoundedCaller, CallTimeout, TooManyHungCalls
+from agent.sources.expected_gpus import labelled_count, nvswitches, pci_gpus, shortfall
+from agent.sources.fabric_manager import UNSEEN, FabricManagerWatch, FmInstance, status
 from agent.sources.node_memory import InMemory, NodeMemory
 from agent.sources.nvml_calls import GpuLost, GpuState, NvmlCalls, Reading, handle_key, text
 from agent.sources.nvml_calls import observation as _observation
@@ -36,6 +39,8 @@ log = get_logger("agent.sources.nvml")
 
 REPROBE_SECONDS = 600.0
 INVENTORY_KEY = "nvml.inventory"
+#: The Fabric Manager instance each GPU registered with, this boot: {"boot": boot id, "gpus": {uuid: instance}}.
+FABRIC_MANAGER_KEY = "nvml.fabric_manager"
 
 
 class NvmlSource:
@@ -46,8 +51,28 @@ class NvmlSource:
     def __init__(self, nvml: Any, *, poll_seconds: float = 10.0, call_timeout_seconds: float = 2.0,
                  clock: Callable[[], float] = time.time, event_wait_ms: int = 500,
                  memory: NodeMemory | None = None, reprobe_seconds: float = REPROBE_SECONDS,
-                 max_hung_calls: int = 8) -> None:
+                 max_hung_calls: int = 8, pci_devices: Path | None = None,
+                 node_labels: Callable[[], Mapping[str, str]] = dict,
+                 fabric_manager: FabricManagerWatch | None = None) -> None:
+        """`pci_devices` (sysfs, None: not read) and `node_labels` (the Node's, as last seen) say how many GPUs
+        the node should have where no inventory is remembered (a first boot): see expected_gpus.
+        `fabric_manager` (None: not watched) finds the host's nv-fabricmanager: see fabric_manager."""
         self.nvml = nvml
+        self.fabric_manager = fabric_manager
+        #: The instance running at this poll, whether one must run (NVSwitches on the bus, or one seen), and the
+        #: instance each GPU registered with (FABRIC_MANAGER_KEY).
+        self.fm_now: FmInstance | None = None
+        self.fm_expected = False
+        self.fm_registered: dict[str, str] = {}
+        self._fm_boot = ""
+        self.pci_devices = pci_devices
+        self.node_labels = node_labels
+        #: The most GPUs GFD's label has said since the start: GFD relabels with what it finds on this boot, and
+        #: a relabel to fewer must not hide the GPUs that went missing.
+        self.labelled_gpus: int | None = None
+        #: The NVIDIA GPUs on the PCI bus at the start (normalised addresses), read once: the bus does not change
+        #: while the driver runs, and a GPU that falls off it later is Xid 79's.
+        self.on_bus: list[str] = []
         self.memory: NodeMemory = memory if memory is not None else InMemory()
         self.reprobe_seconds = reprobe_seconds
         self.missing: list[GpuRef] = []
@@ -71,8 +96,10 @@ class NvmlSource:
         self.driver_version = text(self.calls.call("nvmlSystemGetDriverVersion", self.nvml.nvmlSystemGetDriverVersion))
         count = int(self.calls.call("nvmlDeviceGetCount", self.nvml.nvmlDeviceGetCount))
         self.gpus = [discover(self.calls, self.nvml, index) for index in range(count)]
+        self.on_bus = pci_gpus(self.pci_devices) if self.pci_devices is not None else []
         self._remember_inventory()
         self._restore_nvlink_baselines()
+        self._restore_fabric_manager()
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):  # shutting down a wedged driver is best effort
@@ -116,11 +143,15 @@ class NvmlSource:
                                            "index": gpu.ref.index}
         self.memory.save(INVENTORY_KEY, sorted(inventory.values(), key=lambda g: str(g["uuid"])))
 
-    def forget_gpu(self, uuid: str) -> None:
-        """An operator released a missing GPU (removed or replaced on purpose): stop reporting it."""
-        known = self.memory.load(INVENTORY_KEY) or []
-        self.memory.save(INVENTORY_KEY, [g for g in known if isinstance(g, dict) and g.get("uuid") != uuid])
-        self.missing = [ref for ref in self.missing if ref.uuid != uuid]
+    def forget_gpu(self, uuid: str, *, pci_bus_id: str = "") -> None:
+        """An operator released a missing GPU (removed or replaced on purpose; one on the bus NVML does not
+        enumerate, known only by its address, until the next start): stop reporting it."""
+        if uuid:
+            known = self.memory.load(INVENTORY_KEY) or []
+            self.memory.save(INVENTORY_KEY, [g for g in known if isinstance(g, dict) and g.get("uuid") != uuid])
+            self.missing = [ref for ref in self.missing if ref.uuid != uuid]
+        elif pci_bus_id:
+            self.on_bus = [pci for pci in self.on_bus if pci != normalise_pci(pci_bus_id)]
 
     def _restore_nvlink_baselines(self) -> None:
         saved = self.memory.load(NVLINK_KEY) or {}
@@ -128,6 +159,50 @@ class NvmlSource:
             links = saved.get(gpu.ref.uuid) if isinstance(saved, dict) else None
             if isinstance(links, list):
                 gpu.links_seen_up.update(int(n) for n in links if isinstance(n, int))
+
+    def _restore_fabric_manager(self) -> None:
+        """The instance each GPU registered with, as remembered this boot (another boot registers anew)."""
+        if self.fabric_manager is not None and not self.fabric_manager.sees_host():
+            self.fabric_manager = None  # a container's own /proc: Fabric Manager cannot be seen, so is not judged
+        if self.fabric_manager is None:
+            return
+        self._fm_boot = self.fabric_manager.boot_id()
+        self.fm_expected = bool(self.pci_devices is not None and nvswitches(self.pci_devices))
+        saved = self.memory.load(FABRIC_MANAGER_KEY)
+        if isinstance(saved, dict) and saved.get("boot") == self._fm_boot and isinstance(saved.get("gpus"), dict):
+            self.fm_registered = {str(k): str(v) for k, v in saved["gpus"].items()}
+
+    def _fabric_manager_attrs(self, gpu: GpuState) -> dict[str, AttrValue | None]:
+        """What the GPU's fabric reading says of Fabric Manager (nothing where nothing says one runs here)."""
+        if self.fabric_manager is None:
+            return {}
+        now = self.fm_now
+        state = status(now, self.fm_registered.get(gpu.ref.uuid), expected=self.fm_expected)
+        if state is None:
+            return {}
+        return {"fabric_manager": state, "fabric_manager_pid": now.pid if now is not None else None}
+
+    def _note_registration(self, gpu: GpuState) -> None:
+        """A GPU read registered (Completed) with no instance remembered registered with the one running now
+        (or with one that could not be seen, where one must run: any instance later is another); one read
+        registering again (a reset by anyone, a driver reload) is forgotten, to be noted when it completes."""
+        uuid = gpu.ref.uuid
+        state = gpu.readings.get("fabric_state")
+        if self.fabric_manager is None or not uuid or state is None:
+            return
+        if state != "Completed":
+            self._registered_again(uuid)
+            return
+        if uuid in self.fm_registered or not (self.fm_now or self.fm_expected):
+            return
+        self.fm_registered[uuid] = self.fm_now.key if self.fm_now is not None else UNSEEN
+        self.memory.save(FABRIC_MANAGER_KEY, {"boot": self._fm_boot, "gpus": dict(sorted(self.fm_registered.items()))})
+
+    def _registered_again(self, uuid: str) -> None:
+        """A reset GPU registers again, with whichever instance runs when it is next read Completed."""
+        if self.fm_registered.pop(uuid, None) is not None:
+            self.memory.save(FABRIC_MANAGER_KEY, {"boot": self._fm_boot,
+                                                  "gpus": dict(sorted(self.fm_registered.items()))})
 
     @property
     def fabric_domain(self) -> str:
@@ -147,6 +222,9 @@ class NvmlSource:
 
     def _poll_all(self) -> list[Observation]:
         observations: list[Observation] = []
+        if self.fabric_manager is not None:
+            self.fm_now = self.fabric_manager.instance()
+            self.fm_expected = self.fm_expected or self.fm_now is not None
         for gpu in self.gpus:
             observations.extend(self.poll_gpu(gpu))
         now = self.clock()
@@ -154,7 +232,36 @@ class NvmlSource:
             observations.append(Observation(Signal.GPU_MISSING, 1.0, now, self.name, ref, frozen_attrs(
                 {"last_seen": f"PCI {ref.pci_bus_id or '?'} before the last restart",
                  "message": "no longer enumerated by NVML"})))
+        observations.extend(self._expected_missing(now))
         return observations
+
+    def _expected_missing(self, now: float) -> list[Observation]:
+        """The GPUs a first boot lacks beside the remembered inventory's: each NVIDIA GPU on the PCI bus that
+        NVML does not enumerate (known by its address), and, as one reading of the node, how many fewer GPUs
+        than GFD's `nvidia.com/gpu.count` says all of them account for (0 once they do)."""
+        labelled = labelled_count(self._labels())
+        if labelled is not None:
+            self.labelled_gpus = max(labelled, self.labelled_gpus or 0)
+        lacking = shortfall(enumerated=[g.ref.pci_bus_id for g in self.gpus], enumerated_count=len(self.gpus),
+                            on_bus=self.on_bus if all(g.ref.pci_bus_id for g in self.gpus) else [],
+                            remembered_missing=[r.pci_bus_id for r in self.missing],
+                            expected=self.labelled_gpus)
+        out = [Observation(Signal.GPU_MISSING, 1.0, now, self.name, GpuRef(pci_bus_id=pci), frozen_attrs(
+                   {"expected_from": "pci", "last_seen": f"PCI {pci} on the bus (sysfs)",
+                    "message": "an NVIDIA GPU on the PCI bus that NVML does not enumerate"}))
+               for pci in lacking.on_bus]
+        if lacking.expected is not None:
+            out.append(Observation(Signal.GPU_MISSING, float(lacking.unnamed), now, self.name, None, frozen_attrs(
+                {"expected_from": "label", "expected": lacking.expected, "enumerated": len(self.gpus),
+                 "message": f"GPU Feature Discovery's nvidia.com/gpu.count says {lacking.expected}"})))
+        return out
+
+    def _labels(self) -> Mapping[str, str]:
+        try:
+            return self.node_labels()
+        except Exception as exc:  # noqa: BLE001 - the Node's labels are a hint; reading them never stops a poll
+            log.warning("node_labels_unreadable", error=str(exc))
+            return {}
 
     def poll_gpu(self, gpu: GpuState) -> list[Observation]:
         """Every reading of one GPU, all under one deadline: a hung call makes the GPU Unknown."""
@@ -248,7 +355,8 @@ class NvmlSource:
         nvml_reads.read_retired_pages(calls, gpu, now, out)
         nvml_reads.read_remapped_rows(calls, gpu, now, out)
         nvml_links.read_nvlink_state(calls, self.memory, self.gpus, gpu, now, out)
-        nvml_links.read_fabric(calls, gpu, now, out)
+        nvml_links.read_fabric(calls, gpu, now, out, extra=self._fabric_manager_attrs(gpu))
+        self._note_registration(gpu)
         utilization = calls.optional(gpu, "nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, h,
                                      aux=True)
         if utilization is not None:
@@ -294,9 +402,12 @@ class NvmlSource:
                 self._released = True
                 self.calls.call("nvmlShutdown", self.nvml.nvmlShutdown)
 
-    def reacquire_after_reset(self) -> None:
+    def reacquire_after_reset(self, reset_uuid: str = "") -> None:
         """nvmlInit and each GPU's handle again; readings and event waits resume. Should nvmlInit fail, polls resume
-        anyway, so the GPUs read as unreadable (Unknown) rather than silently not at all."""
+        anyway, so the GPUs read as unreadable (Unknown) rather than silently not at all. The GPU reset
+        (`reset_uuid`, "" when the reset failed) registers with the fabric again."""
+        if reset_uuid:
+            self._registered_again(reset_uuid)
         with self._session:
             if not self._released:
                 return

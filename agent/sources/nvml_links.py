@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import uuid
+from fnmatch import fnmatchcase
 from typing import Any
 
 from agent.model import AttrValue, Observation, Signal
@@ -22,6 +23,12 @@ from agent.sources.nvml_calls import (
 )
 
 MAX_NVLINKS = 18
+#: The NVLinks a GPU of these models has up on its baseboard (HGX / DGX, GB200 NVL): every link of an SXM
+#: GPU is wired to the NVSwitches (or, on GB200, the NVLink switch trays). A PCIe card (H100 PCIe, H100 NVL,
+#: H200 NVL: bridges optional) and an unlisted model are judged against their peers only.
+EXPECTED_NVLINKS: tuple[tuple[str, int], ...] = (
+    ("*H100 PCIe*", 0), ("*H100 NVL*", 0), ("*H200 NVL*", 0), ("*H100*", 18), ("*H200*", 18), ("*H20*", 18),
+    ("*H800 PCIe*", 0), ("*H800*", 8), ("*GB200*", 18), ("*B200*", 18), ("*A100-SXM*", 12), ("*A800-SXM*", 8))
 NVLINK_KEY = "nvml.nvlinks_seen_up"
 #: GPU utilisation (percent) from which the PCIe link generation is meaningful: an idle GPU lowers it to
 #: save power, a busy one runs at the highest generation the link trained to.
@@ -40,12 +47,26 @@ FABRIC_CONFIGS = {1: "none", 2: "incorrect system GUID", 3: "incorrect chassis s
 FABRIC_SUMMARIES = {1: "healthy", 2: "unhealthy", 3: "limited capacity"}
 
 
+def expected_nvlinks(gpu: GpuState, gpus: list[GpuState]) -> tuple[int, str]:
+    """How many NVLinks this GPU should have up, and by what: its model's count on NVLink baseboards
+    (EXPECTED_NVLINKS), or the most its peers (the node's other GPUs of the same model) were seen with, where
+    this GPU has any link up at all; (0, "") when nothing says (a PCIe-only GPU with no link up stays unjudged)."""
+    model = gpu.ref.model
+    by_model = next((count for pattern, count in EXPECTED_NVLINKS if fnmatchcase(model, pattern)), 0)
+    peers = max((len(g.links_seen_up) for g in gpus if g is not gpu and g.ref.model == model), default=0) \
+        if gpu.links_seen_up else 0
+    if by_model >= peers and by_model:
+        return by_model, "model"
+    return (peers, "peers") if peers else (0, "")
+
+
 def read_nvlink_state(calls: NvmlCalls, memory: NodeMemory, gpus: list[GpuState], gpu: GpuState, now: float,
                       out: list[Observation]) -> None:
-    """Which NVLinks are down of those seen up before; no reading where a link's state could not be read."""
+    """Which NVLinks are down of those seen up before, and which of those the GPU should have (expected_nvlinks)
+    never came up; no reading where a link's state could not be read."""
     if "nvlink.state" in gpu.unsupported:
         return
-    down: list[int] = []
+    inactive: list[int] = []
     learned = False
     links = gpu.nvlinks if gpu.nvlinks is not None else MAX_NVLINKS
     for link in range(links):
@@ -67,20 +88,37 @@ def read_nvlink_state(calls: NvmlCalls, memory: NodeMemory, gpus: list[GpuState]
             if link not in gpu.links_seen_up:
                 gpu.links_seen_up.add(link)
                 learned = True
-        elif link in gpu.links_seen_up:
-            down.append(link)
+        else:
+            inactive.append(link)
     else:
         gpu.nvlinks = links
     if learned:  # a link seen up is remembered across restarts and reboots
         memory.save(NVLINK_KEY, {g.ref.uuid: sorted(g.links_seen_up) for g in gpus if g.ref.uuid and g.links_seen_up})
-    # A link counts as down only against a baseline (seen up before, remembered across restarts); a link
-    # with no baseline gives no reading, so "none down" is said only when every link has one.
-    without_baseline = (gpu.nvlinks or 0) - len(gpu.links_seen_up)
-    if gpu.links_seen_up:
-        gpu.readings.update(nvlinks_up=len(gpu.links_seen_up) - len(down), nvlinks_down=down,
+    # A link counts as down against a baseline (seen up before, remembered across restarts), or as untrained
+    # where the GPU should have it (its model's count, its peers'); a link neither judges gives no reading, so
+    # "none down" is said only when every link is judged (never healthy by default).
+    expected, expected_from = expected_nvlinks(gpu, gpus)
+    # Links train once the GPU has registered with the fabric (Fabric Manager configures them): while its last
+    # fabric reading says it has not, an untrained link is that registration's (fabric-not-registered), not a fault
+    # of its own; a GPU without a fabric reading (no NVSwitch, or before the first) is judged as it reads.
+    if gpu.readings.get("fabric_state") not in (None, "Completed"):
+        expected = 0
+    expected = min(expected, gpu.nvlinks or 0)
+    down = [n for n in inactive if n in gpu.links_seen_up]
+    # The links it lacks of those it should have: inactive ones without a baseline, as many as it lacks.
+    untrained = sorted(n for n in inactive if n not in gpu.links_seen_up)[:max(0, expected - len(gpu.links_seen_up))]
+    judged = len(gpu.links_seen_up) + len(untrained)
+    without_baseline = (gpu.nvlinks or 0) - judged if expected < (gpu.nvlinks or 0) else 0
+    if gpu.links_seen_up or untrained:
+        gpu.readings.update(nvlinks_up=len(gpu.links_seen_up) - len(down), nvlinks_down=[*down, *untrained],
                             nvlinks_without_baseline=max(0, without_baseline))
-    if down or (gpu.links_seen_up and without_baseline <= 0):
-        out.append(observation(gpu, Signal.NVLINK_DOWN, len(down), now, links=",".join(str(n) for n in down) or "none"))
+    if down or untrained or (gpu.links_seen_up and without_baseline <= 0):
+        extra: dict[str, AttrValue | None] = {"links": ",".join(str(n) for n in down) or "none", "was_up": len(down),
+                                             "untrained": len(untrained) or None}
+        if expected:
+            extra.update(expected=expected, expected_from=expected_from, active=len(gpu.links_seen_up) - len(down),
+                         untrained_links=",".join(str(n) for n in untrained) or "none")
+        out.append(observation(gpu, Signal.NVLINK_DOWN, len(down) + len(untrained), now, extra=extra))
 
 
 def read_pcie_link(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observation]) -> None:
@@ -104,9 +142,11 @@ def read_pcie_link(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observ
                                utilization_gpu=busy, width=int(width) if width is not None else None))
 
 
-def read_fabric(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observation]) -> None:
-    """The GPU's fabric registration (NVSwitch systems, GB200 NVL72): state, status and health mask.
-    NotSupported (a PCIe-only GPU) gives no reading; so does state NotSupported."""
+def read_fabric(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observation], *,
+                extra: dict[str, AttrValue | None] | None = None) -> None:
+    """The GPU's fabric registration (NVSwitch systems, GB200 NVL72): state, status and health mask, and `extra`
+    (what the source knows of Fabric Manager). NotSupported (a PCIe-only GPU) gives no reading; so does state
+    NotSupported."""
     info = _fabric_info(calls, gpu)
     if info is None or int(info.state) == FABRIC_STATE_NOT_SUPPORTED:
         return
@@ -130,7 +170,7 @@ def read_fabric(calls: NvmlCalls, gpu: GpuState, now: float, out: list[Observati
         attrs["health_summary"] = FABRIC_SUMMARIES.get(summary, f"code {summary}")
     gpu.readings.update(fabric_state=attrs["state_name"], fabric_status=attrs["status_text"], fabric_health_mask=mask,
                         fabric_domain=fabric_domain(bytes(info.clusterUuid), int(info.cliqueId)))
-    out.append(observation(gpu, Signal.GPU_FABRIC, state, now, extra=attrs))
+    out.append(observation(gpu, Signal.GPU_FABRIC, state, now, extra={**attrs, **(extra or {})}))
 
 
 def fabric_domain(cluster_uuid: bytes, clique_id: int) -> str:

@@ -96,6 +96,9 @@ class ScenarioEvent(_StrictScenario):
     signal: Signal
     value: float = 1
     gpu: int | None = None
+    #: A GPU known only by its PCI address, not one of the node's (`gpu` names those): the kernel log's address
+    #: of a GPU, or one on the PCI bus that NVML does not enumerate.
+    pci_bus_id: str = ""
     source: str = "scenario"
     attrs: dict[str, AttrValue] = Field(default_factory=dict)
     repeat: int = Field(default=1, ge=1, le=1_000_000)
@@ -130,6 +133,8 @@ class Scenario(_StrictScenario):
         for position, event in enumerate(self.timeline):
             if event.gpu is not None and event.gpu >= count:
                 raise ValueError(f"timeline entry {position + 1}: gpu {event.gpu} but the node has {count} GPUs")
+            if event.gpu is not None and event.pci_bus_id:
+                raise ValueError(f"timeline entry {position + 1}: gpu or pci_bus_id, not both")
             if (event.nodes is not None or event.stagger) and self.fleet is None:
                 raise ValueError(f"timeline entry {position + 1}: nodes and stagger need a fleet")
             if event.nodes is not None and self.fleet is not None:
@@ -221,13 +226,19 @@ def expand(scenario: Scenario, node: NodeInventory) -> list[TimedObservation]:
     boot = Observation(Signal.BOOT, 0, 0.0, "scenario", attrs=frozen_attrs({"boot_id": scenario.boot_id}))
     timed = [TimedObservation(-1, boot)]
     for position, event in enumerate(scenario.timeline):
-        gpu = node.gpus[event.gpu] if event.gpu is not None else None
+        gpu = _gpu_of(event, node)
         attrs = frozen_attrs(event.attrs)
         for n in range(event.repeat):
             at = event.at + n * event.every
             timed.append(TimedObservation(position, Observation(event.signal, event.value, at, event.source,
                                                                 gpu, attrs)))
     return sorted(timed, key=lambda t: (t.observation.at, t.entry))
+
+
+def _gpu_of(event: ScenarioEvent, node: NodeInventory) -> GpuRef | None:
+    if event.gpu is not None:
+        return node.gpus[event.gpu]
+    return GpuRef(pci_bus_id=event.pci_bus_id) if event.pci_bus_id else None
 
 
 def fleet_timeline(scenario: Scenario) -> list[tuple[int, TimedObservation]]:
@@ -241,7 +252,7 @@ def fleet_timeline(scenario: Scenario) -> list[tuple[int, TimedObservation]]:
     for position, event in enumerate(scenario.timeline):
         attrs = frozen_attrs(event.attrs)
         for k, number in enumerate(node_numbers(event.nodes, count)):
-            gpu = nodes[number].gpus[event.gpu] if event.gpu is not None else None
+            gpu = _gpu_of(event, nodes[number])
             for n in range(event.repeat):
                 at = event.at + k * event.stagger + n * event.every
                 timed.append((number, TimedObservation(position, Observation(event.signal, event.value, at,

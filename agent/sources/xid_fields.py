@@ -80,7 +80,12 @@ def _action_value(text: str) -> int:
 # NVIDIA's WORKFLOW_NVLINK_ERR (Xid 74): which bits of the first, third, fourth and fifth registers mean what.
 _R1_IGNORABLE = frozenset({0, 23, 30})
 _R1_SYMPATHETIC = frozenset({1, 20})
-_R4_SYMPATHETIC = frozenset({16, 17, 18})
+_R1_ECC_PARITY = frozenset({4, 5})
+_R3_ECC_PARITY = frozenset({0, 1, 2, 6})
+_R4_SYMPATHETIC = frozenset({16, 17})
+#: "Generally sympathetic or secondary errors, though a reset of the fabric is required."
+_R4_FABRIC_RESET = 18
+_R5_ECC_PARITY = frozenset({18, 19, 21, 22, 24, 25, 27, 28})
 _R5_THRESHOLD_ONLY = frozenset({20, 23, 26, 29})
 
 
@@ -89,12 +94,22 @@ def _bits(value: int) -> set[int]:
 
 
 def nvlink_error_class(registers: list[int]) -> str:
-    """IGNORE (only bits NVIDIA says can be ignored, or ECC thresholds without an uncorrectable error),
-    SYMPATHETIC (only secondary bits: the other Xid or SXid decides), else INVESTIGATE."""
+    """The class of an Xid 74's registers by NVIDIA's workflow, the most serious bit deciding:
+    INVESTIGATE (a bit of a possible link or mechanical issue, or one the workflow does not list),
+    FABRIC_RESET (fourth register bit 18: a reset of the fabric is required),
+    ECC_PARITY (ECC/parity bits only: "if seen more than 2 times on the same link, report a bug"),
+    SYMPATHETIC (only secondary bits: the other Xid or SXid decides), else IGNORE (only bits NVIDIA says can be
+    ignored, or ECC thresholds exceeded without an uncorrectable error)."""
     r1, r3, r4, r5 = _bits(registers[0]), _bits(registers[2]), _bits(registers[3]), _bits(registers[4])
-    serious = (r1 - _R1_IGNORABLE - _R1_SYMPATHETIC) | r3 | (r4 - _R4_SYMPATHETIC) | (r5 - _R5_THRESHOLD_ONLY)
-    if serious:
+    ecc = r1 & _R1_ECC_PARITY | r3 & _R3_ECC_PARITY | r5 & _R5_ECC_PARITY
+    other = ((r1 - _R1_IGNORABLE - _R1_SYMPATHETIC - _R1_ECC_PARITY) | (r3 - _R3_ECC_PARITY)
+             | (r4 - _R4_SYMPATHETIC - {_R4_FABRIC_RESET}) | (r5 - _R5_THRESHOLD_ONLY - _R5_ECC_PARITY))
+    if other:
         return "INVESTIGATE"
+    if _R4_FABRIC_RESET in r4:
+        return "FABRIC_RESET"
+    if ecc:
+        return "ECC_PARITY"
     if r1 & _R1_SYMPATHETIC or r4:
         return "SYMPATHETIC"
     return "IGNORE"

@@ -107,6 +107,7 @@ class OwnNvml:
         self.files = [node.device(i).open("rb") for i in range(8)]
         self.calls: list[str] = []
         self.listed: dict[str, list[int]] = {}  # the processes NVML lists per GPU (CUDA contexts)
+        self.reset_gpus: list[str] = []  # what reacquire was told was reset ("" after a failed reset)
 
     def processes_on(self, uuid: str) -> list[int]:
         return self.listed.get(uuid, [])
@@ -116,8 +117,9 @@ class OwnNvml:
         for f in self.files:
             f.close()
 
-    def reacquire_after_reset(self) -> None:
+    def reacquire_after_reset(self, reset_uuid: str = "") -> None:
         self.calls.append("reacquire")
+        self.reset_gpus.append(reset_uuid)
         self.files = [self.node.device(i).open("rb") for i in range(8)]
 
     def close(self) -> None:
@@ -151,6 +153,14 @@ def test_an_idle_gpu_is_reset_once_operands_and_the_agents_nvml_let_go_and_the_j
     assert job.poll() is None  # untouched
     assert operands.calls == ["pause", "restore"] and session.calls == ["release", "reacquire"]
     assert "paused device-plugin" in message and "restored" in message
+    assert session.reset_gpus == [GPUS[6].uuid]  # it registers with the running Fabric Manager anew
+
+
+def test_nvml_is_told_no_gpu_was_reset_when_the_reset_failed(node, session):
+    """A refused reset re-registered nothing: what the GPU registered with stays as it was."""
+    node.hold(6)
+    ok, _ = ResetProcedure(node.reset_command(), nvml=session)(GPUS[6].uuid)
+    assert not ok and session.reset_gpus == [""]
 
 
 def test_a_gpu_still_held_is_not_reset_and_the_holder_is_named(node, session):

@@ -191,15 +191,69 @@ def test_an_nvlink_that_was_up_and_went_down_is_counted(fake_nvml):
         nvml.stop()
 
 
-def test_a_link_down_since_boot_gives_no_reading_never_a_healthy_one(fake_nvml):
-    """With no baseline for link 3 the agent cannot tell: no NVLink reading at all, neither down nor healthy."""
-    fake_nvml.write(eight_gpus(**{"0": {"nvlink": {"links": 18, "down": [3]}}}))
+def test_a_link_down_since_boot_that_nothing_judges_gives_no_reading_never_a_healthy_one(fake_nvml):
+    """No baseline for link 3, a model that names no link count (a PCIe card) and no peer of its model: the agent
+    cannot tell, so no NVLink reading at all, neither down nor healthy."""
+    fake_nvml.write(eight_gpus(**{"0": {"nvlink": {"links": 18, "down": [3]}, "name": "NVIDIA H100 PCIe"}}))
     nvml = source()
     try:
         assert [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 0] == []
         assert nvml.gpus[0].readings["nvlinks_without_baseline"] == 1
     finally:
         nvml.stop()
+
+
+def first_poll_links(fake_nvml, **overrides):
+    """GPU 0's NVLink reading at the first poll of a node with no remembered baseline (a first boot)."""
+    fake_nvml.write(eight_gpus(**overrides))
+    nvml = source()
+    try:
+        readings = [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 0]
+        return readings, nvml.gpus[0].readings
+    finally:
+        nvml.stop()
+
+
+def test_a_first_boot_with_12_of_18_links_trained_is_judged_by_the_model(fake_nvml):
+    """An H100 SXM has 18 NVLinks on its baseboard: six that never came up are six short, with no baseline."""
+    [links], readings = first_poll_links(fake_nvml, **{"0": {"nvlink": {"links": 18, "down": list(range(12, 18))}}})
+    assert (links.value, links.attrs["untrained"], links.attrs["expected"], links.attrs["expected_from"]) == (
+        6, 6, 18, "model")
+    assert readings["nvlinks_down"] == list(range(12, 18))  # what the reset's clean poll must see up again
+
+
+def test_links_not_trained_while_the_gpu_has_not_registered_with_the_fabric_are_not_judged(fake_nvml):
+    """Fabric Manager not started at boot: no link trains, and fabric-not-registered says why; the links are not
+    a fault of their own (a reset could not train them)."""
+    fake_nvml.write(eight_gpus(**{"0": {"nvlink": {"links": 18, "down": list(range(18))}, "fabric": {"state": 1}}}))
+    nvml = source()
+    try:
+        nvml.poll()  # the first poll reads the fabric after the links
+        assert [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 0] == []
+    finally:
+        nvml.stop()
+
+
+def test_a_board_of_an_unlisted_model_is_judged_against_its_peers(fake_nvml):
+    """A new board (no baseline) of a model the table does not name: its peers on the node have 18 links up."""
+    model = {"name": "NVIDIA Future SXM"}
+    overrides = {str(i): dict(model) for i in range(8)}
+    overrides["7"]["nvlink"] = {"links": 18, "down": [0, 1, 2, 3, 4, 5]}
+    fake_nvml.write(eight_gpus(**overrides))
+    nvml = source()
+    try:
+        nvml.poll()  # every GPU's links read once: the peers' baselines
+        [links] = [o for o in nvml.poll() if o.signal is Signal.NVLINK_DOWN and o.gpu.index == 7]
+        assert (links.value, links.attrs["expected"], links.attrs["expected_from"]) == (6, 18, "peers")
+    finally:
+        nvml.stop()
+
+
+def test_a_pcie_gpu_with_no_link_up_stays_unjudged(fake_nvml):
+    """PCIe cards without bridges: every link inactive on every GPU, no model count, no peer with a link: nothing."""
+    pcie = {"name": "NVIDIA H100 PCIe", "nvlink": {"links": 18, "down": list(range(18))}}
+    readings, _ = first_poll_links(fake_nvml, **{str(i): dict(pcie) for i in range(8)})
+    assert readings == []
 
 
 def test_the_probe_lists_every_call(fake_nvml):

@@ -10,6 +10,7 @@ from tests.conftest import eight_gpus
 RULES = load_rules(builtin_rules_dir())
 COMPLETED, NOT_STARTED = 3, 1
 DEGRADED_BW_TRUE, ROUTE_UNHEALTHY_FALSE = 1 << 0, 2 << 4
+ROUTE_RECOVERY_TRUE, ACCESS_TIMEOUT_RECOVERY_TRUE = 1 << 2, 1 << 6  # NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_* 2 and 6
 
 
 class Clock:
@@ -82,6 +83,29 @@ def test_degraded_bandwidth_in_the_fabric_health_mask_is_degraded(fake_nvml):
     last = [o for o in observations if o.signal is Signal.GPU_FABRIC][-1]
     assert (last.attrs["degraded_bandwidth"], last.attrs["route_unhealthy"]) == (1, 0)
     assert last.attrs["health_summary"] == "limited capacity"
+
+
+def test_an_unhealthy_fabric_health_summary_keeps_new_work_off_the_gpu(fake_nvml):
+    """GB200: the v3 health summary says Unhealthy for a minute: degraded, quarantined (nothing evicted)."""
+    fabric = {"state": COMPLETED, "health_mask": ROUTE_UNHEALTHY_FALSE, "health_summary": 2}
+    verdicts, _, _, _ = polled_over(fake_nvml, eight_gpus(**{"2": {"fabric": fabric}}), seconds=70)
+    assert of_gpu(verdicts, 2) == [("fabric-health-unhealthy", "degraded", "quarantine")]
+
+
+def test_an_access_timeout_recovery_is_reported_and_quarantines_only_when_it_does_not_end(fake_nvml):
+    """Recovery in progress: a warning at once; still in progress ten minutes later: quarantined."""
+    fabric = {"state": COMPLETED, "health_mask": ACCESS_TIMEOUT_RECOVERY_TRUE, "health_summary": 2}
+    verdicts, _, observations, _ = polled_over(fake_nvml, eight_gpus(**{"5": {"fabric": fabric}}), seconds=610)
+    judged = [rule for rule, _, _ in of_gpu(verdicts, 5)]
+    assert judged == ["fabric-access-timeout-recovery", "fabric-health-unhealthy",
+                      "fabric-access-timeout-recovery-stuck"]
+    assert [o for o in observations if o.signal is Signal.GPU_FABRIC][-1].attrs["access_timeout_recovery"] == 1
+
+
+def test_a_route_recovery_is_reported_not_quarantined(fake_nvml):
+    fabric = {"state": COMPLETED, "health_mask": ROUTE_RECOVERY_TRUE, "health_summary": 1}
+    verdicts, _, _, _ = polled_over(fake_nvml, eight_gpus(**{"1": {"fabric": fabric}}), seconds=120)
+    assert of_gpu(verdicts, 1) == [("fabric-route-recovery", "warning", "notify")]
 
 
 def test_a_pcie_only_gpu_without_a_fabric_gives_no_fabric_reading(fake_nvml):

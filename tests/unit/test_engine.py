@@ -15,6 +15,8 @@ rules:
 - {id: distinct-pods, signal: xid, code: 43, severity: degraded, action: quarantine, fault_class: hardware,
    window: {count: 2, seconds: 600, distinct: workload}, summary: s, source: t,
    recovery: {kind: quiet, quiet_seconds: 60}}
+- {id: same-link, signal: xid, code: 74, severity: degraded, action: quarantine, fault_class: interconnect,
+   window: {count: 2, seconds: 600, per: link}, summary: s, source: t, recovery: {kind: quiet, quiet_seconds: 60}}
 - {id: unknown, signal: xid, fallback: true, severity: warning, action: notify, fault_class: driver,
    summary: "unknown Xid {code}", source: t, recovery: {kind: quiet, quiet_seconds: 60}}
 - {id: dbe, signal: ecc_dbe, when: [{field: value, op: ge, value: 1}], severity: fatal, action: reset_gpu,
@@ -94,6 +96,24 @@ def test_a_distinct_window_counts_different_workloads_not_repeats():
     assert same == []
     different, _ = run(obs(Signal.XID, 43, 0, workload="a"), obs(Signal.XID, 43, 1, workload="b"))
     assert [v.rule_id for v in different] == ["distinct-pods"]
+
+
+def test_a_per_value_window_counts_each_value_apart():
+    """`per: link`: two occurrences on one link fire, one on each of two links do not."""
+    apart, _ = run(obs(Signal.XID, 74, 0, link=1), obs(Signal.XID, 74, 1, link=2))
+    assert apart == []
+    same, _ = run(obs(Signal.XID, 74, 0, link=1), obs(Signal.XID, 74, 1, link=2), obs(Signal.XID, 74, 2, link=1))
+    assert [(v.rule_id, v.at) for v in same] == [("same-link", 2)]
+
+
+def test_a_per_value_window_counts_nothing_without_the_value():
+    verdicts, _ = run(obs(Signal.XID, 74, 0), obs(Signal.XID, 74, 1))
+    assert verdicts == []
+
+
+def test_a_per_value_window_forgets_occurrences_older_than_its_span():
+    verdicts, _ = run(obs(Signal.XID, 74, 0, link=1), obs(Signal.XID, 74, 700, link=1))
+    assert verdicts == []
 
 
 def test_an_unmapped_code_falls_back_to_a_warning():

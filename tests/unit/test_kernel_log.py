@@ -197,8 +197,25 @@ def test_xid_74_registers_are_classified_by_nvidias_workflow():
     assert nvlink_error_class([1 << 0 | 1 << 23, 0, 0, 0, 0, 0, 0]) == "IGNORE"
     assert nvlink_error_class([0, 0, 0, 0, 1 << 20, 0, 0]) == "IGNORE"  # an ECC threshold, nothing uncorrected
     assert nvlink_error_class([1 << 1, 0, 0, 1 << 16, 0, 0, 0]) == "SYMPATHETIC"
-    assert nvlink_error_class([1 << 4, 0, 0, 0, 0, 0, 0]) == "INVESTIGATE"  # ECC/parity on the link
     assert nvlink_error_class([0, 0, 1 << 16, 0, 0, 0, 0]) == "INVESTIGATE"
+    assert nvlink_error_class([1 << 8, 0, 0, 0, 0, 0, 0]) == "INVESTIGATE"  # check the link's mechanics
+
+
+def test_xid_74_ecc_parity_bits_alone_are_their_own_class():
+    """NVIDIA: ECC/parity bits of the first, third and fifth registers are counted per link ("more than 2 times")."""
+    from agent.sources.xid_fields import nvlink_error_class
+    assert nvlink_error_class([1 << 4, 0, 0, 0, 0, 0, 0]) == "ECC_PARITY"
+    assert nvlink_error_class([0, 0, 1 << 6, 0, 0, 0, 0]) == "ECC_PARITY"
+    assert nvlink_error_class([1 << 0, 0, 0, 0, 1 << 21 | 1 << 20, 0, 0]) == "ECC_PARITY"
+    assert nvlink_error_class([1 << 4 | 1 << 8, 0, 0, 0, 0, 0, 0]) == "INVESTIGATE"  # with a link bit: that decides
+
+
+def test_xid_74_fourth_register_bit_18_alone_asks_for_a_fabric_reset():
+    """NVIDIA: fourth register bit 18 is secondary, "though a reset of the fabric is required": not ignorable."""
+    from agent.sources.xid_fields import nvlink_error_class
+    assert nvlink_error_class([0, 0, 0, 1 << 18, 0, 0, 0]) == "FABRIC_RESET"
+    assert nvlink_error_class([1 << 1, 0, 0, 1 << 18 | 1 << 16, 0, 0, 0]) == "FABRIC_RESET"
+    assert nvlink_error_class([0, 0, 0, 1 << 17, 0, 0, 0]) == "SYMPATHETIC"
 
 
 def test_the_xid_74_line_carries_its_class():
@@ -218,3 +235,14 @@ def test_the_kernels_own_fallen_off_the_bus_line_is_a_lost_gpu():
     """`NVRM: GPU at 0000:01:00.0 has fallen off the bus.` is read as the GPU's loss, before NVML's next poll."""
     record = KernelLogParser().feed("[ 4521.118734] NVRM: GPU at 0000:01:00.0 has fallen off the bus.")
     assert (record.kind, record.pci) == ("gpu_lost", "0000:01:00.0")
+
+
+def test_the_xid_74_scenario_carries_what_the_parser_reads_from_its_lines():
+    """The built-in scenario's Xid 74 observations are the parser's: their attrs hold its decode of each line."""
+    from agent.sources.scenario import load_scenario
+    from agent.sources.xid_fields import xid_extras
+    events = [e for e in load_scenario("xid74-register-workflow").timeline if e.value == 74]
+    assert events
+    for event in events:
+        extras = xid_extras(74, str(event.attrs["message"]))
+        assert extras and {k: event.attrs.get(k) for k in extras} == extras

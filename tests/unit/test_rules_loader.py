@@ -85,6 +85,11 @@ def test_a_count_window_needs_a_time_span():
     assert any("field window" in line for line in _problems(text))
 
 
+def test_a_window_counts_distinct_values_or_per_value_not_both():
+    text = VALID.replace("code: 79", "code: 79\n  window: {count: 3, seconds: 60, distinct: pod, per: link}")
+    assert any("field window" in line for line in _problems(text))
+
+
 def test_every_problem_of_a_directory_is_listed(tmp_path: Path):
     (tmp_path / "a.yaml").write_text(VALID.replace("severity: fatal", "severity: nope"))
     (tmp_path / "b.yaml").write_text("rules: [")

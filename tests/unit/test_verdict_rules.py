@@ -145,6 +145,42 @@ def test_xid_74_serious_bits_on_a_gpu_without_the_decode_keep_the_caution(shippe
     assert (verdict.rule_id, verdict.action) == ("xid-74", Action.QUARANTINE_RESET_WHEN_IDLE)
 
 
+def test_one_xid_74_ecc_parity_error_is_counted_not_an_eviction_or_a_reset(shipped_rules):
+    """NVIDIA's workflow: ECC/parity bits are to be reported "if seen more than 2 times on the same link"."""
+    [verdict] = verdicts_for(shipped_rules, obs(Signal.XID, 74, nvlink_error_class="ECC_PARITY", link=3))[0]
+    assert (verdict.rule_id, verdict.action) == ("xid-74-ecc-parity", Action.NOTIFY)
+    assert not verdict.quarantines and not verdict.action.resets
+
+
+def test_a_third_xid_74_ecc_parity_error_on_the_same_link_keeps_new_work_off_and_resets_once_idle(shipped_rules):
+    """The third within a day on one link is a hardware issue: nobody is evicted, the GPU is reset once idle."""
+    verdicts, _ = verdicts_for(shipped_rules, *(obs(Signal.XID, 74, float(at), nvlink_error_class="ECC_PARITY",
+                                                    link=3) for at in (0, 600, 7200)))
+    repeated = [v for v in verdicts if v.rule_id == "xid-74-ecc-parity-repeated"]
+    assert [(v.at, v.action) for v in repeated] == [(7200.0, Action.QUARANTINE_RESET_WHEN_IDLE)]
+    assert not repeated[0].action.evicts
+
+
+def test_xid_74_ecc_parity_errors_on_different_links_are_counted_apart(shipped_rules):
+    """"On the same link": three errors on three links are three single errors, none repeated."""
+    verdicts, _ = verdicts_for(shipped_rules, *(obs(Signal.XID, 74, float(at), nvlink_error_class="ECC_PARITY",
+                                                    link=link) for at, link in ((0, 1), (60, 2), (120, 3))))
+    assert [v.rule_id for v in verdicts] == ["xid-74-ecc-parity"]
+
+
+def test_xid_74_ecc_parity_errors_a_day_apart_are_no_repeat(shipped_rules):
+    verdicts, _ = verdicts_for(shipped_rules, *(obs(Signal.XID, 74, float(at), nvlink_error_class="ECC_PARITY",
+                                                    link=3) for at in (0, 50_000, 100_000)))
+    assert "xid-74-ecc-parity-repeated" not in {v.rule_id for v in verdicts}
+
+
+def test_a_solo_xid_74_fabric_reset_bit_is_not_ignored(shipped_rules):
+    """Fourth register bit 18: "a reset of the fabric is required": new work stays off, reset once idle."""
+    [verdict] = verdicts_for(shipped_rules, obs(Signal.XID, 74, nvlink_error_class="FABRIC_RESET", link=5))[0]
+    assert (verdict.rule_id, verdict.action) == ("xid-74-fabric-reset", Action.QUARANTINE_RESET_WHEN_IDLE)
+    assert not verdict.action.evicts
+
+
 def test_recovery_action_drain_p2p_moves_the_pods_using_the_gpu(shipped_rules):
     [level] = verdicts_for(shipped_rules, obs(Signal.RECOVERY_ACTION, 3))[0]
     [xid] = verdicts_for(shipped_rules, obs(Signal.XID, 154, recovery_action=3))[0]
