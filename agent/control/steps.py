@@ -13,9 +13,19 @@ from agent.model import ActionRecord, Step, StepKind, StepResult
 from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, Mode, decide, needs_gate
 from agent.remediation.guard import quarantines
 from agent.remediation.record import NodeObservation, OwedEvent
+from agent.remediation.state import ConditionState
 
 #: The message of a disruptive step's action row written before the actuator runs it.
 STARTED = "started: the result is journaled when it returns"
+#: Steps that only change the agent's marks on the Node: the guard decides each, their writes wait for the
+#: pass's one Node write (StepRunner.flush_node), and they are journaled with what that write answered.
+NODE_MARKS = frozenset({StepKind.SET_CONDITION, StepKind.CLEAR_CONDITION, StepKind.TAINT, StepKind.UNTAINT,
+                        StepKind.REBOOT_REQUEST, StepKind.CLEAR_REBOOT_REQUEST, StepKind.MARK_REPLACEMENT,
+                        StepKind.UNMARK_REPLACEMENT})
+#: The marks a step that acts on the node's work (an eviction, a reset) must find written first.
+_TAINTS = frozenset({StepKind.TAINT, StepKind.UNTAINT})
+#: The record's Node marks as they were before a batch's first step: what a refused Node write restores.
+_Marks = tuple[dict[str, ConditionState], bool, bool, set[str], float]
 
 
 class StepRunner:
@@ -54,11 +64,62 @@ class StepRunner:
         self._owed_before = False
         #: Called when a new quarantine's claim on the brake is refused (the reconciler's brake waits: the Event).
         self.on_claim_refused: Callable[[], None] = lambda: None
+        #: The Node-mark steps of this pass the guard let past, taken into the record, their write waiting for
+        #: the pass's Node write; and the record's marks before the first of them.
+        self._pending: list[ActionRecord] = []
+        self._marks_before: _Marks | None = None
 
     def begin_pass(self) -> None:
-        """A new pass: no gate reading yet, and nothing owed until this pass finds it so."""
+        """A new pass: no gate reading yet, nothing owed until this pass finds it so, and its Node writes held
+        for one write (a pass cut short left its marks unwritten: the record forgets them)."""
         self.gate_reading = None
         self._owed_before, self.owes_disruption = self.owes_disruption, False
+        self._drop_pending()
+        self.actuator.begin_batch()
+
+    @property
+    def marks_wait(self) -> bool:
+        """Whether Node-mark steps wait for the pass's Node write."""
+        return bool(self._pending)
+
+    @property
+    def taint_waits(self) -> bool:
+        """Whether the taint (or its removal) waits for the pass's Node write."""
+        return any(a.step.kind in _TAINTS for a in self._pending)
+
+    def flush_node(self, now: float, *, reopen: bool) -> list[ActionRecord]:
+        """The pass's Node marks (its steps', the budget label's, the mirror's) in one write; the steps that
+        waited for it journaled with its answer (a refusal fails them all and restores the record's marks, so
+        the next pass plans them again). `reopen`: later writes of the pass wait for its next flush."""
+        pending, self._pending = self._pending, []
+        error = self.actuator.write_node()
+        if reopen:
+            self.actuator.begin_batch()
+        if error:
+            self.shared.log.warning("node_write_failed", error=error, steps=len(pending))
+            self._restore_marks()
+        self._marks_before = None
+        records = []
+        for done in pending:
+            result, message = (StepResult.FAILED, error) if error else (done.result, done.message)
+            if error and done.step.disruptive:
+                self.owes_disruption = True
+            records.append(self.recorded(done.step, result, message, done.at))
+        return records
+
+    def _drop_pending(self) -> None:
+        if self._pending:
+            self._restore_marks()
+        self._pending, self._marks_before = [], None
+
+    def _restore_marks(self) -> None:
+        if self._marks_before is None:
+            return
+        with self.shared.lock:
+            node = self.shared.record.node
+            node.conditions, node.tainted, node.reboot_requested, node.replacement, node.quarantined_since = \
+                self._marks_before
+            self.shared.save()
 
     def carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
         """The guard decides, on the pass's one reading of the cluster gate (read only for a step that gets as
@@ -82,14 +143,20 @@ class StepRunner:
         message = decision.reason
         if decision.by_gate:
             self.backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        waits = False
         if result is None:
             result, message = self._apply(step, now)
             if step.kind is StepKind.RESET_GPU:
                 result, message = self._held_bounded(step, result, message, now)
+            waits = step.kind in NODE_MARKS and result in TOOK_EFFECT
         if step.disruptive and (result is StepResult.FAILED or (decision.by_gate and self._gate_failed())):
             self.owes_disruption = True
         shared = self.shared
         with shared.lock:
+            if waits and self._marks_before is None:
+                node = shared.record.node
+                self._marks_before = (dict(node.conditions), node.tainted, node.reboot_requested,
+                                      set(node.replacement), node.quarantined_since)
             if result in TOOK_EFFECT:
                 shared.record.node.apply(step)
                 if shared.fleet is not None:  # the quarantine's start, on the clock its summary publishes
@@ -104,6 +171,9 @@ class StepRunner:
             self.backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
         if not self._skip_changed(step, result, message):
             return None  # skipped again for the same reason: logged and journaled when it first was
+        if waits:  # journaled with the answer of the pass's Node write
+            self._pending.append(ActionRecord(step=step, result=result, at=now, message=message))
+            return None
         return self.recorded(step, result, message, now)
 
     def _held_bounded(self, step: Step, result: StepResult, message: str, now: float) -> tuple[StepResult, str]:
