@@ -10,8 +10,8 @@ from agent.control.feedback import TOOK_EFFECT
 from agent.control.seams import Actuator, ClusterGate
 from agent.control.shared import Shared
 from agent.model import ActionRecord, Step, StepKind, StepResult
-from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, Mode, decide, needs_gate
-from agent.remediation.guard import quarantines
+from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, decide, needs_gate
+from agent.remediation.guard import disrupted, quarantines
 from agent.remediation.record import NodeObservation, OwedEvent
 from agent.remediation.state import ConditionState
 
@@ -330,14 +330,11 @@ class StepRunner:
     def hold_slot(self, observed: NodeObservation | None, now: float, opted_out: bool, first_pass: bool) -> None:
         """A node holds its budget slot while it is disrupted (pods moved off a faulty GPU, a reboot
         requested) and renews it; a node that is not disrupted gives it back, whatever took it."""
-        acting = self.policy.mode is Mode.REMEDIATE and not self.policy.dry_run and not opted_out
         with self.shared.lock:  # the source thread changes the record meanwhile
-            node = self.shared.record.node
-            active = {k for k, _ in self.shared.record.faults}
-            disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
-                                    any(m.effect == "NoExecute" for m in node.device_taints.values()))
+            holds = disrupted(self.shared.record.node, {k for k, _ in self.shared.record.faults},
+                              policy=self.policy, opted_out=opted_out)
         try:
-            if disrupted:
+            if holds:
                 if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:
                     previous, self._renewed_at = self._renewed_at, now
                     try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 from agent.model import Action, FaultClass, Step, StepKind, StepResult
 
 if TYPE_CHECKING:
-    from agent.remediation.state import ActiveFault
+    from agent.remediation.state import ActiveFault, NodeState
 
 K = TypeVar("K")
 #: What a quarantining fault's condition says while the brake keeps the node's taint waiting.
@@ -180,6 +180,16 @@ def node_writes_refused(*, policy: GuardPolicy, cluster: ClusterView) -> str:
     if cluster.opted_out:
         return "node opted out of remediation by label: Events only"
     return ""
+
+
+def disrupted(node: NodeState, active: Collection[str], *, policy: GuardPolicy, opted_out: bool) -> bool:
+    """Whether the node counts as disrupted, and so holds its budget slot: only where the agent acts
+    (remediate mode, no dry run, not opted out), while a reboot is requested, pods were evicted off a GPU
+    whose fault is still active (`active`: their GPU keys), or a NoExecute device taint removes a GPU's pods
+    as an eviction would."""
+    acting = policy.mode is Mode.REMEDIATE and not policy.dry_run and not opted_out
+    return acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
+                       any(m.effect == "NoExecute" for m in node.device_taints.values()))
 
 
 def quarantines(step: Step) -> bool:
