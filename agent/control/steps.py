@@ -11,7 +11,7 @@ from agent.control.seams import Actuator, ClusterGate
 from agent.control.shared import Shared
 from agent.model import ActionRecord, Step, StepKind, StepResult
 from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, decide, needs_gate
-from agent.remediation.guard import disrupted, quarantines
+from agent.remediation.guard import disrupted, gate_refusal, quarantines
 from agent.remediation.record import NodeObservation, OwedEvent
 from agent.remediation.state import ConditionState
 
@@ -122,9 +122,9 @@ class StepRunner:
             self.shared.save()
 
     def carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
-        """The guard decides, on the pass's one reading of the cluster gate (read only for a step that gets as
-        far as the gate); a step it lets past takes its budget slot first, and the guard decides again on
-        what that write found (another node may have taken the last slot meanwhile)."""
+        """The guard decides once, on the pass's one reading of the cluster gate (read only for a step that gets
+        as far as the gate) and the fleet's word; the writes its yes calls for follow (`_admit`) and report
+        back: a refused one blocks the step with its answer."""
         if step.kind is StepKind.RESET_GPU and now < self._held_until.get(step.gpu_key, 0.0):
             return None  # found held: asked again once the cooldown has passed, not recorded meanwhile
         gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
@@ -134,11 +134,8 @@ class StepRunner:
         cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None,
                               brake=self.shared.fleet_view.brake)
         decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
-        if decision.proceed and quarantines(step) and self.shared.fleet_view.claim:
-            decision = self._claim_place(step, now, cluster, decision)
-        if decision.proceed and step.disruptive and not (self._renewed_at is not None and cluster.gate is not None
-                                                          and cluster.gate.held):
-            decision = self._take_slot(step, now, cluster)
+        if decision.proceed:
+            decision = self._admit(step, now, cluster, decision)
         result: StepResult | None = decision.result
         message = decision.reason
         if decision.by_gate:
@@ -224,20 +221,30 @@ class StepRunner:
                 self.gate_reading = GateReading(error=f"{type(exc).__name__}: {exc}")
         return self.gate_reading
 
-    def _claim_place(self, step: Step, now: float, cluster: ClusterView, allowed: Decision) -> Decision:
-        """The brake's count had room for this new quarantine and the guard let it past: claim its place (exact,
-        where agents counting at once each see room), then let the guard decide again on the answer."""
+    def _admit(self, step: Step, now: float, cluster: ClusterView, allowed: Decision) -> Decision:
+        """The writes the guard's yes calls for, in order, each reporting back: the brake's claim for a new
+        quarantine, the budget slot for a disruptive step on a node that does not hold one yet. A refused
+        write blocks the step with its answer; the guard is not asked again."""
+        if quarantines(step) and self.shared.fleet_view.claim and (refusal := self._claim_place()):
+            return Decision(step, StepResult.BLOCKED, refusal)
+        holds = self._renewed_at is not None and cluster.gate is not None and cluster.gate.held
+        if step.disruptive and not holds and (refusal := self._take_slot(step, now, cluster)):
+            return Decision(step, StepResult.BLOCKED, refusal, by_gate=True)
+        return allowed
+
+    def _claim_place(self) -> str:
+        """Claim this new quarantine's place in the brake's count (exact, where agents counting at once each
+        see room); the refusal, "" when the place is taken."""
         shared = self.shared
         refusal = shared.fleet.claim(shared.inventory.name) if shared.fleet is not None else ""
         shared.fleet_view = dataclasses.replace(shared.fleet_view, claim=False, brake=refusal)
-        if not refusal:
-            return allowed
-        self.on_claim_refused()
-        return decide(step, policy=self.policy, cluster=dataclasses.replace(cluster, brake=refusal),
-                      history=self.history, now=now)
+        if refusal:
+            self.on_claim_refused()
+        return refusal
 
-    def _take_slot(self, step: Step, now: float, cluster: ClusterView) -> Decision:
-        """Write the slot the guard allowed, then let the guard decide on what the write found."""
+    def _take_slot(self, step: Step, now: float, cluster: ClusterView) -> str:
+        """Write the slot the guard allowed; what the write found, as the gate's refusal ("" when held or
+        when the answer still leaves room: another node may have taken the last slot meanwhile)."""
         before = cluster.gate or GateReading()
         try:
             after = dataclasses.replace(self.gate.acquire((self._disrupting_rules() | {step.rule_id}) - {""}),
@@ -248,8 +255,7 @@ class StepRunner:
         if after.held:
             self._renewed_at = now
             self._holding = True
-        return decide(step, policy=self.policy, cluster=dataclasses.replace(cluster, gate=after),
-                      history=self.history, now=now)
+        return gate_refusal(after)
 
     def _disrupting_rules(self) -> frozenset[str]:
         """The rules of the node's active faults that take a disruptive step (what its slot is held for: the

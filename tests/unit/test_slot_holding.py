@@ -2,60 +2,32 @@
 
 from __future__ import annotations
 
-from agent.model import DeviceRef, NodeInventory, Signal, StepKind, StepResult
-from agent.pipeline import LocalActuator, Pipeline
-from agent.remediation import GateReading, GuardPolicy, Mode
+from agent.model import DeviceRef, NodeInventory, Signal, StepKind
+from agent.pipeline import Pipeline
+from agent.remediation import GuardPolicy, Mode
 from agent.remediation.record import NodeObservation
 from agent.remediation.state import DeviceIsolation
 from tests.conftest import gpu, obs
+from tests.unit.test_admission import Applied, Gate
 from tests.unit.test_pipeline import NODE
 
 DEVICE = DeviceRef("gpu.nvidia.com", "node-1", "gpu-0")
 
 
-class _DraNode(LocalActuator):
+class _DraNode(Applied):
     """A node isolating GPUs one by one with DeviceTaintRules of `effect`; every step applied."""
 
     def __init__(self, effect: str) -> None:
         super().__init__()
         self.effect = effect
-        self.kinds: list[StepKind] = []
 
     def observe(self, devices: bool = True) -> NodeObservation:
         return NodeObservation({}, False, False, frozenset(), device_taints=None,
                                devices=DeviceIsolation({gpu(0).uuid: (DEVICE,)}, effect=self.effect))
 
-    def apply(self, step):
-        self.kinds.append(step.kind)
-        return StepResult.APPLIED, "ok"
 
-
-class _Gate:
-    """The cluster gate with room for this node: counts what the pass takes, renews and gives back."""
-
-    maybe_held = False
-    lingering = False
-
-    def __init__(self) -> None:
-        self.acquired = 0
-        self.released = 0
-
-    def read(self) -> GateReading:
-        return GateReading()
-
-    def acquire(self, rules: frozenset[str] = frozenset()) -> GateReading:
-        self.acquired += 1
-        return GateReading(held=True)
-
-    def release(self) -> None:
-        self.released += 1
-
-    def show(self, holding: bool) -> None:
-        return None
-
-
-def _after_a_fault(rules, effect: str) -> tuple[_Gate, _DraNode]:
-    gate, actuator = _Gate(), _DraNode(effect)
+def _after_a_fault(rules, effect: str) -> tuple[Gate, _DraNode]:
+    gate, actuator = Gate(), _DraNode(effect)
     idle = NodeInventory("node-1", NODE.gpus, ())
     p = Pipeline(rules=rules, inventory=idle, policy=GuardPolicy(mode=Mode.REMEDIATE), actuator=actuator, gate=gate,
                  clock=lambda: 100.0)
