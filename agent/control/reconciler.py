@@ -10,7 +10,8 @@ from agent.control.brake import BrakeWaits
 from agent.control.classifier import Classifier
 from agent.control.seams import Outcome
 from agent.control.shared import Shared
-from agent.control.steps import NODE_MARKS, StepRunner
+from agent.control.steps import StepRunner
+from agent.control.waiting import NODE_MARKS
 from agent.model import (
     NODE_KEY,
     Action,
@@ -97,7 +98,7 @@ class Reconciler:
             if shared.fleet is not None and not writes_refused:
                 shared.fleet.tidy()  # this node's claim on the brake, once its window has passed
             runner.forget_skips()
-            self._mirror(observed, writes_refused, bool(actions) or runner.marks_wait)
+            self._mirror(observed, writes_refused, bool(actions) or bool(runner.waiting.steps))
             actions += runner.flush_node(now, reopen=False)  # the pass's Node changes, in one write
             self._schedule(actions, now)
             self._passes += 1
@@ -171,7 +172,7 @@ class Reconciler:
         for step in steps:
             if self.shared.new_verdict.is_set():
                 return done + self._taint_if_wanted(opted_out), True
-            if step.kind not in NODE_MARKS and step.kind is not StepKind.EVENT and self.runner.taint_waits:
+            if step.kind not in NODE_MARKS and step.kind is not StepKind.EVENT and self.runner.waiting.taint:
                 done += self.runner.flush_node(now, reopen=True)  # an eviction or a reset finds the taint there
             record = self.runner.carry_out(step, now, opted_out)
             if record is not None:
@@ -207,7 +208,7 @@ class Reconciler:
         first = steps[0] if steps and steps[0].kind is StepKind.TAINT else None
         record = self.runner.carry_out(first, now, opted_out) if first is not None else None
         # Written at once (with what else waits): the taint keeps new work off the GPU before anything else.
-        landed = self.runner.flush_node(now, reopen=True) if self.runner.taint_waits else []
+        landed = self.runner.flush_node(now, reopen=True) if self.runner.waiting.taint else []
         return ([record] if record is not None else []) + landed
 
     def observe_and_adopt(self, now: float) -> NodeObservation | None:

@@ -7,25 +7,17 @@ import random
 from collections.abc import Callable
 
 from agent.control.feedback import TOOK_EFFECT
+from agent.control.held import HeldResets
 from agent.control.seams import Actuator, ClusterGate
 from agent.control.shared import Shared
+from agent.control.waiting import NODE_MARKS, WaitingMarks
 from agent.model import ActionRecord, Step, StepKind, StepResult
 from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, decide, needs_gate
 from agent.remediation.guard import disrupted, gate_refusal, quarantines
 from agent.remediation.record import NodeObservation, OwedEvent
-from agent.remediation.state import ConditionState
 
 #: The message of a disruptive step's action row written before the actuator runs it.
 STARTED = "started: the result is journaled when it returns"
-#: Steps that only change the agent's marks on the Node: the guard decides each, their writes wait for the
-#: pass's one Node write (StepRunner.flush_node), and they are journaled with what that write answered.
-NODE_MARKS = frozenset({StepKind.SET_CONDITION, StepKind.CLEAR_CONDITION, StepKind.TAINT, StepKind.UNTAINT,
-                        StepKind.REBOOT_REQUEST, StepKind.CLEAR_REBOOT_REQUEST, StepKind.MARK_REPLACEMENT,
-                        StepKind.UNMARK_REPLACEMENT})
-#: The marks a step that acts on the node's work (an eviction, a reset) must find written first.
-_TAINTS = frozenset({StepKind.TAINT, StepKind.UNTAINT})
-#: The record's Node marks as they were before a batch's first step: what a refused Node write restores.
-_Marks = tuple[dict[str, ConditionState], bool, bool, set[str], float]
 
 
 class StepRunner:
@@ -42,12 +34,8 @@ class StepRunner:
         self.slot_renew_seconds = slot_renew_seconds
         self.history = AttemptHistory()
         self.backoff_until = 0.0
-        #: Per GPU, the resets in a row the procedure found the GPU still held for (not idle yet: asked again once
-        #: the guard's reset cooldown has passed, never charged as failed, until as many as its attempt cap
-        #: allows within the hour say that it stays held).
-        self.held_resets: dict[str, int] = {}
-        #: Per GPU found held, when its reset may be asked again (the guard's cooldown): not before, not recorded.
-        self._held_until: dict[str, float] = {}
+        self.held = HeldResets(cooldown_seconds=policy.cooldown_seconds,
+                               max_attempts_per_hour=policy.max_attempts_per_hour)
         self._renewed_at: float | None = None
         #: This pass's one reading of the cluster gate (None until a step needs it).
         self.gate_reading: GateReading | None = None
@@ -64,68 +52,35 @@ class StepRunner:
         self._owed_before = False
         #: Called when a new quarantine's claim on the brake is refused (the reconciler's brake waits: the Event).
         self.on_claim_refused: Callable[[], None] = lambda: None
-        #: The Node-mark steps of this pass the guard let past, taken into the record, their write waiting for
-        #: the pass's Node write; and the record's marks before the first of them.
-        self._pending: list[ActionRecord] = []
-        self._marks_before: _Marks | None = None
+        #: The Node-mark steps of this pass whose write waits for the pass's Node write.
+        self.waiting = WaitingMarks(shared)
 
     def begin_pass(self) -> None:
         """A new pass: no gate reading yet, nothing owed until this pass finds it so, and its Node writes held
         for one write (a pass cut short left its marks unwritten: the record forgets them)."""
         self.gate_reading = None
         self._owed_before, self.owes_disruption = self.owes_disruption, False
-        self._drop_pending()
+        self.waiting.drop()
         self.actuator.begin_batch()
-
-    @property
-    def marks_wait(self) -> bool:
-        """Whether Node-mark steps wait for the pass's Node write."""
-        return bool(self._pending)
-
-    @property
-    def taint_waits(self) -> bool:
-        """Whether the taint (or its removal) waits for the pass's Node write."""
-        return any(a.step.kind in _TAINTS for a in self._pending)
 
     def flush_node(self, now: float, *, reopen: bool) -> list[ActionRecord]:
         """The pass's Node marks (its steps', the budget label's, the mirror's) in one write; the steps that
         waited for it journaled with its answer (a refusal fails them all and restores the record's marks, so
         the next pass plans them again). `reopen`: later writes of the pass wait for its next flush."""
-        pending, self._pending = self._pending, []
         error = self.actuator.write_node()
         if reopen:
             self.actuator.begin_batch()
         if error:
-            self.shared.log.warning("node_write_failed", error=error, steps=len(pending))
-            self._restore_marks()
-        self._marks_before = None
-        records = []
-        for done in pending:
-            result, message = (StepResult.FAILED, error) if error else (done.result, done.message)
-            if error and done.step.disruptive:
-                self.owes_disruption = True
-            records.append(self.recorded(done.step, result, message, done.at))
-        return records
-
-    def _drop_pending(self) -> None:
-        if self._pending:
-            self._restore_marks()
-        self._pending, self._marks_before = [], None
-
-    def _restore_marks(self) -> None:
-        if self._marks_before is None:
-            return
-        with self.shared.lock:
-            node = self.shared.record.node
-            node.conditions, node.tainted, node.reboot_requested, node.replacement, node.quarantined_since = \
-                self._marks_before
-            self.shared.save()
+            self.shared.log.warning("node_write_failed", error=error, steps=len(self.waiting.steps))
+        settled = self.waiting.settle(error)
+        self.owes_disruption = self.owes_disruption or any(error and a.step.disruptive for a in settled)
+        return [self.recorded(a.step, a.result, a.message, a.at) for a in settled]
 
     def carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
         """The guard decides once, on the pass's one reading of the cluster gate (read only for a step that gets
         as far as the gate) and the fleet's word; the writes its yes calls for follow (`_admit`) and report
         back: a refused one blocks the step with its answer."""
-        if step.kind is StepKind.RESET_GPU and now < self._held_until.get(step.gpu_key, 0.0):
+        if step.kind is StepKind.RESET_GPU and self.held.waiting(step.gpu_key, now):
             return None  # found held: asked again once the cooldown has passed, not recorded meanwhile
         gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
         if gated and now < self.backoff_until:
@@ -144,16 +99,14 @@ class StepRunner:
         if result is None:
             result, message = self._apply(step, now)
             if step.kind is StepKind.RESET_GPU:
-                result, message = self._held_bounded(step, result, message, now)
+                result, message = self.held.bounded(step, result, message, now)
             waits = step.kind in NODE_MARKS and result in TOOK_EFFECT
         if step.disruptive and (result is StepResult.FAILED or (decision.by_gate and self._gate_failed())):
             self.owes_disruption = True
         shared = self.shared
         with shared.lock:
-            if waits and self._marks_before is None:
-                node = shared.record.node
-                self._marks_before = (dict(node.conditions), node.tainted, node.reboot_requested,
-                                      set(node.replacement), node.quarantined_since)
+            if waits:
+                self.waiting.keep_marks()
             if result in TOOK_EFFECT:
                 shared.record.node.apply(step)
                 if shared.fleet is not None:  # the quarantine's start, on the clock its summary publishes
@@ -169,26 +122,9 @@ class StepRunner:
         if not self._skip_changed(step, result, message):
             return None  # skipped again for the same reason: logged and journaled when it first was
         if waits:  # journaled with the answer of the pass's Node write
-            self._pending.append(ActionRecord(step=step, result=result, at=now, message=message))
+            self.waiting.steps.append(ActionRecord(step=step, result=result, at=now, message=message))
             return None
         return self.recorded(step, result, message, now)
-
-    def _held_bounded(self, step: Step, result: StepResult, message: str, now: float) -> tuple[StepResult, str]:
-        """A reset the GPU's holders kept from running is blocked (asked again after the guard's cooldown), as
-        many times in a row as the attempt cap allows within the hour: then it failed, saying so (the failed
-        reset's own rule takes over: a GPU that stays held needs a person or a reboot)."""
-        key = step.gpu_key
-        self._held_until.pop(key, None)
-        if result is not StepResult.BLOCKED:
-            self.held_resets.pop(key, None)
-            return result, message
-        self._held_until[key] = now + self.policy.cooldown_seconds
-        bound = max(1, self.policy.max_attempts_per_hour)
-        held = self.held_resets[key] = self.held_resets.get(key, 0) + 1
-        if held < bound:
-            return result, f"{message} (held {held} of {bound} times: asked again after the cooldown)"
-        del self.held_resets[key]
-        return StepResult.FAILED, f"the GPU stayed held through {held} reset attempts: {message}"
 
     def _skip_changed(self, step: Step, result: StepResult, message: str) -> bool:
         """Whether this outcome is news: anything but a skip is; a skip is when the step was not skipped for
