@@ -92,6 +92,12 @@ class _Labelled:
     def consume_confirm(self, value: str) -> None:
         self.tripwire.within("confirm", self.actuator.consume_confirm)(value)
 
+    def begin_batch(self) -> None:
+        self.actuator.begin_batch()
+
+    def write_node(self) -> str:
+        return str(self.tripwire.within("node", self.actuator.write_node)())
+
 
 def _label(method: str, path: str) -> str:
     if path.endswith("/eviction"):

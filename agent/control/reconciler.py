@@ -11,6 +11,7 @@ from agent.control.classifier import Classifier
 from agent.control.seams import Outcome
 from agent.control.shared import Shared
 from agent.control.steps import StepRunner
+from agent.control.waiting import NODE_MARKS
 from agent.model import (
     NODE_KEY,
     Action,
@@ -97,7 +98,8 @@ class Reconciler:
             if shared.fleet is not None and not writes_refused:
                 shared.fleet.tidy()  # this node's claim on the brake, once its window has passed
             runner.forget_skips()
-            self._mirror(observed, writes_refused, bool(actions))
+            self._mirror(observed, writes_refused, bool(actions) or bool(runner.waiting.steps))
+            actions += runner.flush_node(now, reopen=False)  # the pass's Node changes, in one write
             self._schedule(actions, now)
             self._passes += 1
             shared.update_metrics(bool(actions))
@@ -170,6 +172,8 @@ class Reconciler:
         for step in steps:
             if self.shared.new_verdict.is_set():
                 return done + self._taint_if_wanted(opted_out), True
+            if step.kind not in NODE_MARKS and step.kind is not StepKind.EVENT and self.runner.waiting.taint:
+                done += self.runner.flush_node(now, reopen=True)  # an eviction or a reset finds the taint there
             record = self.runner.carry_out(step, now, opted_out)
             if record is not None:
                 done.append(record)
@@ -203,7 +207,9 @@ class Reconciler:
             steps = self._plan(now)
         first = steps[0] if steps and steps[0].kind is StepKind.TAINT else None
         record = self.runner.carry_out(first, now, opted_out) if first is not None else None
-        return [record] if record is not None else []
+        # Written at once (with what else waits): the taint keeps new work off the GPU before anything else.
+        landed = self.runner.flush_node(now, reopen=True) if self.runner.waiting.taint else []
+        return ([record] if record is not None else []) + landed
 
     def observe_and_adopt(self, now: float) -> NodeObservation | None:
         """Read the Node; adopt its copy of the record where newer; take in an operator's release request."""

@@ -33,6 +33,15 @@ class Actuator(Protocol):
         """Remove an operator's confirm of a braked taint once it is used, unused or expired."""
         ...
 
+    def begin_batch(self) -> None:
+        """A pass starts: the Node marks its steps, label and mirror ask for wait for `write_node`."""
+        ...
+
+    def write_node(self) -> str:
+        """The waiting Node marks in one write (two where both the taint and a condition change); the
+        refusal as one line, "" when written or when there was nothing to write."""
+        ...
+
 
 class ClusterGate(Protocol):
     """The cluster-wide disruption budget and pause: read once in a pass that has a disruptive step for the
@@ -80,6 +89,12 @@ class LocalActuator:
 
     def consume_confirm(self, value: str) -> None:
         return None
+
+    def begin_batch(self) -> None:
+        return None
+
+    def write_node(self) -> str:
+        return ""
 
 
 class LocalGate:

@@ -7,11 +7,13 @@ import random
 from collections.abc import Callable
 
 from agent.control.feedback import TOOK_EFFECT
+from agent.control.held import HeldResets
 from agent.control.seams import Actuator, ClusterGate
 from agent.control.shared import Shared
+from agent.control.waiting import NODE_MARKS, WaitingMarks
 from agent.model import ActionRecord, Step, StepKind, StepResult
-from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, Mode, decide, needs_gate
-from agent.remediation.guard import quarantines
+from agent.remediation import AttemptHistory, ClusterView, Decision, GateReading, GuardPolicy, decide, needs_gate
+from agent.remediation.guard import disrupted, gate_refusal, quarantines
 from agent.remediation.record import NodeObservation, OwedEvent
 
 #: The message of a disruptive step's action row written before the actuator runs it.
@@ -32,12 +34,8 @@ class StepRunner:
         self.slot_renew_seconds = slot_renew_seconds
         self.history = AttemptHistory()
         self.backoff_until = 0.0
-        #: Per GPU, the resets in a row the procedure found the GPU still held for (not idle yet: asked again once
-        #: the guard's reset cooldown has passed, never charged as failed, until as many as its attempt cap
-        #: allows within the hour say that it stays held).
-        self.held_resets: dict[str, int] = {}
-        #: Per GPU found held, when its reset may be asked again (the guard's cooldown): not before, not recorded.
-        self._held_until: dict[str, float] = {}
+        self.held = HeldResets(cooldown_seconds=policy.cooldown_seconds,
+                               max_attempts_per_hour=policy.max_attempts_per_hour)
         self._renewed_at: float | None = None
         #: This pass's one reading of the cluster gate (None until a step needs it).
         self.gate_reading: GateReading | None = None
@@ -54,17 +52,35 @@ class StepRunner:
         self._owed_before = False
         #: Called when a new quarantine's claim on the brake is refused (the reconciler's brake waits: the Event).
         self.on_claim_refused: Callable[[], None] = lambda: None
+        #: The Node-mark steps of this pass whose write waits for the pass's Node write.
+        self.waiting = WaitingMarks(shared)
 
     def begin_pass(self) -> None:
-        """A new pass: no gate reading yet, and nothing owed until this pass finds it so."""
+        """A new pass: no gate reading yet, nothing owed until this pass finds it so, and its Node writes held
+        for one write (a pass cut short left its marks unwritten: the record forgets them)."""
         self.gate_reading = None
         self._owed_before, self.owes_disruption = self.owes_disruption, False
+        self.waiting.drop()
+        self.actuator.begin_batch()
+
+    def flush_node(self, now: float, *, reopen: bool) -> list[ActionRecord]:
+        """The pass's Node marks (its steps', the budget label's, the mirror's) in one write; the steps that
+        waited for it journaled with its answer (a refusal fails them all and restores the record's marks, so
+        the next pass plans them again). `reopen`: later writes of the pass wait for its next flush."""
+        error = self.actuator.write_node()
+        if reopen:
+            self.actuator.begin_batch()
+        if error:
+            self.shared.log.warning("node_write_failed", error=error, steps=len(self.waiting.steps))
+        settled = self.waiting.settle(error)
+        self.owes_disruption = self.owes_disruption or any(error and a.step.disruptive for a in settled)
+        return [self.recorded(a.step, a.result, a.message, a.at) for a in settled]
 
     def carry_out(self, step: Step, now: float, opted_out: bool) -> ActionRecord | None:
-        """The guard decides, on the pass's one reading of the cluster gate (read only for a step that gets as
-        far as the gate); a step it lets past takes its budget slot first, and the guard decides again on
-        what that write found (another node may have taken the last slot meanwhile)."""
-        if step.kind is StepKind.RESET_GPU and now < self._held_until.get(step.gpu_key, 0.0):
+        """The guard decides once, on the pass's one reading of the cluster gate (read only for a step that gets
+        as far as the gate) and the fleet's word; the writes its yes calls for follow (`_admit`) and report
+        back: a refused one blocks the step with its answer."""
+        if step.kind is StepKind.RESET_GPU and self.held.waiting(step.gpu_key, now):
             return None  # found held: asked again once the cooldown has passed, not recorded meanwhile
         gated = needs_gate(step, policy=self.policy, opted_out=opted_out)
         if gated and now < self.backoff_until:
@@ -73,23 +89,24 @@ class StepRunner:
         cluster = ClusterView(opted_out=opted_out, gate=self._read_gate() if gated else None,
                               brake=self.shared.fleet_view.brake)
         decision = decide(step, policy=self.policy, cluster=cluster, history=self.history, now=now)
-        if decision.proceed and quarantines(step) and self.shared.fleet_view.claim:
-            decision = self._claim_place(step, now, cluster, decision)
-        if decision.proceed and step.disruptive and not (self._renewed_at is not None and cluster.gate is not None
-                                                          and cluster.gate.held):
-            decision = self._take_slot(step, now, cluster)
+        if decision.proceed:
+            decision = self._admit(step, now, cluster, decision)
         result: StepResult | None = decision.result
         message = decision.reason
         if decision.by_gate:
             self.backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
+        waits = False
         if result is None:
             result, message = self._apply(step, now)
             if step.kind is StepKind.RESET_GPU:
-                result, message = self._held_bounded(step, result, message, now)
+                result, message = self.held.bounded(step, result, message, now)
+            waits = step.kind in NODE_MARKS and result in TOOK_EFFECT
         if step.disruptive and (result is StepResult.FAILED or (decision.by_gate and self._gate_failed())):
             self.owes_disruption = True
         shared = self.shared
         with shared.lock:
+            if waits:
+                self.waiting.keep_marks()
             if result in TOOK_EFFECT:
                 shared.record.node.apply(step)
                 if shared.fleet is not None:  # the quarantine's start, on the clock its summary publishes
@@ -104,24 +121,10 @@ class StepRunner:
             self.backoff_until = now + self.retry_seconds * self.rng.uniform(1.0, 1.25)
         if not self._skip_changed(step, result, message):
             return None  # skipped again for the same reason: logged and journaled when it first was
+        if waits:  # journaled with the answer of the pass's Node write
+            self.waiting.steps.append(ActionRecord(step=step, result=result, at=now, message=message))
+            return None
         return self.recorded(step, result, message, now)
-
-    def _held_bounded(self, step: Step, result: StepResult, message: str, now: float) -> tuple[StepResult, str]:
-        """A reset the GPU's holders kept from running is blocked (asked again after the guard's cooldown), as
-        many times in a row as the attempt cap allows within the hour: then it failed, saying so (the failed
-        reset's own rule takes over: a GPU that stays held needs a person or a reboot)."""
-        key = step.gpu_key
-        self._held_until.pop(key, None)
-        if result is not StepResult.BLOCKED:
-            self.held_resets.pop(key, None)
-            return result, message
-        self._held_until[key] = now + self.policy.cooldown_seconds
-        bound = max(1, self.policy.max_attempts_per_hour)
-        held = self.held_resets[key] = self.held_resets.get(key, 0) + 1
-        if held < bound:
-            return result, f"{message} (held {held} of {bound} times: asked again after the cooldown)"
-        del self.held_resets[key]
-        return StepResult.FAILED, f"the GPU stayed held through {held} reset attempts: {message}"
 
     def _skip_changed(self, step: Step, result: StepResult, message: str) -> bool:
         """Whether this outcome is news: anything but a skip is; a skip is when the step was not skipped for
@@ -154,20 +157,30 @@ class StepRunner:
                 self.gate_reading = GateReading(error=f"{type(exc).__name__}: {exc}")
         return self.gate_reading
 
-    def _claim_place(self, step: Step, now: float, cluster: ClusterView, allowed: Decision) -> Decision:
-        """The brake's count had room for this new quarantine and the guard let it past: claim its place (exact,
-        where agents counting at once each see room), then let the guard decide again on the answer."""
+    def _admit(self, step: Step, now: float, cluster: ClusterView, allowed: Decision) -> Decision:
+        """The writes the guard's yes calls for, in order, each reporting back: the brake's claim for a new
+        quarantine, the budget slot for a disruptive step on a node that does not hold one yet. A refused
+        write blocks the step with its answer; the guard is not asked again."""
+        if quarantines(step) and self.shared.fleet_view.claim and (refusal := self._claim_place()):
+            return Decision(step, StepResult.BLOCKED, refusal)
+        holds = self._renewed_at is not None and cluster.gate is not None and cluster.gate.held
+        if step.disruptive and not holds and (refusal := self._take_slot(step, now, cluster)):
+            return Decision(step, StepResult.BLOCKED, refusal, by_gate=True)
+        return allowed
+
+    def _claim_place(self) -> str:
+        """Claim this new quarantine's place in the brake's count (exact, where agents counting at once each
+        see room); the refusal, "" when the place is taken."""
         shared = self.shared
         refusal = shared.fleet.claim(shared.inventory.name) if shared.fleet is not None else ""
         shared.fleet_view = dataclasses.replace(shared.fleet_view, claim=False, brake=refusal)
-        if not refusal:
-            return allowed
-        self.on_claim_refused()
-        return decide(step, policy=self.policy, cluster=dataclasses.replace(cluster, brake=refusal),
-                      history=self.history, now=now)
+        if refusal:
+            self.on_claim_refused()
+        return refusal
 
-    def _take_slot(self, step: Step, now: float, cluster: ClusterView) -> Decision:
-        """Write the slot the guard allowed, then let the guard decide on what the write found."""
+    def _take_slot(self, step: Step, now: float, cluster: ClusterView) -> str:
+        """Write the slot the guard allowed; what the write found, as the gate's refusal ("" when held or
+        when the answer still leaves room: another node may have taken the last slot meanwhile)."""
         before = cluster.gate or GateReading()
         try:
             after = dataclasses.replace(self.gate.acquire((self._disrupting_rules() | {step.rule_id}) - {""}),
@@ -178,8 +191,7 @@ class StepRunner:
         if after.held:
             self._renewed_at = now
             self._holding = True
-        return decide(step, policy=self.policy, cluster=dataclasses.replace(cluster, gate=after),
-                      history=self.history, now=now)
+        return gate_refusal(after)
 
     def _disrupting_rules(self) -> frozenset[str]:
         """The rules of the node's active faults that take a disruptive step (what its slot is held for: the
@@ -260,14 +272,11 @@ class StepRunner:
     def hold_slot(self, observed: NodeObservation | None, now: float, opted_out: bool, first_pass: bool) -> None:
         """A node holds its budget slot while it is disrupted (pods moved off a faulty GPU, a reboot
         requested) and renews it; a node that is not disrupted gives it back, whatever took it."""
-        acting = self.policy.mode is Mode.REMEDIATE and not self.policy.dry_run and not opted_out
         with self.shared.lock:  # the source thread changes the record meanwhile
-            node = self.shared.record.node
-            active = {k for k, _ in self.shared.record.faults}
-            disrupted = acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
-                                    any(m.effect == "NoExecute" for m in node.device_taints.values()))
+            holds = disrupted(self.shared.record.node, {k for k, _ in self.shared.record.faults},
+                              policy=self.policy, opted_out=opted_out)
         try:
-            if disrupted:
+            if holds:
                 if self._renewed_at is None or now - self._renewed_at >= self.slot_renew_seconds:
                     previous, self._renewed_at = self._renewed_at, now
                     try:

@@ -83,12 +83,13 @@ class K8sActuator:
         """The record, and with a summariser the fleet summary and the brake's quarantine label, in one write
         (the same refusal guards all three)."""
         if self.summarise is None:
-            self.writer.save_record(document)
+            self.writer.save_record(document, join_batch=True)
             return
         text = json.dumps(document, sort_keys=True, separators=(",", ":"))
         summary = self.summarise(document)
         self.writer.set_metadata(labels={QUARANTINE_LABEL: quarantine_label(summary.quarantined_since)},
-                                 annotations={STATE_ANNOTATION: text, SUMMARY_ANNOTATION: summary.to_json()})
+                                 annotations={STATE_ANNOTATION: text, SUMMARY_ANNOTATION: summary.to_json()},
+                                 join_batch=True)
 
     def consume_release(self, value: str) -> None:
         """Remove the release request, unless the operator wrote a new one meanwhile."""
@@ -99,8 +100,21 @@ class K8sActuator:
         self._consume(CONFIRM_ANNOTATION, value)
 
     def _consume(self, annotation: str, value: str) -> None:
-        if self.writer.read().annotations.get(annotation) == value:
-            self.writer.set_metadata(annotations={annotation: None})
+        if self.writer.staged_annotation(annotation) == value:
+            self.writer.set_metadata(annotations={annotation: None}, join_batch=True)
+
+    def begin_batch(self) -> None:
+        """The Node writes of the pass now starting wait for `write_node` (agent.k8s.node NodeWriter.flush)."""
+        self.writer.begin_batch()
+
+    def write_node(self) -> str:
+        """The pass's Node marks in one write (two where both the taint and a condition change); the API's
+        refusal as one line, "" when written or nothing was to be written."""
+        try:
+            self.writer.flush()
+        except K8sError as exc:
+            return str(exc)
+        return ""
 
     def apply(self, step: Step) -> tuple[StepResult, str]:
         try:
@@ -123,13 +137,13 @@ class K8sActuator:
             status = str(details.get("node_status", "True" if reported else "False")) == "True"
             changed = self.writer.set_condition(step.target, status=status, create=reported,
                                                 reason=str(details.get("reason", "GpuHealth")),
-                                                message=str(details.get("message", step.reason)))
+                                                message=str(details.get("message", step.reason)), join_batch=True)
             return StepResult.APPLIED, "condition set" if changed else "condition already so"
         if kind is StepKind.TAINT:
-            changed = self.writer.set_taint(True)
+            changed = self.writer.set_taint(True, join_batch=True)
             return StepResult.APPLIED, "taint added" if changed else "taint already present"
         if kind is StepKind.UNTAINT:
-            changed = self.writer.set_taint(False)
+            changed = self.writer.set_taint(False, join_batch=True)
             return StepResult.APPLIED, "taint removed" if changed else "no taint of ours"
         if kind in {StepKind.TAINT_DEVICE, StepKind.UNTAINT_DEVICE}:
             if self.devices is None:
@@ -183,8 +197,8 @@ class K8sActuator:
     def _reboot(self, wanted: bool, reason: str) -> tuple[StepResult, str]:
         self.writer.set_condition(CONDITION_REBOOT, status=wanted,
                                   reason="GpuRebootRequired" if wanted else "GpuRebootNotRequired",
-                                  message=reason)
-        self.writer.set_metadata(annotations={REBOOT_ANNOTATION: rfc3339() if wanted else None})
+                                  message=reason, join_batch=True)
+        self.writer.set_metadata(annotations={REBOOT_ANNOTATION: rfc3339() if wanted else None}, join_batch=True)
         if self.reboot_sentinel:
             sentinel = Path(self.reboot_sentinel)
             try:
@@ -197,9 +211,8 @@ class K8sActuator:
         return StepResult.APPLIED, "reboot requested" if wanted else "reboot request withdrawn"
 
     def _replacement(self, gpu: str, wanted: bool) -> tuple[StepResult, str]:
-        view = self.writer.read()
-        listed = {g for g in view.annotations.get(REPLACE_ANNOTATION, "").split(",") if g}
+        listed = {g for g in (self.writer.staged_annotation(REPLACE_ANNOTATION) or "").split(",") if g}
         listed = listed | {gpu} if wanted else listed - {gpu}
         self.writer.set_metadata(labels={REPLACEMENT_LABEL: "true" if listed else None},
-                                 annotations={REPLACE_ANNOTATION: ",".join(sorted(listed)) or None})
+                                 annotations={REPLACE_ANNOTATION: ",".join(sorted(listed)) or None}, join_batch=True)
         return StepResult.APPLIED, "marked for replacement" if wanted else "replacement mark removed"

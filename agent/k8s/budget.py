@@ -267,10 +267,11 @@ class LeaseBudget:
         self._give_back()
 
     def show(self, holding: bool) -> None:
-        """The node label as a view of the slot: set while holding, removed otherwise."""
+        """The node label as a view of the slot: set while holding, removed otherwise (within a pass, in the
+        pass's one Node write)."""
         value = "active" if holding else None
         if self.node_writer is not None:
-            self.node_writer.set_metadata(labels={DISRUPTION_LABEL: value})
+            self.node_writer.set_metadata(labels={DISRUPTION_LABEL: value}, join_batch=True)
             return
         path = api_path("", "v1", "nodes", name=self.node)
         body = {"metadata": {"labels": {DISRUPTION_LABEL: value}}}

@@ -4,19 +4,23 @@ Every write is compare-patch against the Node as last observed (the previous GET
 previous write, or the watch's last event: agent.k8s.node_cache), under that observation's resourceVersion:
 a 409 reads the Node again and retries, so a fault costs one PATCH and no GET. Nothing is written when a
 fresh read (a GET, or the Node a live watch vouches for) says the Node already is as it should be; taints
-and cordons the agent did not set are never touched.
+and cordons the agent did not set are never touched. A reconcile pass opens a batch (`begin_batch`): the marks
+its steps, its budget label and its mirror ask for wait there and go in one write at its end (`flush`; two
+where the pass changes both the taint and a condition: agent.k8s.node_marks says why).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.fleet.published import QUARANTINE_LABEL, quarantined_since
-from agent.k8s.bodies import MetadataPatch, Node, NodeCondition, NodePatch, as_node
+from agent.k8s.bodies import Node, NodeCondition, as_node
 from agent.k8s.errors import Conflict
 from agent.k8s.node_cache import NodeCache
+from agent.k8s.node_marks import CORDONED, ConditionWant, NodeMarks, TaintOptions, node_patches
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 from agent.remediation.record import NodeObservation
@@ -25,7 +29,7 @@ from agent.timefmt import rfc3339
 
 PREFIX = "gpu-health-agent.io"
 STATE_ANNOTATION = f"{PREFIX}/state"
-CORDONED_ANNOTATION = f"{PREFIX}/cordoned"
+CORDONED_ANNOTATION = CORDONED
 REBOOT_ANNOTATION = f"{PREFIX}/reboot-requested"
 REPLACE_ANNOTATION = f"{PREFIX}/replace-gpus"
 RELEASE_ANNOTATION = f"{PREFIX}/release"
@@ -71,10 +75,6 @@ class NodeView:
             quarantine_label=quarantined_since(self.labels.get(QUARANTINE_LABEL)))
 
 
-#: A patch built from the Node as observed, or None when the Node already is as wanted.
-PatchBuilder = Callable[[Node], NodePatch | None]
-
-
 class NodeWriter:
     """Reads and patches one Node; remembers the Node as the last read or write left it."""
 
@@ -85,11 +85,15 @@ class NodeWriter:
         self.taint_key = taint_key
         self.taint_effect = taint_effect
         self.cordon = cordon
+        self.taint = TaintOptions(taint_key, taint_effect, cordon)
         self.deadline = deadline_seconds
         self.path = api_path("", "v1", "nodes", name=node_name)
         #: The Node as the last GET, PATCH or watch event showed it; a live watch (agent.k8s.node_watch)
         #: vouches that it is current.
         self.seen = seen or NodeCache()
+        #: One pass's marks while its batch is open (begin_batch .. flush), and the thread that opened it.
+        self._batch: NodeMarks | None = None
+        self._batch_thread = 0
 
     def read(self) -> NodeView:
         """The Node as a live watch keeps it, else with one GET."""
@@ -109,108 +113,90 @@ class NodeWriter:
         self.seen.offer(node)
         return node
 
+    # ---- one pass's marks, written together ----
+    def begin_batch(self) -> None:
+        """From now on, marks asked for with `join_batch` on this thread wait for `flush` (one pass's writes)."""
+        self._batch = NodeMarks()
+        self._batch_thread = threading.get_ident()
+
+    def flush(self) -> bool:
+        """Write the batch's marks (at most a patch to the Node and one to its status) and close the batch;
+        False: the Node already showed them. Raises the API's error, the batch closed all the same."""
+        marks, self._batch = self._batch, None
+        return marks is not None and not marks.empty() and self.write(marks)
+
+    def staged_annotation(self, key: str) -> str | None:
+        """An annotation as the open batch wants it, else as the Node shows it (None: absent)."""
+        if self._batching() and self._batch is not None and key in self._batch.annotations:
+            return self._batch.annotations[key]
+        return self.read().annotations.get(key)
+
+    def _batching(self) -> bool:
+        return self._batch is not None and self._batch_thread == threading.get_ident()
+
+    def _want(self, marks: NodeMarks, join_batch: bool) -> bool:
+        """Write `marks` now, or add them to the open batch (then: whether the Node as last seen lacks them)."""
+        if join_batch and self._batching() and self._batch is not None:
+            self._batch.merge(marks)
+            node = self.seen.node
+            return node is None or not node_patches(marks, node, taint=self.taint, now=rfc3339()).empty()
+        return self.write(marks)
+
     # ---- conditions ----
-    def set_condition(self, kind: str, *, status: bool, reason: str, message: str, create: bool | None = None) -> bool:
+    def set_condition(self, kind: str, *, status: bool, reason: str, message: str, create: bool | None = None,
+                      join_batch: bool = False) -> bool:
         """Set one condition; keep lastTransitionTime while the status holds. False: nothing to do. An absent
         condition is created only when `create` (default: when `status`, as a problem condition is)."""
-
-        def build(node: Node) -> NodePatch | None:
-            current = next((c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == kind),
-                           None)
-            wanted = "True" if status else "False"
-            if current is None and not (status if create is None else create):
-                return None
-            if current is not None and (current.get("status"), current.get("reason"), current.get("message")) == (
-                    wanted, reason, message):
-                return None
-            now = rfc3339()
-            transition = current.get("lastTransitionTime") if current and current.get("status") == wanted else now
-            condition: NodeCondition = {"type": kind, "status": wanted, "reason": reason, "message": message[:1024],
-                         "lastHeartbeatTime": now, "lastTransitionTime": transition or now}
-            return {"status": {"conditions": [condition]}}
-
-        return self._write(build, status=True)
+        want = ConditionWant(status, reason, message, status if create is None else create)
+        return self._want(NodeMarks(conditions={kind: want}), join_batch)
 
     # ---- taint and cordon ----
-    def set_taint(self, present: bool, *, value: str = "gpu-fault") -> bool:
+    def set_taint(self, present: bool, *, join_batch: bool = False) -> bool:
         """Add or remove the agent's own taint (and cordon, when configured); other taints stay."""
-
-        def build(node: Node) -> NodePatch | None:
-            spec = node.get("spec", {})
-            taints = list(spec.get("taints") or [])
-            ours = [t for t in taints if t.get("key") == self.taint_key]
-            annotations = node["metadata"].get("annotations") or {}
-            patch: NodePatch = {"metadata": {}, "spec": {}}
-            if present and not ours:
-                patch["spec"]["taints"] = [*taints, {"key": self.taint_key, "value": value,
-                                                     "effect": self.taint_effect, "timeAdded": rfc3339()}]
-            elif not present and ours:
-                patch["spec"]["taints"] = [t for t in taints if t.get("key") != self.taint_key]
-            if self.cordon and present and not spec.get("unschedulable"):
-                patch["spec"]["unschedulable"] = True
-                patch["metadata"]["annotations"] = {CORDONED_ANNOTATION: rfc3339()}
-            if not present and CORDONED_ANNOTATION in annotations:
-                # Uncordon only what the agent cordoned.
-                patch["spec"]["unschedulable"] = None
-                patch["metadata"]["annotations"] = {CORDONED_ANNOTATION: None}
-            if not patch["spec"] and "annotations" not in patch["metadata"]:
-                return None
-            return patch
-
-        return self._write(build)
+        return self._want(NodeMarks(taint=present), join_batch)
 
     # ---- labels and annotations ----
     def set_metadata(self, *, labels: dict[str, str | None] | None = None,
-                     annotations: dict[str, str | None] | None = None) -> bool:
+                     annotations: dict[str, str | None] | None = None, join_batch: bool = False) -> bool:
         """Set (or, with None, remove) labels and annotations; nothing is written when they already match."""
+        return self._want(NodeMarks(labels=dict(labels or {}), annotations=dict(annotations or {})), join_batch)
 
-        def build(node: Node) -> NodePatch | None:
-            meta = node["metadata"]
-            changes: MetadataPatch = {}
-            if delta := _delta(meta.get("labels") or {}, labels or {}):
-                changes["labels"] = delta
-            if delta := _delta(meta.get("annotations") or {}, annotations or {}):
-                changes["annotations"] = delta
-            return {"metadata": changes} if changes else None
-
-        return self._write(build)
-
-    def save_record(self, document: Mapping[str, object]) -> bool:
+    def save_record(self, document: Mapping[str, object], *, join_batch: bool = False) -> bool:
         """The Node's copy of the durable record (the journal's twin; the newer generation wins)."""
         text = json.dumps(document, sort_keys=True, separators=(",", ":"))
-        return self.set_metadata(annotations={STATE_ANNOTATION: text})
+        return self.set_metadata(annotations={STATE_ANNOTATION: text}, join_batch=join_batch)
 
-    def _write(self, build: PatchBuilder, *, status: bool = False) -> bool:
-        """Patch what `build` asks of the Node as last observed, under its resourceVersion. No GET first: a
-        stale observation answers 409, and the retry reads the Node again; an observation that says nothing
-        is to be done is confirmed by a fresh read (a GET, or the Node a live watch vouches for) before the
-        writer says so (idempotent, never blind)."""
-        path = f"{self.path}/status" if status else self.path
+    def write(self, marks: NodeMarks) -> bool:
+        """Patch what `marks` ask of the Node as last observed, under its resourceVersion: the spec (taint,
+        cordon) to the Node, the conditions to its status subresource, labels and annotations with the status
+        patch where there is one (agent.k8s.node_marks). No GET first: a stale observation answers 409, and
+        the retry reads the Node again and diffs anew; an observation that says nothing is to be done is
+        confirmed by a fresh read (a GET, or the Node a live watch vouches for) before the writer says so
+        (idempotent, never blind)."""
 
         def attempt() -> bool:
             node = self.seen.node
-            patch = build(node) if node is not None else None
-            if node is None or patch is None:
-                node = self.seen.current() if patch is None and node is not None else None
+            patches = node_patches(marks, node, taint=self.taint, now=rfc3339()) if node is not None else None
+            if node is None or patches is None or patches.empty():
+                node = self.seen.current() if patches is not None else None
                 node = node or self._raw()
-                patch = build(node)
-                if patch is None:
+                patches = node_patches(marks, node, taint=self.taint, now=rfc3339())
+                if patches.empty():
                     return False
-            patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
-            with self.seen.writing():
-                try:
-                    self.seen.offer(as_node(self.raw.strategic_patch(path, patch)))
-                except Conflict:
-                    self.seen.forget()  # changed since observed: the next attempt reads it again
-                    raise
+            for path, patch in ((self.path, patches.main), (f"{self.path}/status", patches.status)):
+                if patch is None:
+                    continue
+                patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
+                with self.seen.writing():
+                    try:
+                        node = as_node(self.raw.strategic_patch(path, patch))
+                    except Conflict:
+                        self.seen.forget()  # changed since observed: the next attempt reads it again
+                        raise
+                    self.seen.offer(node)
             return True
 
         return bool(with_retries(lambda: on_conflict(attempt), deadline_seconds=self.deadline))
-
-
-def _delta(current: Mapping[str, str], wanted: Mapping[str, str | None]) -> dict[str, str | None]:
-    """The entries of `wanted` that change `current` (None removes one that is there)."""
-    return {k: v for k, v in wanted.items() if current.get(k) != v and not (v is None and k not in current)}
 
 
 def saved_record(view: NodeView) -> dict[str, object] | None:

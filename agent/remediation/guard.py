@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 from agent.model import Action, FaultClass, Step, StepKind, StepResult
 
 if TYPE_CHECKING:
-    from agent.remediation.state import ActiveFault
+    from agent.remediation.state import ActiveFault, NodeState
 
 K = TypeVar("K")
 #: What a quarantining fault's condition says while the brake keeps the node's taint waiting.
@@ -149,25 +149,44 @@ def decide(step: Step, *, policy: GuardPolicy, cluster: ClusterView, history: At
         return Decision(step, StepResult.BLOCKED, cluster.brake)
     if early is not None:
         return early
-    gate = cluster.gate
-    if gate is None:
-        return Decision(step, StepResult.BLOCKED, "disruption budget not read", by_gate=True)
-    if gate.error:
-        return Decision(step, StepResult.BLOCKED, f"disruption budget unreadable: {gate.error}", by_gate=True)
-    if gate.paused:
-        return Decision(step, StepResult.BLOCKED, "remediation paused cluster-wide", by_gate=True)
+    if refusal := _gate_closed(cluster.gate):
+        return Decision(step, StepResult.BLOCKED, refusal, by_gate=True)
     recent = history.recent(step, now, 3600.0) if step.kind in CAPPED_STEPS else []
     if len(recent) >= policy.max_attempts_per_hour:
         return Decision(step, StepResult.BLOCKED,
                         f"attempt cap: {len(recent)} {step.kind} attempts on {step.target} within the hour")
     if recent and now - max(recent) < policy.cooldown_seconds:
         return Decision(step, StepResult.BLOCKED, f"cooldown: last {step.kind} on {step.target} too recent")
-    if not gate.budget_available:
-        return Decision(step, StepResult.BLOCKED, "cluster-wide disruption budget exhausted", by_gate=True)
-    if not gate.rate_available:
-        return Decision(step, StepResult.BLOCKED, f"cluster-wide disruption rate bound reached: {gate.recent} "
-                        f"nodes newly disrupted within the hour (at most {gate.rate})", by_gate=True)
+    if refusal := _gate_full(cluster.gate):
+        return Decision(step, StepResult.BLOCKED, refusal, by_gate=True)
     return Decision(step, None)
+
+
+def gate_refusal(gate: GateReading | None) -> str:
+    """Why a gate reading refuses a disruptive step ("" when it lets it past): what the write that takes a
+    slot reports back, in the words `decide` uses for the same reading."""
+    return _gate_closed(gate) or _gate_full(gate)
+
+
+def _gate_closed(gate: GateReading | None) -> str:
+    if gate is None:
+        return "disruption budget not read"
+    if gate.error:
+        return f"disruption budget unreadable: {gate.error}"
+    if gate.paused:
+        return "remediation paused cluster-wide"
+    return ""
+
+
+def _gate_full(gate: GateReading | None) -> str:
+    if gate is None:
+        return "disruption budget not read"
+    if not gate.budget_available:
+        return "cluster-wide disruption budget exhausted"
+    if not gate.rate_available:
+        return (f"cluster-wide disruption rate bound reached: {gate.recent} nodes newly disrupted within the hour "
+                f"(at most {gate.rate})")
+    return ""
 
 
 
@@ -180,6 +199,16 @@ def node_writes_refused(*, policy: GuardPolicy, cluster: ClusterView) -> str:
     if cluster.opted_out:
         return "node opted out of remediation by label: Events only"
     return ""
+
+
+def disrupted(node: NodeState, active: Collection[str], *, policy: GuardPolicy, opted_out: bool) -> bool:
+    """Whether the node counts as disrupted, and so holds its budget slot: only where the agent acts
+    (remediate mode, no dry run, not opted out), while a reboot is requested, pods were evicted off a GPU
+    whose fault is still active (`active`: their GPU keys), or a NoExecute device taint removes a GPU's pods
+    as an eviction would."""
+    acting = policy.mode is Mode.REMEDIATE and not policy.dry_run and not opted_out
+    return acting and (node.reboot_requested or any(node.evicted.get(k) for k in active) or
+                       any(m.effect == "NoExecute" for m in node.device_taints.values()))
 
 
 def quarantines(step: Step) -> bool:

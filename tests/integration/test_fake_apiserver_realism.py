@@ -267,3 +267,17 @@ def test_a_delete_with_a_stale_resource_version_precondition_is_a_conflict(api):
     assert request(server, "DELETE", f"{RULES_PATH}/gpu-health.n1.gpu-3", stale)[0] == 409
     current = {"preconditions": {"resourceVersion": created["metadata"]["resourceVersion"]}}
     assert request(server, "DELETE", f"{RULES_PATH}/gpu-health.n1.gpu-3", current)[0] == 200
+
+
+def test_a_node_status_patch_changes_labels_and_conditions_but_never_the_spec(api):
+    """As the real server's Node status strategy does (tests/realcluster/test_node_writes.py checks it there)."""
+    _, server, _ = api
+    patch = {"metadata": {"labels": {"a/b": "c"}, "annotations": {"a/d": "e"}},
+             "spec": {"taints": [{"key": "a/t", "effect": "NoSchedule"}]},
+             "status": {"conditions": [{"type": "GpuFatalFault", "status": "True", "reason": "R", "message": "m"}]}}
+    code, node = request(server, "PATCH", "/api/v1/nodes/n1/status", patch,
+                         content_type="application/strategic-merge-patch+json")
+    assert code == 200
+    assert node["metadata"]["labels"]["a/b"] == "c" and node["metadata"]["annotations"]["a/d"] == "e"
+    assert "GpuFatalFault" in {c["type"] for c in node["status"]["conditions"]}
+    assert not node["spec"].get("taints")

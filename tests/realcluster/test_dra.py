@@ -263,6 +263,8 @@ class KilledBeforeMirror:
         self.observe = actuator.observe
         self.consume_release = actuator.consume_release
         self.consume_confirm = actuator.consume_confirm
+        self.begin_batch = actuator.begin_batch
+        self.write_node = actuator.write_node
 
     def mirror(self, document: Mapping[str, object]) -> None:
         raise RuntimeError("killed before the record reached the Node")

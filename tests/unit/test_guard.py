@@ -1,5 +1,7 @@
 from agent.model import Step, StepKind, StepResult
 from agent.remediation import AttemptHistory, ClusterView, GateReading, GuardPolicy, Mode, decide, needs_gate
+from agent.remediation.guard import disrupted
+from agent.remediation.state import DeviceMark, NodeState
 
 EVICT = Step(StepKind.EVICT, "ml/trainer-3", "holds faulty GPU")
 TAINT = Step(StepKind.TAINT, "node-1", "fatal")
@@ -108,3 +110,35 @@ def test_evictions_are_retried_without_a_cap_their_deadline_governs_them():
     for t in (0.0, 30.0, 60.0, 90.0):
         history.record(EVICT, t)
     assert _decide(EVICT, history=history, now=120.0).proceed
+
+
+def _node(**marks):
+    node = NodeState()
+    for name, value in marks.items():
+        setattr(node, name, value)
+    return node
+
+
+def test_a_noexecute_device_taint_counts_as_disrupted():
+    """It deletes the GPU's pods as an eviction would: the node holds its budget slot for it."""
+    node = _node(device_taints={"gpu-0": DeviceMark("GPU-0", "NoExecute")})
+    assert disrupted(node, set(), policy=GuardPolicy(mode=Mode.REMEDIATE), opted_out=False)
+    quiet = _node(device_taints={"gpu-0": DeviceMark("GPU-0", "NoSchedule")})
+    assert not disrupted(quiet, set(), policy=GuardPolicy(mode=Mode.REMEDIATE), opted_out=False)
+
+
+def test_evictions_count_as_disrupted_only_while_their_fault_is_active():
+    """Pods moved off a GPU hold the slot until that GPU's fault ends."""
+    node = _node(evicted={"GPU-3": {"ml/trainer-3"}})
+    policy = GuardPolicy(mode=Mode.REMEDIATE)
+    assert disrupted(node, {"GPU-3"}, policy=policy, opted_out=False)
+    assert not disrupted(node, {"GPU-4"}, policy=policy, opted_out=False)
+
+
+def test_a_node_the_agent_does_not_act_on_is_never_disrupted():
+    """Dry run, quarantine mode or the opt-out label: a reboot request on the record holds no slot."""
+    node = _node(reboot_requested=True)
+    assert disrupted(node, set(), policy=GuardPolicy(mode=Mode.REMEDIATE), opted_out=False)
+    assert not disrupted(node, set(), policy=GuardPolicy(mode=Mode.REMEDIATE, dry_run=True), opted_out=False)
+    assert not disrupted(node, set(), policy=GuardPolicy(mode=Mode.QUARANTINE), opted_out=False)
+    assert not disrupted(node, set(), policy=GuardPolicy(mode=Mode.REMEDIATE), opted_out=True)

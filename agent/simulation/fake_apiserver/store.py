@@ -277,8 +277,12 @@ class FakeCluster:
 
 def _keep_parts(resource: Resource, current: dict[str, Any], updated: dict[str, Any],
                 subresource: str) -> dict[str, Any]:
-    """The main resource ignores status; the status subresource changes only status."""
+    """The main resource ignores status; the status subresource changes only status, but a Node's status
+    subresource changes its metadata too (the real server's Node status strategy resets only the spec)."""
     if "status" not in resource.subresources:
+        return updated
+    if subresource == "status" and resource.kind == "Node":
+        updated["spec"] = copy.deepcopy(current.get("spec", {}))
         return updated
     if subresource == "status":
         kept = copy.deepcopy(current)
