@@ -166,7 +166,7 @@ class Containerd:
 def oci_tag(archive: Path) -> str:
     """The tag (org.opencontainers.image.ref.name) of the one image in an OCI archive."""
     with tarfile.open(archive) as tar:
-        member = tar.extractfile("./index.json")
+        member = tar.extractfile("index.json")
         if member is None:
             raise NodeError(f"{archive}: no index.json")
         index = json.load(member)
@@ -181,12 +181,12 @@ def oci_config(archive: Path) -> dict[str, Any]:
     with tarfile.open(archive) as tar:
         def blob(descriptor: dict[str, Any]) -> Any:
             algorithm, digest = descriptor["digest"].split(":")
-            member = tar.extractfile(f"./blobs/{algorithm}/{digest}")
+            member = tar.extractfile(f"blobs/{algorithm}/{digest}")
             if member is None:
                 raise NodeError(f"{archive}: blob {digest} missing")
             return json.load(member)
 
-        index_file = tar.extractfile("./index.json")
+        index_file = tar.extractfile("index.json")
         if index_file is None:
             raise NodeError(f"{archive}: no index.json")
         manifest = blob(json.load(index_file)["manifests"][0])
