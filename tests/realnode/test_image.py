@@ -13,9 +13,10 @@ import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from agent import __version__
-from tests.realnode.conftest import IMAGE_NAME
+from tests.realnode.registry import Published
 from tests.realnode.runtime import REPO, Containerd, oci_config
 
 
@@ -60,17 +61,15 @@ def test_the_image_holds_exactly_what_pip_installed(image_archive: Path):
     assert not [p for p in installed if not p.startswith("opt/gpu-health-agent/")]
 
 
-def test_the_image_runs_its_storm_path_compiled_under_containerd(containerd: Containerd):
-    """`gpu-health-agent --version`, run by containerd and runc from the imported image, says compiled."""
-    reference = f"{IMAGE_NAME}:{oci_tag_of(containerd)}"
-    done = containerd.ctr("run", "--rm", "--net-host", reference, "image-version", "gpu-health-agent", "--version")
+def test_the_image_pulled_from_the_registry_is_the_build_and_runs_its_storm_path_compiled(
+        containerd: Containerd, published: Published, image_archive: Path):
+    """containerd pulls the image from the suite's registry at the digest scripts/build-image printed, and
+    `gpu-health-agent --version`, run by containerd and runc from it, says compiled."""
+    assert containerd.pull(published.image) == published.digest
+    assert published.digest == json.loads(image_archive.with_suffix(".json").read_text())["digest"]
+    done = containerd.ctr("run", "--rm", "--net-host", published.image, "image-version", "gpu-health-agent",
+                          "--version")
     assert "storm path compiled with mypyc" in done.stdout, done.stdout + done.stderr
-
-
-def oci_tag_of(containerd: Containerd) -> str:
-    names = [n for n in containerd.ctr("images", "list", "--quiet").stdout.split() if n.startswith(IMAGE_NAME + ":")]
-    assert len(names) == 1, names
-    return names[0].rsplit(":", 1)[1]
 
 
 def _image_files(archive: Path, wanted: Any) -> dict[str, bytes]:
@@ -131,10 +130,14 @@ def test_the_sbom_lists_every_debian_and_python_package_in_the_image(image_archi
         purls = [r["referenceLocator"] for r in package.get("externalRefs", []) if r["referenceType"] == "purl"]
         kind = purls[0].removeprefix("pkg:").split("/", 1)[0] if purls else "none"
         name = _normal(package["name"]) if kind == "pypi" else package["name"]
-        listed.setdefault(kind, set()).add((name, package["versionInfo"]))
+        # The image itself is the document's subject, named by its digest.
+        version = unquote(purls[0].split("@", 1)[1].split("?")[0]) if kind == "oci" else package["versionInfo"]
+        listed.setdefault(kind, set()).add((name, version))
     assert len(debian) > 50 and len(python) > 10  # the image's own count, read without the SBOM's tool
     assert listed["deb"] == debian
     assert listed["pypi"] == python
+    digest = json.loads(image_archive.with_suffix(".json").read_text())["digest"]
+    assert listed.pop("oci") == {("gpu-health-agent", digest)}
     assert set(listed) == {"deb", "pypi"}, sorted(listed)
     assert image_archive.with_suffix(".cdx.json").is_file()
 
