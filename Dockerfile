@@ -7,11 +7,15 @@
 ARG BUILD_BASE=python:3.11-slim
 ARG BASE=python:3.11-slim
 FROM ${BUILD_BASE} AS build
+# Reproducible builds (docs/release.md): the commit's time, so the wheel and the bytecode are the same bytes.
+ARG SOURCE_DATE_EPOCH
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY agent ./agent
 COPY rules ./rules
+# Every Python package of the build and of the image, pinned with its hashes (scripts/lock-image).
+COPY lock/python-build.txt lock/python-runtime.txt ./lock/
 COPY scripts/compile-hot-path scripts/install-agent ./scripts/
 # The storm path compiled in /src, then the agent and its dependencies into their own virtualenv.
 RUN scripts/install-agent /src /opt/gpu-health-agent

@@ -30,7 +30,8 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from tests.conftest import FakeNvml, eight_gpus  # noqa: E402
 from tests.realcluster.controlplane import ControlPlane  # noqa: E402
 from tests.realnode import agent  # noqa: E402
-from tests.realnode.conftest import IMAGE_NAME, PAUSE_IMAGE  # noqa: E402
+from tests.realnode.agent import IMAGE_NAME  # noqa: E402
+from tests.realnode.conftest import PAUSE_IMAGE  # noqa: E402
 from tests.realnode.node import AGENT_STATE, NODE_NAME, RealNode  # noqa: E402
 from tests.realnode.runtime import Containerd, wait_until  # noqa: E402
 
@@ -109,7 +110,7 @@ def main() -> None:
             runtime.import_image(REPO / "tests" / "realnode" / "bin" / "pause-image.tar", PAUSE_IMAGE.rsplit(":", 1)[0])
             plane.start()
             (work / "node").mkdir()
-            node = RealNode(work / "node", plane, runtime, nvml.path).start()
+            node = RealNode(work / "node", plane, runtime, nvml.path, image).start()
             plane.ensure_namespace("trainers")
             directory, port = agent.overlay(work / "overlay", plane, nvml.path, "remediate", env=BENCH_ENV)
             agent.install(plane, directory)

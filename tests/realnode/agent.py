@@ -15,9 +15,11 @@ import yaml
 
 from tests.conftest import FAKE_NVML, FakeNvml, eight_gpus
 from tests.realcluster.controlplane import UNSERVED_KINDS, ControlPlane, free_port
+from tests.realnode.registry import Published
 from tests.realnode.runtime import REPO
 
 AGENT_NAMESPACE = "gpu-health"
+IMAGE_NAME = "ghcr.io/gpu-health-agent/gpu-health-agent"  # the shipped manifests' image
 KMSG_DEVICE_DAEMONSET = "gpu-health-kmsg-device"
 EVICTION_DEADLINE_SECONDS = 5
 # A refused eviction asked again after 2 s (remediation.retry_seconds; shipped 30 s), so a PDB's refusal
@@ -38,18 +40,20 @@ FAST_LIVENESS = {"initialDelaySeconds": 5, "periodSeconds": 3, "timeoutSeconds":
                  "terminationGracePeriodSeconds": 2}
 
 
-def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
-            fast_liveness: bool = False, env: dict[str, str] | None = None, helm: bool = False) -> tuple[Path, int]:
+def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str, fast_liveness: bool = False,
+            env: dict[str, str] | None = None, helm: bool = False, image_repository: str = "") -> tuple[Path, int]:
     """Write the test overlay over daemonset/ into `directory`; its path and the agent's metrics port.
 
     What it changes and why (nothing else): hostNetwork, for the agent and the kmsg device plugin (the
     node's only CNI is loopback: no pod network);
     the API server's loopback address instead of the Service IP the kubelet injects (nothing serves it
-    here); a free metrics port (on the host's network a fixed one could clash); imagePullPolicy Never (no
-    registry: the image is imported); the fake libnvidia-ml and its state file mounted where the NVIDIA
-    container runtime would inject the real one; the mode under test; a short eviction deadline and retry
-    (remediation.retry_seconds), so an eviction a PodDisruptionBudget refuses is reported stuck within
-    seconds; the readiness probe every second, so a new pod is Ready as soon as it serves."""
+    here); a free metrics port (on the host's network a fixed one could clash); the image from the suite's
+    registry, `image_repository` (kustomize's image transformer; with `helm`, the chart's image.repository
+    does it), or, without one, imagePullPolicy Never (the image imported); the fake libnvidia-ml and its
+    state file mounted where the NVIDIA container runtime would inject the real one; the mode under test; a
+    short eviction deadline and retry (remediation.retry_seconds), so an eviction a PodDisruptionBudget
+    refuses is reported stuck within seconds; the readiness probe every second, so a new pod is Ready as
+    soon as it serves."""
     port = free_port()
     api_port = plane.url.rsplit(":", 1)[1]
     directory.mkdir(parents=True, exist_ok=True)
@@ -59,7 +63,7 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
         "spec": {"template": {"spec": {
             "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
             "containers": [{
-                "name": "agent", "imagePullPolicy": "Never",
+                "name": "agent", **({} if image_repository else {"imagePullPolicy": "Never"}),
                 "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                         {"name": "KUBERNETES_SERVICE_PORT", "value": api_port},
                         {"name": "GPU_HEALTH_HTTP__PORT", "value": str(port)},
@@ -88,18 +92,21 @@ def overlay(directory: Path, plane: ControlPlane, nvml_state: Path, mode: str,
     (directory / "agent-patch.yaml").write_text(yaml.safe_dump(patch))
     (directory / "kmsg-device-patch.yaml").write_text(yaml.safe_dump(plugin_patch))
     (directory / "port-patch.yaml").write_text(yaml.safe_dump(port_patch))
+    images = [{"name": IMAGE_NAME, "newName": image_repository}] if image_repository and not helm else []
     (directory / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         # kustomize takes no absolute base; with `helm`, the chart's rendering (helm_install's post-renderer)
         "resources": [HELM_RENDERED if helm else os.path.relpath(REPO / "daemonset", directory)],
         "patches": [{"path": "agent-patch.yaml"}, {"path": "kmsg-device-patch.yaml"},
-                    {"path": "port-patch.yaml", "target": {"kind": "DaemonSet", "name": "gpu-health-agent"}}]}))
+                    {"path": "port-patch.yaml", "target": {"kind": "DaemonSet", "name": "gpu-health-agent"}}],
+        **({"images": images} if images else {})}))
     return directory, port
 
 
-def helm_install(plane: ControlPlane, directory: Path, mode: str) -> None:
-    """The chart installed as docs/operations.md says (`helm install` into the labelled namespace made first),
-    the overlay applied to what helm renders by a post-renderer (`kubectl kustomize` of the overlay)."""
+def helm_install(plane: ControlPlane, directory: Path, mode: str, published: Published) -> None:
+    """The chart installed as docs/operations.md says, from the registry (`helm install oci://... --version`,
+    into the labelled namespace made first), its image the registry's; the overlay applied to what helm
+    renders by a post-renderer (`kubectl kustomize` of the overlay)."""
     _delete_kustomized_leftovers(plane)
     renderer = directory / "post-render"
     renderer.write_text(f'#!/bin/sh\ncat > "{directory / HELM_RENDERED}"\nexec kubectl kustomize "{directory}"\n')
@@ -108,8 +115,8 @@ def helm_install(plane: ControlPlane, directory: Path, mode: str) -> None:
         plane.kubectl("create", "namespace", AGENT_NAMESPACE)
     plane.kubectl("label", "--overwrite", "namespace", AGENT_NAMESPACE, "pod-security.kubernetes.io/enforce=privileged")
     # Prometheus Operator kinds off: this API server serves no monitoring.coreos.com (as the docs say to do).
-    chart = REPO / "daemonset" / "helm" / "gpu-health-agent"
-    done = subprocess.run([str(HELM), "install", "gpu-health-agent", str(chart),
+    done = subprocess.run([str(HELM), "install", "gpu-health-agent", published.chart, "--version", published.version,
+                           "--plain-http", "--set", f"image.repository={published.image_repository}",
                            "-n", AGENT_NAMESPACE, f"--kubeconfig={plane.admin_kubeconfig}", "--set", f"mode={mode}",
                            "--set", "serviceMonitor.enabled=false", "--set", "prometheusRule.enabled=false",
                            "--post-renderer", str(renderer)], capture_output=True, text=True, check=False)

@@ -1,5 +1,6 @@
-"""Fixtures for the real-node tests: the image built from the Dockerfile (scripts/build-image), containerd,
-and (node.py) a kubelet registered to the suite's control plane. Skipped with one line where the machine
+"""Fixtures for the real-node tests: the image built from the Dockerfile (scripts/build-image), the suite's
+OCI registry with the release published to it (registry.py), containerd pulling from it, and (node.py) a
+kubelet registered to the suite's control plane. Skipped with one line where the machine
 cannot run them (not root, not Linux, the Debian tools absent); each part's log is shown when a test fails."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -18,12 +19,23 @@ from tests.conftest import FakeNvml, eight_gpus
 from tests.realcluster.controlplane import ControlPlane, ControlPlaneError
 from tests.realnode.installs import Installs, grouped, print_agent_log
 from tests.realnode.node import RealNode
+from tests.realnode.registry import Published, Registry
 from tests.realnode.runtime import REPO, Containerd, NodeError
 
-IMAGE_NAME = "ghcr.io/gpu-health-agent/gpu-health-agent"
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # scripts/bench_realnode.py's imported sandbox image
 _TOOLS = ("containerd", "ctr", "runc", "mmdebstrap", "umoci")
 _LOGS: list[Path] = []
+
+
+class _Startable(Protocol):
+    logs: Path
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+_Part = TypeVar("_Part", bound=_Startable)
 
 
 def _cannot_run() -> str:
@@ -50,23 +62,50 @@ def image_archive() -> Path:
 
 
 @pytest.fixture(scope="session")
-def containerd(tmp_path_factory: pytest.TempPathFactory, image_archive: Path) -> Iterator[Containerd]:
-    """containerd in a temporary root with the agent's image imported under the DaemonSet's name."""
-    workdir = tmp_path_factory.mktemp("containerd")
-    runtime = Containerd(workdir, workdir / "logs", PAUSE_IMAGE)
-    _LOGS.append(runtime.logs)
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """`crane registry serve` on a free loopback port (registry.py)."""
+    reason = _cannot_run()
+    if reason:
+        pytest.skip(reason)
+    workdir = tmp_path_factory.mktemp("registry")
+    served = _started(Registry(workdir, workdir / "logs"), "the registry")
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="session")
+def published(registry: Registry, image_archive: Path) -> Published:
+    """The release published to the suite's registry by scripts/publish: the image (at the digest
+    scripts/build-image printed) and the packaged chart."""
     try:
-        runtime.start()
-        runtime.import_image(image_archive, IMAGE_NAME)
-        pause = REPO / "tests" / "realnode" / "bin" / "pause-image.tar"
-        if not pause.is_file():
-            raise NodeError(f"{pause} missing: run scripts/build-node")
-        runtime.import_image(pause, PAUSE_IMAGE.rsplit(":", 1)[0])
+        return registry.publish()
     except NodeError as exc:
-        runtime.stop()
-        pytest.fail(f"containerd: {exc}", pytrace=False)
+        pytest.fail(f"scripts/publish: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def containerd(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Containerd]:
+    """containerd in a temporary root that pulls from the suite's registry: its sandbox image too."""
+    workdir = tmp_path_factory.mktemp("containerd")
+    try:
+        sandbox = registry.push_sandbox_image()
+    except NodeError as exc:
+        pytest.fail(f"the sandbox image: {exc}", pytrace=False)
+    runtime = _started(Containerd(workdir, workdir / "logs", sandbox, registry.host), "containerd")
     yield runtime
     runtime.stop()
+
+
+def _started(part: _Part, what: str, error: type[Exception] = NodeError) -> _Part:
+    """A part of the node started, its log attached to failing tests; the session failed with one line if
+    it cannot start."""
+    _LOGS.append(part.logs)
+    try:
+        part.start()
+    except error as exc:
+        part.stop()
+        pytest.fail(f"{what}: {exc}", pytrace=False)
+    return part
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -93,14 +132,9 @@ def node_nvml(tmp_path_factory: pytest.TempPathFactory) -> FakeNvml:
 def node_plane(tmp_path_factory: pytest.TempPathFactory, containerd: Containerd) -> Iterator[ControlPlane]:
     """A control plane of the real node's own (with the DaemonSet and garbage collector controllers), so
     nothing the node runs meets the kwok nodes of tests/realcluster's."""
-    plane = ControlPlane(tmp_path_factory.mktemp("node-controlplane"),
-                         extra_controllers=("daemonset", "garbage-collector"))
-    _LOGS.append(plane.logs)
-    try:
-        plane.start()
-    except ControlPlaneError as exc:
-        plane.stop()
-        pytest.fail(f"the real node's control plane did not start: {exc}", pytrace=False)
+    plane = _started(ControlPlane(tmp_path_factory.mktemp("node-controlplane"),
+                                  extra_controllers=("daemonset", "garbage-collector")),
+                     "the real node's control plane did not start", ControlPlaneError)
     yield plane
     plane.reset()
     plane.stop()
@@ -118,16 +152,11 @@ def _reset_node_plane(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def real_node(tmp_path_factory: pytest.TempPathFactory, node_plane: ControlPlane, containerd: Containerd,
-              node_nvml: FakeNvml) -> Iterator[RealNode]:
+              node_nvml: FakeNvml, published: Published) -> Iterator[RealNode]:
     """The kubelet registered as node 127.0.0.1, Ready, with the fake device plugin's GPUs allocatable."""
     workdir = tmp_path_factory.mktemp("realnode")
-    node = RealNode(workdir, node_plane, containerd, node_nvml.path)
-    _LOGS.append(node.logs)
-    try:
-        node.start()
-    except NodeError as exc:
-        node.stop()
-        pytest.fail(f"the real node did not start: {exc}", pytrace=False)
+    node = _started(RealNode(workdir, node_plane, containerd, node_nvml.path, published.image),
+                    "the real node did not start")
     yield node
     node.stop()
 
@@ -141,9 +170,11 @@ def healthy_gpus(node_nvml: FakeNvml, real_node: RealNode) -> Iterator[FakeNvml]
 
 
 @pytest.fixture(scope="session")
-def installs(real_node: RealNode, node_nvml: FakeNvml, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installs]:
-    """The one agent install on the node (installs.py); the last one uninstalled at the end."""
-    pool = Installs(real_node, node_nvml, tmp_path_factory)
+def installs(real_node: RealNode, node_nvml: FakeNvml, tmp_path_factory: pytest.TempPathFactory,
+             published: Published) -> Iterator[Installs]:
+    """The one agent install on the node (installs.py), its image and chart from the registry; the last one
+    uninstalled at the end."""
+    pool = Installs(real_node, node_nvml, tmp_path_factory, published)
     yield pool
     pool.release()
 

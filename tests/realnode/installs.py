@@ -15,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.conftest import FakeNvml, eight_gpus
 from tests.realnode import agent
 from tests.realnode.node import AGENT_STATE, RealNode
+from tests.realnode.registry import Published
 from tests.realnode.runtime import REPO, wait_until
 
 REPAIR_CONDITION_ENV = {"GPU_HEALTH_REMEDIATION__ACCELERATED_HARDWARE_CONDITION": "true"}
@@ -40,8 +41,9 @@ class Install:
 class Installs:
     """At most one agent installed on the node; `get` reuses it for a sharing test of the same variant."""
 
-    def __init__(self, node: RealNode, nvml: FakeNvml, tmp: pytest.TempPathFactory) -> None:
+    def __init__(self, node: RealNode, nvml: FakeNvml, tmp: pytest.TempPathFactory, published: Published) -> None:
         self.node = node
+        self.published = published
         self.nvml = nvml
         self.tmp = tmp
         self.current: Install | None = None
@@ -81,9 +83,10 @@ class Installs:
         plane = self.node.plane
         directory, port = agent.overlay(self.tmp.mktemp(f"overlay-{mode}"), plane, self.nvml.path, mode,
                                         fast_liveness=variant == "fast-liveness", helm=variant == "helm",
-                                        env=REPAIR_CONDITION_ENV if variant == "repair-condition" else None)
+                                        env=REPAIR_CONDITION_ENV if variant == "repair-condition" else None,
+                                        image_repository=self.published.image_repository)
         if variant == "helm":
-            agent.helm_install(plane, directory, mode)
+            agent.helm_install(plane, directory, mode, self.published)
         else:
             agent.install(plane, directory)
         self.made += 1

@@ -47,7 +47,8 @@ def kubelet_config(containerd: Containerd, workdir: Path, ca_file: Path) -> dict
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
                            "x509": {"clientCAFile": str(ca_file)}},
         "authorization": {"mode": "AlwaysAllow"},
-        # Imported images cannot be pulled back: never collect them; a small disk must not evict pods.
+        # Never collect images (the benchmark imports its own, which cannot be pulled back); a small disk must
+        # not evict pods.
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "nodefs.inodesFree": "1%",
                          "imagefs.available": "1%"},
@@ -59,8 +60,10 @@ def kubelet_config(containerd: Containerd, workdir: Path, ca_file: Path) -> dict
 class RealNode:
     """containerd, the kubelet and the device plugin; `start` returns once the Node is Ready with GPUs."""
 
-    def __init__(self, workdir: Path, plane: ControlPlane, containerd: Containerd, nvml_state: Path) -> None:
+    def __init__(self, workdir: Path, plane: ControlPlane, containerd: Containerd, nvml_state: Path,
+                 image: str) -> None:
         self.dir = workdir
+        self.image = image  # the agent's image, as the node's pods name it (pulled or imported)
         self.logs = workdir / "logs"
         self.plane = plane
         self.containerd = containerd

@@ -1,5 +1,6 @@
 """containerd (Debian's, with its runc) in a temporary root for the real-node tests: its own socket, state,
-runc root and image store, the CRI plugin set for what this kind of machine allows (see docs/testing.md)."""
+runc root and image store, the CRI plugin set for what this kind of machine allows (see docs/testing.md), and
+a registry host configuration (hosts.toml) that lets it pull from the suite's plain-HTTP loopback registry."""
 
 from __future__ import annotations
 
@@ -78,13 +79,16 @@ def spawn(name: str, argv: list[str], logs: Path, cwd: Path) -> Process:
 
 
 class Containerd:
-    """containerd with the CRI plugin, in `workdir`; `ctr` against it; images imported from OCI archives."""
+    """containerd with the CRI plugin, in `workdir`; `ctr` against it; images pulled from `registry_host`
+    (plain HTTP, as its hosts.toml says) or imported from OCI archives."""
 
-    def __init__(self, workdir: Path, logs: Path, sandbox_image: str) -> None:
+    def __init__(self, workdir: Path, logs: Path, sandbox_image: str, registry_host: str = "") -> None:
         self.dir = workdir
         self.logs = logs
         self.socket = workdir / "containerd.sock"
         self.sandbox_image = sandbox_image
+        self.registry_host = registry_host
+        self.hosts_dir = workdir / "certs.d"
         self.process: Process | None = None
 
     def config(self) -> str:
@@ -108,13 +112,23 @@ class Containerd:
             f"[{cri}.containerd.runtimes.runc.options]", "  SystemdCgroup = false",
             f'  Root = "{self.dir / "runc"}"',
             f"[{cri}.cni]", f'  bin_dir = "{CNI_BIN}"', f'  conf_dir = "{self.dir / "cni"}"',
+            # Registry hosts as containerd reads them for each pull: certs.d/<host>/hosts.toml.
+            f"[{cri}.registry]", f'  config_path = "{self.hosts_dir}"',
         ]) + "\n"
+
+    def hosts_toml(self) -> str:
+        """The loopback registry served over plain HTTP: containerd would otherwise speak TLS to it."""
+        server = f"http://{self.registry_host}"
+        return f'server = "{server}"\n\n[host."{server}"]\n  capabilities = ["pull", "resolve"]\n'
 
     def start(self) -> None:
         (self.dir / "cni").mkdir(parents=True, exist_ok=True)
         (self.dir / "cni" / "10-loopback.conflist").write_text(json.dumps(LOOPBACK_CNI))
         config = self.dir / "config.toml"
         config.write_text(self.config())
+        if self.registry_host:
+            (self.hosts_dir / self.registry_host).mkdir(parents=True, exist_ok=True)
+            (self.hosts_dir / self.registry_host / "hosts.toml").write_text(self.hosts_toml())
         self.process = spawn("containerd", ["containerd", f"--config={config}"], self.logs, self.dir)
 
         def serving() -> bool:
@@ -133,6 +147,16 @@ class Containerd:
         if check and done.returncode != 0:
             raise NodeError(f"ctr {' '.join(args)}: {done.stderr.strip()}")
         return done
+
+    def pull(self, reference: str) -> str:
+        """`ctr images pull` from the registry, as the CRI plugin pulls (the same hosts.toml); the digest."""
+        self.ctr("images", "pull", f"--hosts-dir={self.hosts_dir}", reference, timeout=300)
+        return self.image_digest(reference)
+
+    def image_digest(self, reference: str) -> str:
+        """The manifest digest containerd holds for `reference` ("" when it has none)."""
+        listed = self.ctr("images", "list").stdout.splitlines()[1:]  # REF TYPE DIGEST ...
+        return next((line.split()[2] for line in listed if line.split()[0] == reference), "")
 
     def import_image(self, archive: Path, name: str) -> str:
         """Load an OCI archive (one tagged image) as `name:<its tag>`; the reference containerd now has."""
@@ -166,7 +190,7 @@ class Containerd:
 def oci_tag(archive: Path) -> str:
     """The tag (org.opencontainers.image.ref.name) of the one image in an OCI archive."""
     with tarfile.open(archive) as tar:
-        member = tar.extractfile("./index.json")
+        member = tar.extractfile("index.json")
         if member is None:
             raise NodeError(f"{archive}: no index.json")
         index = json.load(member)
@@ -181,12 +205,12 @@ def oci_config(archive: Path) -> dict[str, Any]:
     with tarfile.open(archive) as tar:
         def blob(descriptor: dict[str, Any]) -> Any:
             algorithm, digest = descriptor["digest"].split(":")
-            member = tar.extractfile(f"./blobs/{algorithm}/{digest}")
+            member = tar.extractfile(f"blobs/{algorithm}/{digest}")
             if member is None:
                 raise NodeError(f"{archive}: blob {digest} missing")
             return json.load(member)
 
-        index_file = tar.extractfile("./index.json")
+        index_file = tar.extractfile("index.json")
         if index_file is None:
             raise NodeError(f"{archive}: no index.json")
         manifest = blob(json.load(index_file)["manifests"][0])

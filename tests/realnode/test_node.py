@@ -11,7 +11,6 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from tests.conftest import FakeNvml, eight_gpus
-from tests.realnode.conftest import IMAGE_NAME
 from tests.realnode.node import NODE_NAME, POD_RESOURCES, RealNode
 from tests.realnode.runtime import NodeError, wait_until
 
@@ -28,13 +27,11 @@ def gpu_pod(node: RealNode, name: str, gpus: int = 1) -> dict[str, Any]:
     # containers stop; a pod admitted before then fails for want of devices (UnexpectedAdmissionError).
     wait_until(lambda: not stale_trainers(node), "the kubelet to stop the containers of deleted trainer pods",
                timeout=60)
-    reference = next(n for n in node.containerd.ctr("images", "list", "--quiet").stdout.split()
-                     if n.startswith(IMAGE_NAME + ":"))
     pod = plane.core.create_namespaced_pod("trainers", {
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {"hostNetwork": True, "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
                  "terminationGracePeriodSeconds": 5, "restartPolicy": "Never",
-                 "containers": [{"name": "main", "image": reference, "imagePullPolicy": "Never",
+                 "containers": [{"name": "main", "image": node.image, "imagePullPolicy": "IfNotPresent",
                                  "command": ["/usr/bin/python3", "-c",
                                              "import os, signal, time\n"
                                              "print('devices', os.environ.get('NVIDIA_VISIBLE_DEVICES'), flush=True)\n"
