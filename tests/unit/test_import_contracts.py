@@ -37,6 +37,10 @@ OUTSIDE = [
     ("subprocess", "agent/cli/__init__.py"),
     ("subprocess", "agent/cli/drill.py"),
     ("subprocess", "agent/control/steps.py"),
+    # The control loop past its seams (issue 40): the Node writer, the GPU reset, the fleet gate.
+    ("agent.k8s.node", "agent/control/reconciler.py"),
+    ("agent.gpu.reset", "agent/control/steps.py"),
+    ("agent.k8s.fleet_gate", "agent/control/brake.py"),
 ]
 
 
