@@ -216,7 +216,7 @@ class Daemon:
 
     def _node_hooks(self, config: Config) -> NodeHooks:
         """What the cluster side reads from this node's side, each read when it is called."""
-        from agent.fleet.publish import NodeFacts  # noqa: PLC0415 - the fleet summary only where there is a cluster
+        from agent.fleet.summariser import NodeFacts  # noqa: PLC0415 - the fleet summary only where there is a cluster
         from agent.gpu.reset import ResetProcedure  # noqa: PLC0415 - resets only where there is a cluster
         from agent.k8s.cluster import NodeHooks  # noqa: PLC0415 - the Kubernetes edge only where there is a cluster
 

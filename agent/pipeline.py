@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from agent.control.classifier import Classifier
 from agent.control.feedback import DRIVER_RECOVERED
 from agent.control.reconciler import Reconciler
+from agent.control.record_store import BOOT_CURSOR, NODE_STATE_CURSOR, RecordStore
 from agent.control.seams import Actuator, ClusterGate, LocalActuator, LocalGate, Outcome
 from agent.control.shared import Shared
 from agent.control.steps import STARTED, StepRunner
-from agent.control.store import BOOT_CURSOR, NODE_STATE_CURSOR, RecordStore
 from agent.engine import EngineState, RuleSet
 from agent.fleet.node_side import FleetSource
 from agent.journal import Journal

@@ -12,7 +12,7 @@ from typing import Any
 from agent.config import Config, pipeline_options
 from agent.engine import RuleSet
 from agent.fleet import Correlation, Hold
-from agent.fleet.publish import NodeFacts
+from agent.fleet.summariser import NodeFacts
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.view import RACK_LABEL

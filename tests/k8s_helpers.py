@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.engine import builtin_rules_dir, load_rules
 from agent.fleet import BrakePolicy
-from agent.fleet.publish import NodeFacts, Summariser
+from agent.fleet.summariser import NodeFacts, Summariser
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.brake_claims import BrakeClaims

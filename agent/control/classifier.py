@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 from agent.control.enrich import Enricher
 from agent.control.feedback import Feedback
+from agent.control.record_store import BOOT_CURSOR, RecordStore
 from agent.control.shared import Shared
-from agent.control.store import BOOT_CURSOR, RecordStore
 from agent.drill import contain
 from agent.engine import CONTAINED_BY, evaluate, restore, tick, withdraw
 from agent.model import (

@@ -6,7 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 
-from agent.control.brake import BrakeWaits
+from agent.control.brake_waits import BrakeWaits
 from agent.control.classifier import Classifier
 from agent.control.seams import Outcome
 from agent.control.shared import Shared
@@ -57,7 +57,7 @@ class Reconciler:
         self._quiet_plan: tuple[tuple[object, ...], float] | None = None
         #: The release request last handled where the guard refuses Node writes (it stays on the Node).
         self._release_handled = ""
-        #: The quarantine brake's waits: their Event, an operator's confirm (agent/control/brake.py).
+        #: The quarantine brake's waits: their Event, an operator's confirm (agent/control/brake_waits.py).
         self.brake = BrakeWaits(shared, runner.actuator)
         runner.on_claim_refused = self.brake.claim_refused
         #: Whether the per-GPU isolation's view (published GPUs, the agent's DeviceTaintRules) was read once.

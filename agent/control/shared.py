@@ -6,7 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 
-from agent.control.store import RecordStore
+from agent.control.record_store import RecordStore
 from agent.engine import EngineState, RuleSet
 from agent.fleet.node_side import FleetSource, FleetView
 from agent.logs import BoundLogger

@@ -66,7 +66,7 @@ class K8sActuator:
     #: Per-GPU isolation through DRA (with `isolation: node` it only deletes rules left from an earlier
     #: setting); None where no cluster is behind the actuator (tests, simulate without DRA).
     devices: DeviceIsolator | None = None
-    #: The fleet summary of a mirrored record (agent.fleet.publish.Summariser); None: none is published.
+    #: The fleet summary of a mirrored record (agent.fleet.summariser.Summariser); None: none is published.
     summarise: Callable[[Mapping[str, object]], NodeSummary] | None = None
 
     def observe(self, devices: bool = True) -> NodeObservation:

@@ -12,8 +12,8 @@ from agent.config import Config
 from agent.diagnostics import command_runner
 from agent.errors import InputError
 from agent.fleet import BrakePolicy, NodeSummary
-from agent.fleet.publish import NodeFacts, Summariser
 from agent.fleet.published import SUMMARY_ANNOTATION
+from agent.fleet.summariser import NodeFacts, Summariser
 from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
 from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.budget import LeaseBudget

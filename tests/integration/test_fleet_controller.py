@@ -24,8 +24,8 @@ from agent.fleet.published import (
     decode_heard,
 )
 from agent.fleetctl.controller import FleetController
+from agent.fleetctl.holds_store import Deposed, HoldsStore
 from agent.fleetctl.settings import FleetSettings
-from agent.fleetctl.store import Deposed, HoldsStore
 from agent.k8s.client import client_for
 from agent.k8s.events import EventRecorder
 from agent.k8s.leader import LeaderElector, LeaseConfig

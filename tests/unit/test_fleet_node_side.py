@@ -9,7 +9,7 @@ from typing import Any
 
 from agent.fleet import BrakePolicy, Dimension, Hold
 from agent.fleet.node_side import FleetReading, fleet_view
-from agent.fleet.publish import Summariser
+from agent.fleet.summariser import Summariser
 from agent.model import Action, FaultClass, NodeInventory, PodRef, Severity, Signal, Step, StepKind, StepResult
 from agent.pipeline import LocalActuator, Pipeline
 from agent.remediation import ActiveFault, AttemptHistory, ClusterView, GuardPolicy, Mode, decide

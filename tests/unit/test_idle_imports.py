@@ -18,7 +18,7 @@ OTHER_COMMANDS = ("agent.fleetctl", "agent.fleetctl.commands", "agent.check", "a
 NOT_FOR_THE_IDLE_AGENT = (*OTHER_COMMANDS, "grpc", "kubernetes", "urllib3", "agent.k8s.client",
                           "agent.simulation", "agent.sources.scenario", "agent.sources.nvml", "agent.sources.dcgm",
                           "agent.sources.dcgm_exporter", "agent.sources.dcgm_bindings", "agent.sources.node_memory",
-                          "agent.gpu.reset", "agent.gpu.helper", "agent.fleet.publish", "agent.kmsgdevice.plugin")
+                          "agent.gpu.reset", "agent.gpu.helper", "agent.fleet.summariser", "agent.kmsgdevice.plugin")
 
 
 def loaded_after(code: str, names: tuple[str, ...]) -> list[str]:

@@ -25,7 +25,10 @@ def test_grpcio_is_the_deviceplugin_extra_not_a_dependency():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert not [d for d in project["dependencies"] if d.startswith("grpcio")]
     assert [d for d in project["optional-dependencies"]["deviceplugin"] if d.startswith("grpcio")]
-    assert '"$src[deviceplugin]"' in (REPO / "scripts" / "install-agent").read_text()
+    # The image's runtime lock is resolved with the extra (scripts/lock-image) and the install checks it is there.
+    assert "(\"python-runtime.txt\", [\"deviceplugin\"]" in (REPO / "scripts" / "lock-image").read_text()
+    assert any(line.startswith("grpcio==") for line in (REPO / "lock" / "python-runtime.txt").read_text().splitlines())
+    assert 'import grpc' in (REPO / "scripts" / "install-agent").read_text()
 
 
 def test_the_agents_run_path_loads_no_grpc():

@@ -55,3 +55,16 @@ def test_no_two_module_level_classes_of_the_agent_share_a_name():
             if isinstance(node, ast.ClassDef):
                 found[node.name].append(str(path.relative_to(REPO)))
     assert {name: paths for name, paths in found.items() if len(paths) > 1} == {}
+
+
+def test_no_two_modules_of_the_shared_rooms_share_a_file_name():
+    """One name per idea: control/, fleet/, fleetctl/ and k8s/ never hold two modules of one file name (issue
+    40 found brake.py, confirm.py and store.py twice each)."""
+    from collections import defaultdict
+
+    found: dict[str, list[str]] = defaultdict(list)
+    for room in ("control", "fleet", "fleetctl", "k8s"):
+        for path in sorted((REPO / "agent" / room).glob("*.py")):
+            if path.name != "__init__.py":
+                found[path.name].append(room)
+    assert {name: rooms for name, rooms in found.items() if len(rooms) > 1} == {}
