@@ -328,6 +328,17 @@ def _static_key(dimension: Dimension, summary: NodeSummary) -> str:
     return str(getattr(summary, field)) if field else ""
 
 
+def group_keys(dimension: Dimension, summary: NodeSummary) -> frozenset[str]:
+    """The keys a node has in a static dimension or its workloads (those its pods run and its faults' owners):
+    the group it belongs to, faulty or not (empty keys none). Both the controller's groups and a reader's
+    own check of a scoped hold (agent.fleet.scope) take them from here."""
+    if dimension is Dimension.WORKLOAD:
+        keys = {*summary.workloads, *(owner for fault in summary.faults for owner in fault.owners)}
+    else:
+        keys = {_static_key(dimension, summary)}
+    return frozenset(key for key in keys if key)
+
+
 class _Groups:
     """Every node by its key, per dimension, indexed once per pass on first use: a group is a lookup, not a
     scan of the fleet for each candidate key (at 10,000 nodes that scan was 4 s of a 5-s pass)."""
@@ -344,9 +355,7 @@ class _Groups:
         if index is None:
             members: dict[str, set[str]] = {}
             for name, summary in self.summaries.items():
-                keys = {*summary.workloads, *(o for f in summary.faults for o in f.owners)} \
-                    if dimension is Dimension.WORKLOAD else {_static_key(dimension, summary)}
-                for value in keys:
+                for value in group_keys(dimension, summary):
                     members.setdefault(value, set()).add(name)
             index = self._index[dimension] = {value: frozenset(names) for value, names in members.items()}
         return index.get(key, frozenset())

@@ -55,7 +55,7 @@ class FleetReading:
     #: nobody is there to hear of a fault, so a node does not wait the settle for it.
     controller_gone: bool = False
     #: This node's own summary as it last published it: what a scoped hold is judged against
-    #: (agent.fleet.scope); None before its first.
+    #: (agent.fleet.scope); None before its first, and where no hold read is scoped (not looked up then).
     own: NodeSummary | None = None
     #: Whether the brake's count came from the reader's cache (listed up to its count_seconds before) rather
     #: than listed for this read.

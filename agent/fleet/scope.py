@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from agent.fleet.correlate import FABRIC_WIDE_KEY, Dimension
+from agent.fleet.correlate import FABRIC_WIDE_KEY, Dimension, group_keys
 from agent.fleet.summary import NodeSummary
 
 SCOPABLE = frozenset({Dimension.WORKLOAD, Dimension.DRIVER_VERSION, Dimension.FABRIC_DOMAIN, Dimension.GPU_MODEL})
@@ -22,17 +22,11 @@ SCOPABLE = frozenset({Dimension.WORKLOAD, Dimension.DRIVER_VERSION, Dimension.FA
 def own_key_matches(dimension: Dimension, key: str, domains: Set[str], own: NodeSummary) -> bool:
     """Whether the node whose own summary is `own` has `key` in `dimension` (for the fabric-wide key: a
     fabric domain among `domains`). An empty own key matches nothing."""
-    if dimension is Dimension.WORKLOAD:
-        return bool(key) and (key in own.workloads or any(key in f.owners for f in own.faults))
-    if dimension is Dimension.FABRIC_DOMAIN:
-        if not own.fabric_domain:
-            return False
-        return own.fabric_domain in domains if key == FABRIC_WIDE_KEY else own.fabric_domain == key
-    if dimension is Dimension.DRIVER_VERSION:
-        return bool(own.driver_version) and own.driver_version == key
-    if dimension is Dimension.GPU_MODEL:
-        if not own.gpu_model:
-            return False
-        dashed = own.gpu_model.replace(" ", "-")
-        return key in (own.gpu_model, dashed, f"{dashed}-SHARED")
-    return False
+    if dimension not in SCOPABLE:
+        return False
+    keys = group_keys(dimension, own)
+    if dimension is Dimension.FABRIC_DOMAIN and key == FABRIC_WIDE_KEY:
+        return bool(keys & domains)
+    if dimension is Dimension.GPU_MODEL:  # GFD's product label: the model with dashes, maybe -SHARED
+        keys |= {form for model in keys for form in (model.replace(" ", "-"), f"{model.replace(' ', '-')}-SHARED")}
+    return key in keys

@@ -136,7 +136,7 @@ class FleetGate:
         return FleetReading(holds, now, gpu_nodes, quarantined, published=published, heard=heard,
                             controller_alive=promise is not None and now < promise,
                             controller_gone=promise is not None and promise <= now, count_cached=cached,
-                            refused=refused, own=self.own() if holds else None,
+                            refused=refused, own=self.own() if any(h.scope for h in holds) else None,
                             holds_error=self._stale, count_error=self._count_error if count else "")
 
     def claim(self, node: str) -> str:
