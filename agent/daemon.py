@@ -326,6 +326,11 @@ class Daemon:
                                        name="node-watch", daemon=True)
             self._threads.append(watcher)
             watcher.start()
+        claims_watch = self.cluster.claims_watch if self.cluster is not None else None
+        if claims_watch is not None:  # the brake ranks a new claim from it, without a list
+            watcher = threading.Thread(target=claims_watch.run, args=(stop,), name="claims-watch", daemon=True)
+            self._threads.append(watcher)
+            watcher.start()
         next_reload = self.clock() + self.reload_seconds
         next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
         while not stop.is_set():
@@ -339,8 +344,9 @@ class Daemon:
                 self._safe_step("journal_prune_failed", self.journal.prune)
                 next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
         self.pipeline.wake.set()
-        if node_watch is not None:
-            node_watch.close()
+        for watch in (node_watch, claims_watch):
+            if watch is not None:
+                watch.close()
         deadline = time.monotonic() + SHUTDOWN_SECONDS
         for thread in [*self._threads, reconciler]:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -56,14 +56,16 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from agent.config import load_config  # noqa: E402
+from agent.config import Config, load_config  # noqa: E402
 from agent.daemon import Daemon  # noqa: E402
 from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
+from agent.k8s.brake_claims import claim_name  # noqa: E402
 from agent.k8s.client import client_for  # noqa: E402
 from agent.k8s.cluster import build_cluster_side  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
 from agent.model import NodeInventory, Observation, PodRef, Signal  # noqa: E402
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate  # noqa: E402
+from agent.simulation.fake_apiserver.resources import RESOURCES  # noqa: E402
 from tests.conftest import eight_gpus  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -73,6 +75,7 @@ NODE = "bench-node"
 NPD_CONDITION = "XidError"
 NPD_REASONS = ("Xid79Even", "Xid79Odd")
 NPD_FAULTS = 100
+LEASES = next(r for r in RESOURCES if r.plural == "leases")
 
 
 class FakeBackend:
@@ -99,6 +102,11 @@ class FakeBackend:
 
     def counts(self) -> tuple[int, int]:
         return self.cluster.faults.requests, self.cluster.faults.writes
+
+    def claim_exists(self) -> bool:
+        """The node's claim on the quarantine brake is there."""
+        return any(lease["metadata"]["name"] == claim_name(NODE)
+                   for lease in self.cluster.list_objects(LEASES, "gpu-health"))
 
     def calls_since(self, start: int) -> list[str]:
         return [f"{method} {path}" for method, path, _ in self.cluster.log[start:]]
@@ -182,6 +190,12 @@ class RealBackend:
 
     def counts(self) -> tuple[int, int]:
         return len(self.cluster.log), self.cluster.faults.writes
+
+    def claim_exists(self) -> bool:
+        """The node's claim on the quarantine brake is there (read as the admin)."""
+        from kubernetes import client  # noqa: PLC0415 - only with --real
+        leases = client.CoordinationV1Api(self.plane.admin).list_namespaced_lease("gpu-health").items
+        return any(lease.metadata.name == claim_name(NODE) for lease in leases)
 
     def calls_since(self, start: int) -> list[str]:
         return [f"{verb} {path}" for verb, path, _ in self.cluster.log[start:]]
@@ -286,6 +300,18 @@ def measure_npd(backend: RealBackend, built: BuiltNpd, workdir: Path, faults: in
     print(f"agent / NPD {built.version} p50: {agent_p50 / statistics.median(delays):.3f}")
 
 
+def start_agent(config: Config, backend: FakeBackend | RealBackend) -> tuple[Daemon, threading.Event,
+                                                                            threading.Thread]:
+    """The whole agent on a thread of this process, two seconds after its start (its watches listed)."""
+    daemon = Daemon(config, rules=load_rules(builtin_rules_dir()), registry=CollectorRegistry(),
+                    cluster_of=partial(build_cluster_side, backend.agent_client, config, on_stuck=lambda pod: None))
+    stop = threading.Event()
+    thread = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
+    thread.start()
+    time.sleep(2.0)
+    return daemon, stop, thread
+
+
 def main() -> None:
     argv = sys.argv[1:]
     source = None
@@ -321,28 +347,27 @@ def main() -> None:
     env = {"NODE_NAME": NODE, "GPU_HEALTH_JOURNAL_PATH": str(folder / "j.db"), "GPU_HEALTH_MODE": "quarantine",
            "GPU_HEALTH_SOURCES__KMSG__PATH": str(kmsg), "GPU_HEALTH_SOURCES__KMSG__ADMIT_USER_RECORDS": "true",
            "GPU_HEALTH_SOURCES__DCGM__ENABLED": "off", "GPU_HEALTH_TICK_SECONDS": "0.2"}
-    config = load_config(None, env=env)
-    daemon = Daemon(config, rules=load_rules(builtin_rules_dir()), registry=CollectorRegistry(),
-                    cluster_of=partial(build_cluster_side, backend.agent_client, config, on_stuck=lambda pod: None))
-    stop = threading.Event()
-    thread = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
-    thread.start()
-    time.sleep(2.0)
+    faulted = [0]  # kernel records written so far (each needs the next sequence number)
 
-    delays = []
-    for n in range(faults):
+    def fault_and_release(daemon: Daemon) -> float | None:
+        """One Xid 79 line; the seconds until its taint was visible (None: not within 5 s); then released."""
+        n = faulted[0]
+        faulted[0] += 1
         gpu = gpus[n % 8]
         bus = str(gpu["pci"]).split(":", 1)[1][:5].lower()
         started = time.perf_counter()
         os.write(writer, f"4,{n + 1},{n},-;NVRM: Xid (PCI:0000:{bus}): 79, pid=1, name=x, fault {n}\n".encode())
         delay = backend.wait_tainted(True, started, 5.0)
-        if delay is not None and delay >= 0:  # a negative one: the last release had not shown yet
-            delays.append(delay)
         daemon.emit(Observation(Signal.OPERATOR_RELEASE, 1, time.time(), "bench"))
         backend.wait_tainted(False, time.perf_counter(), 5.0)
-    delays.sort()
+        return delay if delay is not None and delay >= 0 else None  # negative: the last release not shown yet
+
+    config = load_config(None, env=env)
+    daemon, stop, thread = start_agent(config, backend)
+    delays = sorted(d for d in (fault_and_release(daemon) for _ in range(faults)) if d is not None)
     print(f"{backend.name}: kernel-log fault -> taint visible through the API: {figures(delays)} "
-          f"over {len(delays)} of {faults} faults")
+          f"over {len(delays)} of {faults} faults (one after another: the brake's claim made at the first "
+          f"is held for its window and ranked again with no request)")
 
     time.sleep(5.0)  # let the last recovery finish (untaint, conditions, state annotation, budget slot)
     log_start = backend.mark()
@@ -359,6 +384,29 @@ def main() -> None:
         calls[call] = calls.get(call, 0) + 1
     for call, count in sorted(calls.items()):
         print(f"  {count:4d} x {call}")
+    stop.set()
+    thread.join(10)
+
+    # A lone fault, as on a node that had none within the brake's window: a new claim is created and ranked
+    # (from the claims watch) before the taint. The agent restarted with a 2-s window, so that each claim is
+    # given back between faults (its first pass deletes the one the earlier process left).
+    lone = max(20, faults // 5)
+    config = load_config(None, env={**env, "GPU_HEALTH_REMEDIATION__BRAKE_WINDOW_SECONDS": "2"})
+    daemon, stop, thread = start_agent(config, backend)
+    lone_delays = []
+    for _ in range(lone):
+        deadline = time.monotonic() + 10.0
+        while backend.claim_exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+            daemon.pipeline.wake.set()  # a pass now, not at the next node sync: its tidy gives the claim back
+        if backend.claim_exists():
+            continue
+        delay = fault_and_release(daemon)
+        if delay is not None:
+            lone_delays.append(delay)
+    lone_delays.sort()
+    print(f"{backend.name}: a lone fault (no claim held: created and ranked first) -> taint visible: "
+          f"{figures(lone_delays)} over {len(lone_delays)} of {lone} faults")
     stop.set()
     thread.join(10)
     if npd and isinstance(backend, RealBackend):

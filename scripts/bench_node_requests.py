@@ -116,9 +116,11 @@ def measure(backend: Fake | Real, folder: Path, *, watch_seconds: float | None, 
     stop.set()
     thread.join(15)
     per_pass = [c for c in calls if not c.startswith("WATCH")]
-    reopen = 3600 / (1.5 * watch_seconds) if watch_seconds else 0.0
+    # Each watch the agent holds (its Node's; with the brake on, its claims') is re-opened at that rate.
+    watches = 1 + (daemon.cluster is not None and daemon.cluster.claims_watch is not None)
+    reopen = watches * 3600 / (1.5 * watch_seconds) if watch_seconds else 0.0
     hourly = len(per_pass) / max(passes, 1) * (3600 / SHIPPED_SYNC_SECONDS) + reopen
-    label = f"watch of its Node (re-opened every {watch_seconds:g}-{2 * watch_seconds:g} s)" if watch_seconds \
+    label = f"{watches} watches (re-opened every {watch_seconds:g}-{2 * watch_seconds:g} s)" if watch_seconds \
         else "no watch (node_watch_seconds: 0, a GET every pass)" if watch_seconds is not None \
         else f"checkout {REPO} as it is"
     watch_seconds = watch_seconds or 0.0

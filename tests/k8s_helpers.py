@@ -17,6 +17,7 @@ from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
 from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.budget import LeaseBudget
+from agent.k8s.claims_watch import ClaimsWatch
 from agent.k8s.client import client_for
 from agent.k8s.cluster import ClusterSide, own_summary
 from agent.k8s.events import EventRecorder
@@ -60,6 +61,8 @@ class Agent:
     #: The watch of its Node (make_agent(node_watch=True)) on its own thread, and what stops it.
     watch: NodeWatch | None = None
     watch_stop: threading.Event | None = None
+    #: The watch of the brake's claims (node_watch=True with a brake), on its own thread, stopped with it.
+    claims_watch: ClaimsWatch | None = None
 
     def fault(self, gpu: int, xid: int = 79, at: float = 1.0):
         return self.pipeline.handle(Observation(Signal.XID, xid, at, "kmsg", self.inventory.gpus[gpu]), at)
@@ -79,6 +82,8 @@ class Agent:
         if self.watch is not None and self.watch_stop is not None:
             self.watch_stop.set()
             self.watch.close()
+        if self.claims_watch is not None:
+            self.claims_watch.close()
         if self.journal is not None:
             self.journal.close()
 
@@ -185,13 +190,18 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
 
     side = ClusterSide(actuator, budget, PodFinder(apis, inventory.name, gpus_by_pod_uid=held), writer,
                        f"gpu-health/gpu-health-agent-{inventory.name}")
+    claims_watch: ClaimsWatch | None = None
     if fleet or brake is not None:
         # Wall clocks behind every writer's: a hold is placed as just written; a quarantine's age on `wall`.
         wall = fleet_clock or (lambda: 1.0)
         monotonic = fleet_clock or time.monotonic
+        claims_watch = ClaimsWatch(apis.api_client, "gpu-health", watch_seconds=60.0) \
+            if brake is not None and node_watch else None
         claims = BrakeClaims(apis, node_name=inventory.name, namespace="gpu-health",
                              window_seconds=brake.window_seconds, monotonic=monotonic,
-                             fabric_domain=lambda: fabric_domain) if brake is not None else None
+                             fabric_domain=lambda: fabric_domain,
+                             delivered=claims_watch.through if claims_watch is not None else None) \
+            if brake is not None else None
         side.fleet = FleetGate(apis, namespace="gpu-health", gpu_node_selector="nvidia.com/gpu.present=true",
                                brake=brake, holds=fleet, cache_seconds=0.0, count_seconds=0.0,
                                clock=monotonic, wall=wall, settle_seconds=settle_seconds,
@@ -218,6 +228,10 @@ def make_agent(cluster: Any, server: Any, inventory: NodeInventory, *,
         agent.watch, agent.watch_stop = NodeWatch(apis.api_client, inventory.name, seen), threading.Event()
         threading.Thread(target=agent.watch.run, args=(agent.watch_stop, pipeline.wake.set), daemon=True,
                          name=f"node-watch-{inventory.name}").start()
+        if claims_watch is not None:
+            agent.claims_watch = claims_watch
+            threading.Thread(target=claims_watch.run, args=(agent.watch_stop,), daemon=True,
+                             name=f"claims-watch-{inventory.name}").start()
     return agent
 
 

@@ -3,8 +3,9 @@ its creation resourceVersion, so that agents deciding at once never quarantine m
 
 Counting alone has a race: agents that list within one round trip each see room and each taint. A claim
 closes it. A node whose new taint the brake's count allows first creates its claim, the Lease
-`gpu-health-brake-<node>` labelled `gpu-health-agent.io/brake-claim=true`; then it lists every claim and
-counts those created before its own. A claim is never written again, so its resourceVersion is the one its
+`gpu-health-brake-<node>` labelled `gpu-health-agent.io/brake-claim=true`; then it lists every claim (or
+reads them from its watch once that delivered its own create: agent.k8s.claims_watch) and counts those
+created before its own. A claim is never written again, so its resourceVersion is the one its
 create got: etcd's commit order, which Kubernetes makes comparable between objects of one resource (1.35,
 KEP-5504). The claim created last among any set lists after every other one of them was committed, so it
 sees them all ahead of it. Hence no more than `bound` claims within a window are ever let through together.
@@ -15,7 +16,8 @@ creationTimestamp against the newest creationTimestamp in the same list (at leas
 created just before), so no agent's clock, however far off, makes a claim look older than it is, and a claim
 whose holder died stops counting a window after it was made. A refused claim is deleted at once; its holder
 deletes an admitted one once it has held it for a window, and replaces one an earlier process left. Only the
-holder writes its claim (daemonset/admission-policy.yaml: create and delete, never update).
+holder writes its claim (daemonset/admission-policy.yaml: create and delete, never update), so a claim this
+process made is ranked again within its window without being fetched.
 """
 
 from __future__ import annotations
@@ -61,11 +63,15 @@ class Claim:
     def of(cls, lease: JsonDocument) -> Claim:
         meta = lease.get("metadata") or {}
         spec = lease.get("spec") or {}
-        text = str(meta.get("resourceVersion") or "")
-        version = int(text) if text.isdigit() and not text.startswith("0") else None
         return cls(str(meta.get("name", "")), str(spec.get("holderIdentity") or ""), str(meta.get("uid", "")),
-                   version, epoch(meta.get("creationTimestamp")),
+                   plain_version(meta.get("resourceVersion")), epoch(meta.get("creationTimestamp")),
                    str((meta.get("annotations") or {}).get(DOMAIN_ANNOTATION) or ""))
+
+
+def plain_version(value: object) -> int | None:
+    """A resourceVersion as an integer where it is a plain one (comparable, KEP-5504); else None."""
+    text = str(value or "")
+    return int(text) if text.isdigit() and not text.startswith("0") else None
 
 
 def places_ahead(own: Claim, claims: Iterable[Claim], *, units: Mapping[str, str],
@@ -111,8 +117,12 @@ class BrakeClaims:
 
     def __init__(self, raw: RawApi, *, node_name: str, namespace: str, window_seconds: float,
                  monotonic: Callable[[], float] = time.monotonic, deadline_seconds: float | None = None,
-                 rng: random.Random | None = None, fabric_domain: Callable[[], str] = str) -> None:
+                 rng: random.Random | None = None, fabric_domain: Callable[[], str] = str,
+                 delivered: Callable[[int | None], list[Claim] | None] | None = None) -> None:
         self.raw = raw
+        #: The claims as a watch holds them once current to a version (agent.k8s.claims_watch), or None where
+        #: it cannot say: a ranking then lists them.
+        self.delivered = delivered
         #: This node's NVLink fabric domain as it reports it (NVML), stated on its claim.
         self.fabric_domain = fabric_domain
         self.node = node_name
@@ -123,8 +133,10 @@ class BrakeClaims:
         self.deadline = deadline_seconds
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self.leases = api_path("coordination.k8s.io", "v1", "leases", namespace=namespace)
-        #: When this process created or first found its own claim (None: it knows of none).
+        #: When this process created or first found its own claim (None: it knows of none), and the claim as
+        #: the server answered (a claim is never written again: a ranking within its window needs no request).
         self._held_from: float | None = None
+        self._held: JsonDocument | None = None
         #: Whether this process gave back what an earlier one left (expire's first call).
         self._started = False
 
@@ -134,8 +146,8 @@ class BrakeClaims:
         saw, places_ahead): whether fewer than `bound` places are taken ahead of it within the window, and how
         many are. A refused claim is deleted; where that delete fails it stays refused (its holder deletes it
         later), never let through. Raises only where the claim could not be made or the claims listed."""
-        own = Claim.of(self._retried(self._create))
-        listed = [c for c in self._list() if c.name != own.name]
+        own, claims = self._claim_and_list()
+        listed = [c for c in claims if c.name != own.name]
         ahead = places_ahead(own, within_window([own, *listed], window_seconds=self.window), units=units,
                              unclaimed=unclaimed, domains=domains)
         if ahead < bound:
@@ -145,6 +157,24 @@ class BrakeClaims:
         with contextlib.suppress(K8sError):
             self.withdraw()
         return False, ahead
+
+    def _claim_and_list(self) -> tuple[Claim, list[Claim]]:
+        """This node's claim (made, or the one it holds) and every claim listed after it was made: from the
+        watch once it delivered the claim's create, else a list. A held claim missing there was deleted by
+        someone else: made anew, once."""
+        reused = self._held is not None and self._holds()
+        own = Claim.of(self._retried(self._create))
+        claims = self._listed_after(own)
+        if reused and not any(c.name == own.name and c.uid == own.uid for c in claims):
+            self._held_from, self._held = None, None
+            own = Claim.of(self._retried(self._create))
+            claims = self._listed_after(own)
+        return own, claims
+
+    def _listed_after(self, own: Claim) -> list[Claim]:
+        """Every claim once `own` was made: the watch's, where it can say, else a list."""
+        delivered = self.delivered(own.version) if self.delivered is not None else None
+        return self._list() if delivered is None else delivered
 
     def withdraw(self) -> None:
         """Delete this node's claim (already gone is fine)."""
@@ -156,7 +186,7 @@ class BrakeClaims:
                 return {}
 
         self._retried(delete)
-        self._held_from = None
+        self._held_from, self._held = None, None
 
     def expire(self) -> bool:
         """Delete this node's claim once this process has held it for a window, and once at its start the one
@@ -185,19 +215,22 @@ class BrakeClaims:
             metadata["annotations"] = {DOMAIN_ANNOTATION: domain}
         body = {"metadata": metadata, "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.window)}}
         path = f"{self.leases}/{self.name}"
+        if self._held is not None and self._holds():
+            return self._held
         for _ in range(3):
             try:
-                lease = self.raw.create(self.leases, body)
+                self._held = self.raw.create(self.leases, body)
                 self._held_from = self.monotonic()
-                return lease
+                return self._held
             except Conflict:
                 pass
             try:
                 if self._holds():
-                    return self.raw.get(path)
+                    self._held = self.raw.get(path)
+                    return self._held
                 self.raw.delete(path)
             except NotFound:
-                self._held_from = None
+                self._held_from, self._held = None, None
         raise Conflict(f"lease {self.namespace}/{self.name} was there again after being deleted three times",
                        status=409)
 

@@ -17,6 +17,7 @@ from agent.fleet.summariser import NodeFacts, Summariser
 from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
 from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.budget import LeaseBudget
+from agent.k8s.claims_watch import ClaimsWatch
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
@@ -70,6 +71,8 @@ class ClusterSide:
     summariser: Summariser | None = None
     #: Keeps the writer's Node current between passes (the daemon runs it on a thread); None: a GET a pass.
     node_watch: NodeWatch | None = None
+    #: Keeps the brake's claims current, so a ranking needs no list (the daemon runs it on a thread); None: off.
+    claims_watch: ClaimsWatch | None = None
 
 
 def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None = None, *,
@@ -93,7 +96,7 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
     own_pod = f"{os.environ.get('POD_NAMESPACE', settings.namespace)}/{os.environ.get('POD_NAME', '')}"
     operands = OperandPauser(writer, raw, labels=tuple(settings.reset_operand_labels),
                              wait_seconds=settings.reset_operand_wait_seconds)
-    fleet, summariser = fleet_side(raw, config, clock=clock, monotonic=monotonic, hooks=hooks)
+    fleet, summariser, claims_watch = fleet_side(raw, config, clock=clock, monotonic=monotonic, hooks=hooks)
     actuator = K8sActuator(
         writer=writer,
         events=EventRecorder(raw, instance=f"{config.node_name}/{os.environ.get('POD_NAME', 'agent')}",
@@ -119,7 +122,7 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
                      dra_gpus=devices.gpus_by_pod)
     if fleet is not None and summariser is not None:
         fleet.own = own_summary(summariser, writer)
-    return ClusterSide(actuator, budget, pods, writer, own_pod, operands, fleet, summariser, watch)
+    return ClusterSide(actuator, budget, pods, writer, own_pod, operands, fleet, summariser, watch, claims_watch)
 
 
 def own_summary(summariser: Summariser, writer: NodeWriter) -> Callable[[], NodeSummary | None]:
@@ -140,18 +143,22 @@ def published_summary(writer: NodeWriter) -> NodeSummary | None:
 
 def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time.time,
                monotonic: Callable[[], float] = time.monotonic,
-               hooks: NodeHooks | None = None) -> tuple[FleetGate | None, Summariser | None]:
-    """The fleet view's reader and the summariser, when `fleet_holds` or the brake is on."""
+               hooks: NodeHooks | None = None) -> tuple[FleetGate | None, Summariser | None, ClaimsWatch | None]:
+    """The fleet view's reader and the summariser, when `fleet_holds` or the brake is on; the brake's claims
+    watch with the brake, where watches are on (`node_watch_seconds` > 0)."""
     settings = config.remediation
     hooks = hooks or NodeHooks()
     brake = BrakePolicy(max_share=settings.brake_max_share, min_nodes=settings.brake_min_nodes,
                         max_nodes=settings.brake_max_nodes, window_seconds=settings.brake_window_seconds) \
         if settings.brake_window_seconds > 0 else None
     if not settings.fleet_holds and brake is None:
-        return None, None
+        return None, None, None
+    watch = ClaimsWatch(raw.api_client, settings.namespace, watch_seconds=settings.node_watch_seconds) \
+        if brake is not None and settings.node_watch_seconds > 0 else None
     claims = BrakeClaims(raw, node_name=config.node_name, namespace=settings.namespace,
                          window_seconds=brake.window_seconds, monotonic=monotonic,
-                         fabric_domain=lambda: hooks.facts().fabric_domain) if brake is not None else None
+                         fabric_domain=lambda: hooks.facts().fabric_domain,
+                         delivered=watch.through if watch is not None else None) if brake is not None else None
     gate = FleetGate(raw, namespace=settings.namespace, gpu_node_selector=settings.gpu_node_selector, brake=brake,
                      holds=settings.fleet_holds, clock=monotonic, wall=clock, claims=claims,
                      claim_retry_seconds=2 * settings.retry_seconds,
@@ -159,7 +166,8 @@ def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time
                      settle_max_seconds=settings.fleet_settle_max_seconds if settings.fleet_holds else 0.0,
                      node=config.node_name, rule_class=hooks.rule_class,
                      fabric_domain=lambda: hooks.facts().fabric_domain, on_unread=hooks.on_fleet_set_aside)
-    return gate, Summariser(config.node_name, wall=clock, uptime=hooks.uptime, pods=hooks.pods, facts=hooks.facts)
+    return gate, Summariser(config.node_name, wall=clock, uptime=hooks.uptime, pods=hooks.pods,
+                            facts=hooks.facts), watch
 
 
 def request_release(api_client: Any, node_name: str, gpu: str = "all") -> None:
