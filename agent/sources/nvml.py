@@ -2,12 +2,12 @@
 
 Counters become deltas between polls; NotSupported is remembered per GPU and call, and probed again when
 the GPU's MIG mode changes and every `reprobe_seconds`; a hung call makes that GPU Unknown (its own
-observation), never a hardware fault, and that GPU is not called again until the hung call returns, while
-the others keep being read; a GPU none of whose readings succeed is Unknown too. GPU lost and "reset
-required" are their own observations. The node's GPUs and the NVLinks seen up are remembered in a
-NodeMemory, so a GPU missing after a reboot, or a link down since it, is seen. The readings themselves are
-in nvml_reads (core and memory) and nvml_links (NVLink, PCIe, fabric); events in nvml_events; discovery
-in nvml_discovery.
+observation, naming the call `hung`), never a hardware fault, and that GPU is not called again until the hung
+call returns, while the others keep being read (one that stays hung keeps new work off the GPU:
+gpu-calls-hung); a GPU none of whose readings succeed is Unknown too. GPU lost and "reset required" are their
+own observations. The node's GPUs and the NVLinks seen up are remembered in a NodeMemory, so a GPU missing
+after a reboot, or a link down since it, is seen. The readings themselves are in nvml_reads (core and memory)
+and nvml_links (NVLink, PCIe, fabric); events in nvml_events; discovery in nvml_discovery.
 """
 
 from __future__ import annotations
@@ -279,16 +279,17 @@ class NvmlSource:
             gpu.hung_call = reading.current or "an NVML call"
             message = f"{gpu.hung_call} timed out after {self.caller.timeout:g}s"
             # what was read before the hung call stands; the worker adds nothing once abandoned
-            return self._unreadable(gpu, [*out], now, message)
+            return self._unreadable(gpu, [*out], now, message, hung=gpu.hung_call)
         except GpuLost as lost:
             out.append(_observation(gpu, Signal.GPU_LOST, 1, now, message=f"{lost} returned GPU_IS_LOST"))
             gpu.readings["status_note"] = "GPU lost"
             return out
         except TooManyHungCalls as exc:
             still = self.caller.hung_for(gpu.caller_key)
-            message = (f"{gpu.hung_call} is still hung in the driver; this GPU is not called again until it "
-                       f"returns" if still and gpu.hung_call else str(exc))
-            return self._unreadable(gpu, out, now, message)
+            hung = gpu.hung_call if still else ""
+            message = (f"{hung} is still hung in the driver; this GPU is not called again until it "
+                       f"returns" if hung else str(exc))
+            return self._unreadable(gpu, out, now, message, hung=hung)
         gpu.hung_call = ""
         return self._judged(gpu, reading, now, out)
 
@@ -313,8 +314,12 @@ class NvmlSource:
         gpu.readings.pop("status_note", None)
         return out
 
-    def _unreadable(self, gpu: GpuState, out: list[Observation], now: float, message: str) -> list[Observation]:
-        out.append(_observation(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=message))
+    def _unreadable(self, gpu: GpuState, out: list[Observation], now: float, message: str, *,
+                    hung: str = "") -> list[Observation]:
+        """The GPU unreadable this poll; `hung`: the call of this GPU still stuck in the driver (a GPU that does
+        not answer, which the rule gpu-calls-hung judges once it lasts), "" for errors and for calls not made
+        because other GPUs' calls are hung."""
+        out.append(_observation(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=message, hung=hung or None))
         gpu.readings["status_note"] = message
         return out
 
