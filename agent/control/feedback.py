@@ -135,13 +135,16 @@ class Feedback:
                                                    reported=reported)
             return []
         since = node.verifying.get(key)
+        if observation.signal is Signal.GPU_POLLED and since is None and key not in node.mig_expected:
+            self._note_mig_geometry(key, observation)
         if observation.signal is not Signal.GPU_POLLED or since is None or observation.at <= since:
             return []
-        reasons = unclean(observation)
+        reasons = unclean(observation, mig_expected=node.mig_expected.get(key, 0))
         if reasons:
             self.shared.log.bind(gpu=key).info("reset_not_verified_yet", poll="; ".join(reasons))
             return []
         del node.verifying[key]
+        node.mig_expected.pop(key, None)
         recovered_only = key in node.recovering and key not in node.resets  # the agent reset nothing either
         node.recovering.discard(key)
         awaiting = {f.recovery for (k, _), f in record.faults.items() if k == key} & {"reset", "recovered"}
@@ -153,6 +156,14 @@ class Feedback:
             attrs = {"by": "the driver's report verified by a clean poll", "why": DRIVER_RECOVERED}
         reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu, frozen_attrs(attrs))
         return self.classify(reset, now)
+
+    def _note_mig_geometry(self, key: str, poll: Observation) -> None:
+        """A MIG GPU's MIG devices as this poll (outside a reset) counted them: what its next reset restores."""
+        mig = poll.attrs.get("mig_devices")
+        if isinstance(mig, int | float) and mig > 0:
+            self.shared.mig_seen[key] = int(mig)
+        else:
+            self.shared.mig_seen.pop(key, None)
 
     def reset_failed(self, gpu: GpuRef | None, now: float, message: str) -> list[Verdict]:
         """A reset that failed is a fault of the family of the fault it was for (a driver fault's failed reset
@@ -183,6 +194,7 @@ class Feedback:
         for key, since in list(verifying.items()):
             if key in verifying and now - since >= self.reset_verify_seconds:  # a verdict below may end another
                 del verifying[key]
+                self.shared.record.node.mig_expected.pop(key, None)
                 self.shared.record.node.recovering.discard(key)
                 verdicts += self.reset_failed(self.shared.inventory.gpu_by_key(key), now,
                                               f"no clean poll within {self.reset_verify_seconds:g}s of the reset")

@@ -330,11 +330,12 @@ class NvmlSource:
         return _observation(gpu, Signal.GPU_POLLED, 1, now, extra={
             "recovery_action": r.get("recovery_action"), "remap_pending": r.get("remap_pending"),
             "retirement_pending": r.get("retired_pages_pending"), "volatile_dbe": r.get("ecc_dbe_volatile"),
-            "links_down": len(down) if isinstance(down, list) else None})
+            "links_down": len(down) if isinstance(down, list) else None,
+            "mig_devices": len(gpu.mig_uuids) if gpu.mig_mode else None})
 
     def _reprobe(self, gpu: GpuState, now: float) -> None:
         """Forget what was NotSupported when the MIG mode changed (remapped rows come back when MIG goes
-        off) and every `reprobe_seconds` (a driver update, a GPU reset)."""
+        off) and every `reprobe_seconds` (a driver update, a GPU reset); the MIG devices, read again."""
         mig = self.calls.optional(gpu, "nvmlDeviceGetMigMode", self.nvml.nvmlDeviceGetMigMode, gpu.handle, aux=True)
         mode = int(mig[0]) if mig else gpu.mig_mode
         changed = mode != gpu.mig_mode
@@ -345,8 +346,9 @@ class NvmlSource:
             gpu.nvlinks = None
             gpu.probed_at = now
             gpu.mig_mode = mode
-            if changed:
-                gpu.mig_uuids = mig_devices(self.calls, self.nvml, gpu) if mode else []
+        # Every poll: a reset destroys a MIG GPU's instances (its MIG mode stays), mig-manager re-creates them
+        # under new UUIDs; the poll's count is what verifies a reset restored the geometry.
+        gpu.mig_uuids = mig_devices(self.calls, self.nvml, gpu) if gpu.mig_mode else []
 
     def _read_all(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         calls, nvml, h = self.calls, self.nvml, gpu.handle
