@@ -175,3 +175,11 @@ def test_run_refuses_a_diagnostic_that_its_mode_would_never_run(files, tmp_path:
     assert result.exit_code == USAGE, result.output
     [line] = [line for line in result.stderr.splitlines() if line.strip()]
     assert line.startswith("--mode: field mode: remediation.diagnostic_command is set but mode quarantine never runs")
+
+
+def test_simulate_refuses_a_scenario_diagnostic_in_a_mode_that_never_runs_it():
+    """A scenario's node.diagnostic stands for a configured diagnostic: only remediate runs one (one line, 2)."""
+    result = CliRunner().invoke(main, ["simulate", "--mode", "quarantine", "app-faults-across-workloads"])
+    assert result.exit_code == USAGE, result.output
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "mode quarantine never runs" in line
