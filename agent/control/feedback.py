@@ -101,9 +101,10 @@ class Feedback:
             return []
         key = observation.gpu_key
         shallow = observation.attrs.get("shallow")
-        by = f"a passing diagnostic short of NVIDIA's EUD ({shallow}): the quarantine lifted, the GPU " \
-            "still suspected (gpu-diagnostic-shallow-pass)" \
-            if shallow else "a passing diagnostic"
+        by = "a passing diagnostic"
+        if shallow:
+            by = (f"a passing diagnostic short of NVIDIA's EUD ({shallow}): the quarantine lifted, the GPU still "
+                  "suspected (gpu-diagnostic-shallow-pass)")
         verdicts: list[Verdict] = []
         for (gpu_key, rule_id), fault in list(self.shared.record.faults.items()):
             if gpu_key == key and fault.recovery == "diagnostic" and (not shallow or fault.action.quarantines):
