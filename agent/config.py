@@ -98,10 +98,12 @@ class RemediationConfig(_Section):
     #: The reset container's socket (daemonset/): the privileged part of a reset runs there. Empty: in the
     #: agent's own process (which then needs the privileges itself; docs/remediation.md).
     reset_helper_socket: str = ""
-    #: The GPU Operator's per-node operand labels paused for a reset (the operands that hold the GPUs open).
+    #: The GPU Operator's per-node operand labels paused for a reset (the operands that hold the GPUs open), and
+    #: mig-manager's: paused, it changes no MIG layout under the reset; back, it applies the node's MIG
+    #: configuration (nvidia.com/mig.config) again, re-creating the instances the reset destroyed.
     reset_operand_labels: list[str] = Field(default_factory=lambda: [
         "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery",
-        "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.dcgm"])
+        "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.dcgm", "nvidia.com/gpu.deploy.mig-manager"])
     reset_operand_wait_seconds: float = Field(default=120.0, gt=0)
     #: How long the GPU's device file may stay held (pods terminating) before the reset gives up, naming who.
     reset_holder_wait_seconds: float = Field(default=30.0, ge=0)
@@ -201,6 +203,17 @@ class Config(_Section):
         return self
 
 
+def diagnostic_mode_problem(config: Config) -> str:
+    """Why a configured diagnostic can never run in the configured mode ("" when it can): only `remediate` runs
+    one (a disruptive step), and with one configured the Xid 13/31 repeat patterns quarantine to wait for it, so
+    in `observe` or `quarantine` they would wait for an operator for ever."""
+    if not config.remediation.diagnostic_command or config.mode is Mode.REMEDIATE:
+        return ""
+    return (f"remediation.diagnostic_command is set but mode {config.mode} never runs a diagnostic (only remediate "
+            "does): the repeat patterns would quarantine and wait for it for ever; set mode remediate, or leave "
+            "diagnostic_command empty (the patterns are then reported, not quarantined)")
+
+
 class PipelineOptions(TypedDict):
     """The pipeline's remediation settings, as the configuration gives them (the daemon's and `simulate`'s)."""
 
@@ -227,8 +240,10 @@ def pipeline_options(config: Config) -> PipelineOptions:
         retry_seconds=settings.retry_seconds)
 
 
-def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
-    """Read the file (if any), apply GPU_HEALTH_* overrides, validate; raise ConfigError on any problem."""
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None, *,
+                mode: Mode | None = None) -> Config:
+    """Read the file (if any), apply GPU_HEALTH_* overrides and `mode` (a command's --mode), validate; raise
+    ConfigError on any problem."""
     environment = os.environ if env is None else env
     data: dict[str, Any] = _read_file(path) if path is not None else {}
     origin: dict[str, str] = {}
@@ -238,16 +253,23 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         keys = [part.lower() for part in name[len(ENV_PREFIX):].split("__")]
         _set_nested(data, keys, _parse_scalar(raw))
         origin[".".join(keys)] = f"environment {name}"
+    if mode is not None:
+        data["mode"] = str(mode)
+        origin["mode"] = "--mode"
     if not data.get("node_name"):
         data["node_name"] = environment.get("NODE_NAME") or socket.gethostname()
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         where = origin.get(field) or (str(path) if path else "<defaults>")
         problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
         raise ConfigError(problem, file=where, field=field) from None
+    problem = diagnostic_mode_problem(config)
+    if problem:
+        raise ConfigError(problem, file=origin.get("mode") or (str(path) if path else "<defaults>"), field="mode")
+    return config
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -133,8 +133,9 @@ def recovery_text(recovery: Recovery) -> str:
         "recovered": "when the driver reports the recovery done (Xid 154: the action changed to none) and a clean "
                      "poll follows, or after a verified reset or a new boot",
         "operator": "only when an operator releases it (gpu-health-agent release --node N --gpu UUID)",
-        "diagnostic": "when the diagnostic run on the idle GPU passes (remediation.diagnostic_command), or an "
-                      "operator releases it; never by a timer",
+        "diagnostic": "when the diagnostic run on the idle GPU passes at NVIDIA's EUD depth (remediation."
+                      "diagnostic_command: level 3 or 4, the eud test passed; a shallower pass only lifts a "
+                      "quarantine), or an operator releases it; never by a timer",
     }[recovery.kind]
 
 

@@ -13,6 +13,7 @@ import click
 from agent.config import Config, load_config
 from agent.errors import AgentError, InputError, InputErrors
 from agent.journal import Journal
+from agent.remediation import Mode
 
 F = TypeVar("F", bound=Callable[..., Any])
 # Exit codes (README "Exit codes"): 0 done, 1 could not do it (runtime failure, no cluster, no journal),
@@ -53,8 +54,9 @@ def reporting_bad_input(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def config_of(path: str | None) -> Config:
-    return load_config(Path(path) if path else None)
+def config_of(path: str | None, *, mode: Mode | None = None) -> Config:
+    """The configuration, with a command's `--mode` in place of the configured mode where given."""
+    return load_config(Path(path) if path else None, mode=mode)
 
 
 def open_journal(path: str | Path) -> Journal:

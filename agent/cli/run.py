@@ -60,10 +60,9 @@ def _check_journal_place(path: str | Path) -> None:
 def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: int | None,
         scenario: str | None, speed: float, duration: float | None) -> None:
     """Run the agent: watch the GPUs, classify, act (per mode), serve /metrics and /healthz."""
-    config = config_of(config_path)
+    # The mode is validated with the rest (a diagnostic configured in a mode that never runs it is refused).
+    config = config_of(config_path, mode=Mode(mode) if mode else None)
     overrides: dict[str, Any] = {}
-    if mode:
-        overrides["mode"] = Mode(mode)
     if dry_run:
         overrides["dry_run"] = True
     if port is not None:

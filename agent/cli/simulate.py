@@ -47,6 +47,9 @@ def simulate_command(scenario: str | None, list_only: bool, as_json: bool, mode:
 
     loaded = load_scenario(scenario)
     mode = mode or loaded.mode or str(DEFAULT_MODE)
+    if loaded.node.diagnostic and Mode(mode) is not Mode.REMEDIATE:
+        fail([f"simulate: {scenario}: node.diagnostic stands for a configured diagnostic, which mode {mode} never "
+              "runs (only remediate does; the agent refuses that configuration at load)"])
     rules = load_rules(Path(rules_dir) if rules_dir else builtin_rules_dir())
     configure_logging("error", "auto")
     if loaded.fleet is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from agent.control.shared import Shared
+from agent.diagnostics import shortfall
 from agent.engine import CONTAINED_BY
 from agent.model import Observation, Signal, frozen_attrs, new_observation
 from agent.remediation.spread import APPLICATION_XIDS, LocationRepeats, WorkloadSpread
@@ -29,6 +30,8 @@ class Enricher:
         self._uncontained: OrderedDict[str, deque[Observation]] = OrderedDict()
 
     def enrich(self, observation: Observation) -> Observation:
+        if observation.signal is Signal.DIAGNOSTIC:
+            return _depth_judged(observation)
         return self._contained_if_so(self._repeat_facts(self._not_the_gpus_if_elsewhere(observation)))
 
     def _not_the_gpus_if_elsewhere(self, observation: Observation) -> Observation:
@@ -117,3 +120,16 @@ def contained_by(observation: Observation, incident: str) -> Observation:
     return new_observation(observation.signal, observation.value, observation.at, observation.source,
                            observation.gpu, frozen_attrs({**observation.attrs, CONTAINED_BY: incident}),
                            observation.count)
+
+
+def _depth_judged(observation: Observation) -> Observation:
+    """A passing diagnostic short of NVIDIA's RUN_DCGMEUD (below level 3, or no eud test passed: its `level` and
+    `eud`, as the runner or a scenario gives them; unknown counts as short) says why in `shallow`: it only
+    downgrades the repeat pattern it ran for (gpu-diagnostic-shallow-pass), never releases it."""
+    if observation.value != 1:
+        return observation
+    why = shortfall(str(observation.attrs.get("level", "")), str(observation.attrs.get("eud", "")).lower())
+    if not why:
+        return observation
+    return new_observation(observation.signal, observation.value, observation.at, observation.source,
+                           observation.gpu, frozen_attrs({**observation.attrs, "shallow": why}), observation.count)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agent.control.shared import Shared
-from agent.diagnostics import DiagnosticOutcome, outcome_of
+from agent.diagnostics import DiagnosticOutcome, DiagnosticResult
 from agent.drill import DRILL_PREFIX, DRILL_SECONDS
 from agent.engine import reset_clears
 from agent.model import (
@@ -73,13 +73,15 @@ class Feedback:
         return progressed, verdicts
 
     def _diagnosed(self, action: ActionRecord, now: float) -> list[Verdict]:
-        """A diagnostic that gave a verdict becomes a `diagnostic` observation: pass releases, fail is a fault."""
-        outcome = outcome_of(action.message)
-        if outcome is DiagnosticOutcome.INCONCLUSIVE:
+        """A diagnostic that gave a verdict becomes a `diagnostic` observation with its depth (`level`, `eud`): a
+        pass releases (or, short of NVIDIA's EUD, only downgrades), a failure is a fault."""
+        diagnosed = DiagnosticResult.of_message(action.message)
+        if diagnosed.outcome is DiagnosticOutcome.INCONCLUSIVE:
             return []
         key = action.step.gpu_key
-        result = Observation(Signal.DIAGNOSTIC, 1 if outcome is DiagnosticOutcome.PASS else 0, now, "diagnostic",
-                             self.shared.inventory.gpu_by_key(key), frozen_attrs({"message": action.message}))
+        result = Observation(Signal.DIAGNOSTIC, 1 if diagnosed.outcome is DiagnosticOutcome.PASS else 0, now,
+                             "diagnostic", self.shared.inventory.gpu_by_key(key),
+                             frozen_attrs({"message": action.message, "level": diagnosed.level, "eud": diagnosed.eud}))
         with self.shared.lock:
             self.shared.record.node.diagnosed.add(key)
             verdicts = self.classify(result, now)
@@ -91,15 +93,22 @@ class Feedback:
         return self._verify_reset(observation, now) + self._diagnostic_passed(observation, now)
 
     def _diagnostic_passed(self, observation: Observation, now: float) -> list[Verdict]:
-        """A passing diagnostic releases the GPU's faults that waited for one (recovery `diagnostic`)."""
+        """A passing diagnostic releases the GPU's faults that waited for one (recovery `diagnostic`). One short of
+        NVIDIA's EUD (`shallow`, the enricher's: below level 3, or no eud test passed) only downgrades: it lifts
+        their quarantine, and the GPU stays suspected (gpu-diagnostic-shallow-pass, degraded, raised by the same
+        observation) until a diagnostic at that depth passes or an operator releases it."""
         if observation.signal is not Signal.DIAGNOSTIC or observation.value != 1:
             return []
         key = observation.gpu_key
+        shallow = observation.attrs.get("shallow")
+        by = "a passing diagnostic"
+        if shallow:
+            by = (f"a passing diagnostic short of NVIDIA's EUD ({shallow}): the quarantine lifted, the GPU still "
+                  "suspected (gpu-diagnostic-shallow-pass)")
         verdicts: list[Verdict] = []
         for (gpu_key, rule_id), fault in list(self.shared.record.faults.items()):
-            if gpu_key == key and fault.recovery == "diagnostic":
-                verdicts += self.release_one(rule_id, fault.gpu or observation.gpu, now, source="diagnostic",
-                                             by="a passing diagnostic")
+            if gpu_key == key and fault.recovery == "diagnostic" and (not shallow or fault.action.quarantines):
+                verdicts += self.release_one(rule_id, fault.gpu or observation.gpu, now, source="diagnostic", by=by)
         return verdicts
 
     def release_one(self, rule_id: str, gpu: GpuRef | None, now: float, *, source: str, by: str) -> list[Verdict]:
@@ -127,13 +136,16 @@ class Feedback:
                                                    reported=reported)
             return []
         since = node.verifying.get(key)
+        if observation.signal is Signal.GPU_POLLED and since is None and key not in node.mig_expected:
+            self._note_mig_geometry(key, observation)
         if observation.signal is not Signal.GPU_POLLED or since is None or observation.at <= since:
             return []
-        reasons = unclean(observation)
+        reasons = unclean(observation, mig_expected=node.mig_expected.get(key, 0))
         if reasons:
             self.shared.log.bind(gpu=key).info("reset_not_verified_yet", poll="; ".join(reasons))
             return []
         del node.verifying[key]
+        node.mig_expected.pop(key, None)
         recovered_only = key in node.recovering and key not in node.resets  # the agent reset nothing either
         node.recovering.discard(key)
         awaiting = {f.recovery for (k, _), f in record.faults.items() if k == key} & {"reset", "recovered"}
@@ -145,6 +157,14 @@ class Feedback:
             attrs = {"by": "the driver's report verified by a clean poll", "why": DRIVER_RECOVERED}
         reset = Observation(Signal.GPU_RESET, 1, now, "remediation", observation.gpu, frozen_attrs(attrs))
         return self.classify(reset, now)
+
+    def _note_mig_geometry(self, key: str, poll: Observation) -> None:
+        """A MIG GPU's MIG devices as this poll (outside a reset) counted them: what its next reset restores."""
+        mig = poll.attrs.get("mig_devices")
+        if isinstance(mig, int | float) and mig > 0:
+            self.shared.mig_seen[key] = int(mig)
+        else:
+            self.shared.mig_seen.pop(key, None)
 
     def reset_failed(self, gpu: GpuRef | None, now: float, message: str) -> list[Verdict]:
         """A reset that failed is a fault of the family of the fault it was for (a driver fault's failed reset
@@ -175,6 +195,7 @@ class Feedback:
         for key, since in list(verifying.items()):
             if key in verifying and now - since >= self.reset_verify_seconds:  # a verdict below may end another
                 del verifying[key]
+                self.shared.record.node.mig_expected.pop(key, None)
                 self.shared.record.node.recovering.discard(key)
                 verdicts += self.reset_failed(self.shared.inventory.gpu_by_key(key), now,
                                               f"no clean poll within {self.reset_verify_seconds:g}s of the reset")

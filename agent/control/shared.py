@@ -39,6 +39,9 @@ class Shared:
         #: before it, taints first where the verdict calls for it, and plans again (Reconciler._carry_out_plan).
         self.new_verdict = threading.Event()
         self.metrics_primed = False
+        #: Each MIG GPU's MIG devices as its last poll outside a reset counted them: what a reset records as the
+        #: geometry to restore before it runs (NodeState.mig_expected).
+        self.mig_seen: dict[str, int] = {}
         #: The fleet view (holds, quarantine brake; agent.k8s.fleet_gate), read when a pass or a verdict needs it.
         self.fleet, self.fleet_view = fleet, FleetView()
 

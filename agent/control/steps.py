@@ -115,6 +115,8 @@ class StepRunner:
                 self._settle_eviction_event(step, result)
             if step.kind is StepKind.RESET_GPU and result not in TOOK_EFFECT and result is not StepResult.FAILED:
                 shared.record.node.resets.discard(step.gpu_key)  # not attempted after all: the intent is withdrawn
+            if step.kind is StepKind.RESET_GPU and result is not StepResult.APPLIED:
+                shared.record.node.mig_expected.pop(step.gpu_key, None)  # no reset to verify
             if step.disruptive and result in TOOK_EFFECT:
                 shared.save()  # at once, so a restart right after this step does not repeat it
         if result is StepResult.BLOCKED and step.kind is StepKind.EVICT and now >= self.backoff_until:
@@ -228,6 +230,9 @@ class StepRunner:
         with shared.lock:
             node = shared.record.node
             node.resets.add(step.gpu_key)
+            geometry = shared.mig_seen.get(step.gpu_key, 0)
+            if geometry:  # recorded before the reset destroys the instances: verified once as many are back
+                node.mig_expected[step.gpu_key] = geometry
             before = node.verifying.get(step.gpu_key)
             node.verifying[step.gpu_key] = now  # in the journal only: this process awaits the command's result
             shared.save()

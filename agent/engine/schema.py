@@ -79,7 +79,8 @@ class Recovery(_Strict):
 
     quiet: no match for `quiet_seconds` (and, for polled levels, a healthy reading since);
     reset: a verified GPU reset or a new boot; boot: a new boot id; operator: only an operator release;
-    diagnostic: a passing diagnostic of the GPU (agent/diagnostics.py) or an operator release, never a timer;
+    diagnostic: a passing diagnostic of the GPU at NVIDIA's EUD depth (agent/diagnostics.py; a shallower pass
+    lifts only a quarantine) or an operator release, never a timer;
     recovered: the driver reports the recovery done (its Xid 154 line: the action changed to none) and a clean
     poll verifies it, or a verified reset, or a new boot (for a recovery the driver asks of someone else, such
     as recovering the IMEX domain).

@@ -159,10 +159,11 @@ class K8sActuator:
         if kind is StepKind.RUN_DIAGNOSTIC:
             if self.diagnose is None:
                 return StepResult.SKIPPED, "no diagnostic command configured"
-            outcome, summary = self.diagnose(step.target)
-            # Applied: the diagnostic gave a verdict (the message says which); failed: it decided nothing.
-            return (StepResult.FAILED if outcome is DiagnosticOutcome.INCONCLUSIVE else StepResult.APPLIED), \
-                f"{outcome}: {summary}"
+            result = self.diagnose(step.target)
+            # Applied: the diagnostic gave a verdict (the message says which, and how deep); failed: it decided
+            # nothing.
+            return (StepResult.FAILED if result.outcome is DiagnosticOutcome.INCONCLUSIVE else StepResult.APPLIED), \
+                result.message()
         if kind is StepKind.REBOOT_REQUEST:
             return self._reboot(True, step.reason)
         if kind is StepKind.CLEAR_REBOOT_REQUEST:

@@ -254,5 +254,6 @@ class NodeObservation:
                          reboot_requested=self.reboot_requested, replacement=set(self.replacement),
                          recoveries=facts.recoveries.copy(), verifying=dict(facts.verifying),
                          recovering=set(facts.recovering), diagnosed=set(facts.diagnosed),
+                         mig_expected=dict(facts.mig_expected),
                          device_taints=dict(facts.device_taints if self.device_taints is None else self.device_taints),
                          quarantined_since=facts.quarantined_since or self.quarantine_label)

@@ -11,13 +11,19 @@ RESET_ACTIONS = frozenset({1, 4, 5, 6})
 IMEX_RECOVERY = 5
 
 
-def unclean(poll: Observation) -> list[str]:
+def unclean(poll: Observation, *, mig_expected: int = 0) -> list[str]:
     """Why one complete poll of a GPU (signal gpu_polled) does not show it recovered; empty when it does.
 
     Clean: recovery action none, no row remap or page retirement pending, volatile DBE 0, no NVLink down that
-    was up before. A reading the GPU does not support (None) does not count against it."""
+    was up before, and as many MIG devices as it had before the reset (`mig_expected`, 0: none recorded; a reset
+    destroys the instances). A reading the GPU does not support (None) does not count against it."""
     attrs = poll.attrs
     reasons = []
+    if mig_expected:
+        mig = attrs.get("mig_devices")
+        found = int(mig) if isinstance(mig, int | float) else 0
+        if found < mig_expected:
+            reasons.append(f"MIG devices {found} of the {mig_expected} it had before the reset (not re-created yet)")
     action = attrs.get("recovery_action")
     if isinstance(action, int) and action != 0:
         reasons.append(f"recovery action {action}")

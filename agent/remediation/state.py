@@ -126,6 +126,9 @@ class NodeState:
     recovering: set[str] = field(default_factory=set)
     #: GPUs whose diagnostic gave a verdict (pass or fail) for their current faults: not run again.
     diagnosed: set[str] = field(default_factory=set)
+    #: The MIG geometry of each GPU being reset, recorded before the reset (its MIG devices, as the last poll
+    #: counted them): a reset destroys the instances, and it is verified only once a poll counts as many again.
+    mig_expected: dict[str, int] = field(default_factory=dict)
     device_taints: dict[DeviceRef, DeviceMark] = field(default_factory=dict)
     #: When the node was first quarantined (node taint, or a device taint that keeps work off), on the node's
     #: wall clock; 0 while it is not. Durable, so a restarted agent never re-stamps it (the quarantine brake
@@ -190,6 +193,8 @@ class NodeState:
             del self.verifying[key]
         self.recovering &= set(self.verifying)
         self.diagnosed &= active_gpu_keys
+        for key in set(self.mig_expected) - active_gpu_keys:
+            del self.mig_expected[key]
 
     def to_json(self) -> dict[str, object]:
         since = {"quarantined_since": self.quarantined_since} if self.quarantined_since else {}
@@ -201,7 +206,8 @@ class NodeState:
                 "verifying": dict(sorted(self.verifying.items())), "diagnosed": sorted(self.diagnosed),
                 "device_taints": [{"driver": d.driver, "pool": d.pool, "device": d.device, "gpu": m.gpu_uuid,
                                    "effect": m.effect} for d, m in sorted(self.device_taints.items())],
-                **({"recovering": sorted(self.recovering)} if self.recovering else {})}
+                **({"recovering": sorted(self.recovering)} if self.recovering else {}),
+                **({"mig_expected": dict(sorted(self.mig_expected.items()))} if self.mig_expected else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> NodeState:
@@ -232,6 +238,10 @@ class NodeState:
         recovering = data.get("recovering")
         state.recovering = {str(r) for r in recovering if str(r) in state.verifying} \
             if isinstance(recovering, list) else set()
+        mig = data.get("mig_expected")
+        if isinstance(mig, dict):
+            state.mig_expected = {str(k): v for k, v in mig.items() if isinstance(v, int) and not isinstance(v, bool)
+                                  and v > 0}
         taints = data.get("device_taints")
         for entry in taints if isinstance(taints, list) else []:
             if isinstance(entry, dict) and all(entry.get(k) for k in ("driver", "pool", "device")):

@@ -2,12 +2,12 @@
 
 Counters become deltas between polls; NotSupported is remembered per GPU and call, and probed again when
 the GPU's MIG mode changes and every `reprobe_seconds`; a hung call makes that GPU Unknown (its own
-observation), never a hardware fault, and that GPU is not called again until the hung call returns, while
-the others keep being read; a GPU none of whose readings succeed is Unknown too. GPU lost and "reset
-required" are their own observations. The node's GPUs and the NVLinks seen up are remembered in a
-NodeMemory, so a GPU missing after a reboot, or a link down since it, is seen. The readings themselves are
-in nvml_reads (core and memory) and nvml_links (NVLink, PCIe, fabric); events in nvml_events; discovery
-in nvml_discovery.
+observation, naming the call `hung`), never a hardware fault, and that GPU is not called again until the hung
+call returns, while the others keep being read (one that stays hung keeps new work off the GPU:
+gpu-calls-hung); a GPU none of whose readings succeed is Unknown too. GPU lost and "reset required" are their
+own observations. The node's GPUs and the NVLinks seen up are remembered in a NodeMemory, so a GPU missing
+after a reboot, or a link down since it, is seen. The readings themselves are in nvml_reads (core and memory)
+and nvml_links (NVLink, PCIe, fabric); events in nvml_events; discovery in nvml_discovery.
 """
 
 from __future__ import annotations
@@ -279,16 +279,17 @@ class NvmlSource:
             gpu.hung_call = reading.current or "an NVML call"
             message = f"{gpu.hung_call} timed out after {self.caller.timeout:g}s"
             # what was read before the hung call stands; the worker adds nothing once abandoned
-            return self._unreadable(gpu, [*out], now, message)
+            return self._unreadable(gpu, [*out], now, message, hung=gpu.hung_call)
         except GpuLost as lost:
             out.append(_observation(gpu, Signal.GPU_LOST, 1, now, message=f"{lost} returned GPU_IS_LOST"))
             gpu.readings["status_note"] = "GPU lost"
             return out
         except TooManyHungCalls as exc:
             still = self.caller.hung_for(gpu.caller_key)
-            message = (f"{gpu.hung_call} is still hung in the driver; this GPU is not called again until it "
-                       f"returns" if still and gpu.hung_call else str(exc))
-            return self._unreadable(gpu, out, now, message)
+            hung = gpu.hung_call if still else ""
+            message = (f"{hung} is still hung in the driver; this GPU is not called again until it "
+                       f"returns" if hung else str(exc))
+            return self._unreadable(gpu, out, now, message, hung=hung)
         gpu.hung_call = ""
         return self._judged(gpu, reading, now, out)
 
@@ -313,8 +314,12 @@ class NvmlSource:
         gpu.readings.pop("status_note", None)
         return out
 
-    def _unreadable(self, gpu: GpuState, out: list[Observation], now: float, message: str) -> list[Observation]:
-        out.append(_observation(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=message))
+    def _unreadable(self, gpu: GpuState, out: list[Observation], now: float, message: str, *,
+                    hung: str = "") -> list[Observation]:
+        """The GPU unreadable this poll; `hung`: the call of this GPU still stuck in the driver (a GPU that does
+        not answer, which the rule gpu-calls-hung judges once it lasts), "" for errors and for calls not made
+        because other GPUs' calls are hung."""
+        out.append(_observation(gpu, Signal.SOURCE_UNREADABLE, 1, now, message=message, hung=hung or None))
         gpu.readings["status_note"] = message
         return out
 
@@ -325,11 +330,12 @@ class NvmlSource:
         return _observation(gpu, Signal.GPU_POLLED, 1, now, extra={
             "recovery_action": r.get("recovery_action"), "remap_pending": r.get("remap_pending"),
             "retirement_pending": r.get("retired_pages_pending"), "volatile_dbe": r.get("ecc_dbe_volatile"),
-            "links_down": len(down) if isinstance(down, list) else None})
+            "links_down": len(down) if isinstance(down, list) else None,
+            "mig_devices": len(gpu.mig_uuids) if gpu.mig_mode else None})
 
     def _reprobe(self, gpu: GpuState, now: float) -> None:
         """Forget what was NotSupported when the MIG mode changed (remapped rows come back when MIG goes
-        off) and every `reprobe_seconds` (a driver update, a GPU reset)."""
+        off) and every `reprobe_seconds` (a driver update, a GPU reset); the MIG devices, read again."""
         mig = self.calls.optional(gpu, "nvmlDeviceGetMigMode", self.nvml.nvmlDeviceGetMigMode, gpu.handle, aux=True)
         mode = int(mig[0]) if mig else gpu.mig_mode
         changed = mode != gpu.mig_mode
@@ -340,8 +346,9 @@ class NvmlSource:
             gpu.nvlinks = None
             gpu.probed_at = now
             gpu.mig_mode = mode
-            if changed:
-                gpu.mig_uuids = mig_devices(self.calls, self.nvml, gpu) if mode else []
+        # Every poll: a reset destroys a MIG GPU's instances (its MIG mode stays), mig-manager re-creates them
+        # under new UUIDs; the poll's count is what verifies a reset restored the geometry.
+        gpu.mig_uuids = mig_devices(self.calls, self.nvml, gpu) if gpu.mig_mode else []
 
     def _read_all(self, gpu: GpuState, now: float, out: list[Observation]) -> None:
         calls, nvml, h = self.calls, self.nvml, gpu.handle

@@ -23,7 +23,7 @@
  *            "errors": {"nvmlDeviceGetPowerUsage": 3},
  *            "fail_all": 16,
  *            "sram": {"threshold_exceeded": 0, "volatile_unc_parity": 0, "volatile_unc_secded": 0},
- *            "hang": ["nvmlDeviceGetTemperatureV"]}],
+ *            "hang": ["nvmlDeviceGetTemperatureV"], "hang_all": false}],
  *  "events": [{"id": 1, "gpu": 3, "type": 8, "data": 79, "gi": 4294967295, "ci": 4294967295}]}
  * A value of null for "retired_pages", "remapped_rows", "ecc" or "nvlink" makes those calls NotSupported;
  * so does a missing "sram" for nvmlDeviceGetSramEccErrorStatus.
@@ -39,7 +39,8 @@
  * is NotSupported (a PCIe-only GPU); "version": 2 is a driver that takes only the v2 struct. The cluster
  * UUID (32 hex digits, default c0..cf) is reported only once the registration completed (state 3): before
  * it the GPU belongs to no fabric cluster and NVML's clusterUuid is all zero.
- * A call named in "hang" blocks until the state no longer names it.
+ * A call named in "hang" blocks until the state no longer names it; with "hang_all": true every device call
+ * of that GPU blocks until it is false again (a GPU whose GSP firmware stopped answering: no call returns).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -252,7 +253,9 @@ static nvmlReturn_t enter(nvmlDevice_t device, const char *call, jnode **gpu_out
         if (!initialised) { pthread_mutex_unlock(&lock); return NVML_ERROR_UNINITIALIZED; }
         jnode *gpu = gpu_locked(device);
         if (!gpu) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
-        if (names(jget(gpu, "hang"), call)) { pthread_mutex_unlock(&lock); usleep(20000); continue; }
+        if (jnum(gpu, "hang_all", 0) || names(jget(gpu, "hang"), call)) {
+            pthread_mutex_unlock(&lock); usleep(20000); continue;
+        }
         if (jnum(gpu, "lost", 0)) { pthread_mutex_unlock(&lock); return NVML_ERROR_GPU_IS_LOST; }
         double failing = jnum(gpu, "fail_all", 0);
         if (failing) { pthread_mutex_unlock(&lock); return (nvmlReturn_t)failing; }

@@ -324,3 +324,35 @@ def test_persistence_mode_is_turned_back_on_when_the_reset_is_refused(node, tmp_
     outcome = node.reset_command(proc_root=own_proc)(GPUS[6].uuid)
     assert outcome.held and (persistence / GPUS[6].uuid).exists(), outcome.message
     assert node.resets() == []
+
+
+def test_a_reset_destroys_the_mig_instances_and_is_verified_only_once_they_are_back(node, fake_nvml):
+    """Issue 41 row 11: a reset of a MIG GPU leaves its MIG mode on and no MIG device (as a real reset does).
+    The poll after it counts none of the 7 recorded before: not verified, until mig-manager has re-created them."""
+    from agent.model import Signal
+    from agent.remediation.resets import unclean
+    from agent.sources.nvml import NvmlSource, load_pynvml
+    from tests.conftest import eight_gpus
+    migs = [f"MIG-6{n}aaaaaa-0000-0000-0000-000000000000" for n in range(7)]
+    state = eight_gpus(**{str(i): {"uuid": g.uuid} for i, g in enumerate(GPUS)})
+    state["gpus"][6].update(mig_mode=1, mig_devices=migs)  # type: ignore[index]
+    fake_nvml.write(state)
+    nvml = NvmlSource(load_pynvml(), poll_seconds=0.05, call_timeout_seconds=2.0, event_wait_ms=50)
+    nvml.start()
+
+    def polled():
+        [poll] = [o for o in nvml.poll() if o.signal is Signal.GPU_POLLED and o.gpu.uuid == GPUS[6].uuid]
+        return poll
+    try:
+        assert polled().attrs["mig_devices"] == 7
+        ok, message = ResetProcedure(node.reset_command(), nvml=nvml)(GPUS[6].uuid)
+        assert ok, message
+        after = polled()
+        assert after.attrs["mig_mode"] == 1 and after.attrs["mig_devices"] == 0
+        assert unclean(after, mig_expected=7) == ["MIG devices 0 of the 7 it had before the reset (not re-created "
+                                                  "yet)"]
+        fake_nvml.write(state)  # mig-manager applied the node's MIG configuration again
+        assert unclean(polled(), mig_expected=7) == []
+        assert set(nvml.mig_parents()) == set(migs)
+    finally:
+        nvml.stop()

@@ -1,8 +1,11 @@
 """A GPU whose readings all fail, or whose calls hang, is Unknown on its own: the other GPUs keep being read."""
 
-from agent.model import Signal
+from agent.model import Action, NodeInventory, Signal
+from agent.pipeline import Pipeline
+from agent.remediation import GuardPolicy, Mode
+from agent.sources.nvml import NvmlSource, load_pynvml
 from tests.conftest import eight_gpus, wait_for
-from tests.integration.test_nvml import judge, source
+from tests.integration.test_nvml import RULES, judge, source
 
 #: Every call of the fake library that returns a health reading (identity, MIG layout, limits,
 #: utilisation and the process list are auxiliary: they may still answer on a GPU that reads nothing).
@@ -140,5 +143,32 @@ def test_a_gpu_that_hangs_registering_for_events_leaves_the_others_their_events(
         assert nvml.caller.hung_for(nvml.gpus[2].caller_key) == 1  # charged to GPU 2: its polls wait for it
     finally:
         stop.set()
+        fake_nvml.write(eight_gpus())
+        nvml.stop()
+
+
+def test_a_gpu_none_of_whose_calls_return_is_kept_from_new_work_not_only_unknown(fake_nvml):
+    """Issue 41 row 10: every NVML call of GPU 5 hangs and no Xid is logged. Past 30 s of it the GPU is kept
+    from new work and reset once idle (gpu-calls-hung), beside Unknown; the seven others stay healthy."""
+    clock = [1000.0]
+    nvml = NvmlSource(load_pynvml(), poll_seconds=0.05, call_timeout_seconds=0.2, event_wait_ms=50,
+                      clock=lambda: clock[0])
+    nvml.start()
+    pipeline = Pipeline(rules=RULES, inventory=NodeInventory("n"), policy=GuardPolicy(mode=Mode.QUARANTINE),
+                        clock=lambda: clock[0])
+    try:
+        fake_nvml.write(eight_gpus(**{"5": {"hang_all": True}}))
+        for _ in range(5):  # a poll every 10 s: the first times out, the next four find the call still hung
+            for observation in nvml.poll():
+                pipeline.handle(observation, observation.at)
+            clock[0] += 10.0
+        hung = nvml.gpus[5].ref.key
+        faults = {rule_id: f for (key, rule_id), f in pipeline.record.faults.items() if key == hung}
+        assert set(faults) == {"source-unreadable", "gpu-calls-hung"}
+        assert faults["gpu-calls-hung"].action is Action.QUARANTINE_RESET_WHEN_IDLE and pipeline.node.tainted
+        statuses = pipeline.gpu_statuses()
+        assert statuses[hung] == "degraded"
+        assert {statuses[g.ref.key] for g in nvml.gpus if g.ref.index != 5} == {"healthy"}
+    finally:
         fake_nvml.write(eight_gpus())
         nvml.stop()

@@ -459,18 +459,25 @@ def test_a_contained_ecc_error_taints_noschedule_and_evicts_nobody(fake):
     assert len(running_pods(cluster, "n1")) == 9
 
 
-def test_a_passing_diagnostic_releases_the_node_once_the_gpu_is_idle(fake):
-    """Three owners fault on GPU 2: NoSchedule, nobody evicted; its tenant finishes, the configured diagnostic
-    runs on the idle GPU, passes, and the taint goes."""
+def _diagnosed_agent(fake, script: str, level: str):
+    """An agent whose configured diagnostic prints `script`'s table for `dcgmi diag -r <level>`, and the GPUs it
+    ran on."""
     import sys
 
     from agent.diagnostics import command_runner
-    from agent.model import frozen_attrs
     cluster, server = fake
     inventory = gpu_node("n1")
     ran = []
-    passing = command_runner([sys.executable, "-c", "print('| Memory | Pass |')"], timeout_seconds=30)
+    passing = command_runner([sys.executable, "-c", script, "-r", level], timeout_seconds=30)
     agent = make_agent(cluster, server, inventory, diagnose=lambda uuid: (ran.append(uuid), passing(uuid))[1])
+    return agent, inventory, ran
+
+
+def _three_owners_then_idle(fake, agent, inventory, ran):
+    """Three owners' Xid 31 on GPU 2 (NoSchedule, nobody evicted, no diagnostic while its tenant runs), then the
+    tenant's job ends and the next pass finds the GPU idle."""
+    from agent.model import frozen_attrs
+    cluster, _ = fake
     for n, at in enumerate((1.0, 60.0, 120.0)):
         agent.pipeline.handle(Observation(Signal.XID, 31, at, "kmsg", inventory.gpus[2],
                                           frozen_attrs({"workload": f"ns/Deployment/app-{n}"})), at)
@@ -479,8 +486,31 @@ def test_a_passing_diagnostic_releases_the_node_once_the_gpu_is_idle(fake):
     cluster.delete(resource("pods"), "ml", "n1-trainer-2")  # its job finished
     grace_period_passes(cluster)
     agent.pipeline.tick(500.0)
+
+
+def test_a_level_2_pass_lifts_the_taint_and_leaves_the_gpu_degraded_on_the_node(fake):
+    """Issue 41 row 9, through the real runner and the fake API server: `dcgmi diag -r 2` passing is short of
+    NVIDIA's EUD: the taint goes, and the GpuDegraded condition names gpu-diagnostic-shallow-pass."""
+    cluster, _ = fake
+    agent, inventory, ran = _diagnosed_agent(fake, "print('| Memory | Pass |')", "2")
+    _three_owners_then_idle(fake, agent, inventory, ran)
     assert ran == ["GPU-n1-0002"]
     assert TAINT not in [t["key"] for t in cluster.node("n1")["spec"].get("taints") or []]
+    [degraded] = [c for c in cluster.node("n1")["status"]["conditions"] if c["type"] == "GpuDegraded"]
+    assert degraded["status"] == "True" and "short of NVIDIA's EUD (level 2, below 3; no eud test)" in \
+        degraded["message"]
+
+
+def test_a_passing_diagnostic_releases_the_node_once_the_gpu_is_idle(fake):
+    """Three owners fault on GPU 2: NoSchedule, nobody evicted; its tenant finishes, the configured diagnostic
+    (level 3, its eud test passing: NVIDIA's RUN_DCGMEUD) runs on the idle GPU, passes, and the taint goes."""
+    cluster, _ = fake
+    agent, inventory, ran = _diagnosed_agent(fake, "print('| Memory | Pass |'); print('| EUD | Pass |')", "3")
+    _three_owners_then_idle(fake, agent, inventory, ran)
+    assert ran == ["GPU-n1-0002"]
+    assert TAINT not in [t["key"] for t in cluster.node("n1")["spec"].get("taints") or []]
+    assert [c["status"] for c in cluster.node("n1")["status"]["conditions"] if c["type"] == "GpuDegraded"] \
+        in ([], ["False"])
 
 
 def held_then(answers):

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from kubernetes import client
 
 from agent.cli import main
+from agent.config import RemediationConfig
 from agent.k8s.client import ApiClient, Credentials
 from agent.k8s.errors import Forbidden
 from agent.k8s.node import AGENT_CONDITIONS, CONFIRM_ANNOTATION, NodeWriter
@@ -223,8 +224,8 @@ def test_a_kubeconfig_with_an_exec_plugin_reaches_the_real_server(control_plane,
         assert RawApi(api_client).get(api_path("", "v1", "nodes", name=a))["metadata"]["name"] == a
 
 
-OPERANDS = ("nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery",
-            "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.dcgm")
+#: The labels a reset pauses by default (mig-manager's included: back, it re-creates the MIG instances).
+OPERANDS = tuple(RemediationConfig().reset_operand_labels)
 
 
 def test_an_agent_may_pause_and_restore_the_gpu_operator_operands_of_its_own_node(control_plane, two_nodes):

@@ -163,3 +163,23 @@ def test_a_reset_helper_that_cannot_listen_stops_with_one_line(files):
     result = CliRunner().invoke(main, ["reset-helper"], env=env)
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "cannot listen on /proc/no-such-dir/reset.sock" in result.output
+
+
+def test_run_refuses_a_diagnostic_that_its_mode_would_never_run(files, tmp_path: Path):
+    """Issue 41: `run --mode quarantine` over a config whose diagnostic only remediate runs: one line, exit 2,
+    before anything starts; the same config with remediate is accepted."""
+    config = tmp_path / "config.yaml"
+    config.write_text('mode: remediate\nremediation: {diagnostic_command: [dcgmi, diag, -r, "3", -i, "{uuid}"]}\n')
+    result = CliRunner().invoke(main, ["run", "--config", str(config), "--mode", "quarantine", "--port", "0",
+                                       "--duration", "1"], env=local_env(files))
+    assert result.exit_code == USAGE, result.output
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("--mode: field mode: remediation.diagnostic_command is set but mode quarantine never runs")
+
+
+def test_simulate_refuses_a_scenario_diagnostic_in_a_mode_that_never_runs_it():
+    """A scenario's node.diagnostic stands for a configured diagnostic: only remediate runs one (one line, 2)."""
+    result = CliRunner().invoke(main, ["simulate", "--mode", "quarantine", "app-faults-across-workloads"])
+    assert result.exit_code == USAGE, result.output
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "mode quarantine never runs" in line

@@ -66,9 +66,25 @@ def test_a_diagnostic_naming_the_hostengine_needs_one_configured(tmp_path: Path)
     path.write_text('remediation: {diagnostic_command: [dcgmi, diag, --host, "{hostengine}", -r, "2", -i, "{uuid}"]}\n')
     with pytest.raises(ConfigError, match=r"sources\.dcgm\.hostengine is empty"):
         load_config(path, env={})
-    path.write_text('remediation: {diagnostic_command: [dcgmi, diag, --host, "{hostengine}"]}\n'
+    path.write_text('mode: remediate\nremediation: {diagnostic_command: [dcgmi, diag, --host, "{hostengine}"]}\n'
                     'sources: {dcgm: {hostengine: "10.0.0.5:5555"}}\n')
     assert load_config(path, env={}).sources.dcgm.hostengine == "10.0.0.5:5555"
+
+
+def test_a_diagnostic_configured_in_a_mode_that_never_runs_it_is_refused_at_load(tmp_path: Path):
+    """Issue 41: only remediate runs a diagnostic; in observe or quarantine the repeat patterns it was configured
+    to decide would quarantine and wait for ever. The configured mode, GPU_HEALTH_MODE and run --mode alike."""
+    path = tmp_path / "config.yaml"
+    path.write_text('mode: remediate\nremediation: {diagnostic_command: [dcgmi, diag, -r, "3", -i, "{uuid}"]}\n')
+    assert load_config(path, env={}).mode is Mode.REMEDIATE
+    for refused in (lambda: load_config(path, env={"GPU_HEALTH_MODE": "quarantine"}),
+                    lambda: load_config(path, env={}, mode=Mode.OBSERVE)):
+        with pytest.raises(ConfigError, match=r"diagnostic_command is set but mode (quarantine|observe) never runs"):
+            refused()
+    path.write_text('remediation: {diagnostic_command: [dcgmi, diag, -r, "3", -i, "{uuid}"]}\n')
+    with pytest.raises(ConfigError, match="mode quarantine never runs a diagnostic"):
+        load_config(path, env={})
+    assert load_config(path, env={}, mode=Mode.REMEDIATE).remediation.diagnostic_command
 
 
 def test_the_retry_of_a_refused_step_is_a_setting_the_pipeline_gets():

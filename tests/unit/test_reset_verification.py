@@ -244,3 +244,41 @@ def test_a_recovery_the_driver_reported_keeps_awaiting_only_itself_across_a_rest
     node = NodeState(verifying={gpu(0).key: 600.0}, recovering={gpu(0).key})
     assert NodeState.from_json(node.to_json()).recovering == {gpu(0).key}
     assert "recovering" not in NodeState().to_json()  # nothing awaited: the record (and the Node's copy) as before
+
+
+def reset_of_a_mig_gpu(p):
+    """GPU 0 polled with its 7 MIG devices, then Xid 48: reset at t=20."""
+    p.handle(obs(Signal.GPU_POLLED, 1, 0.5, **CLEAN, mig_mode=1, mig_devices=7), 0.5)
+    return reset_after_xid_48(p)
+
+
+def test_a_reset_that_left_the_mig_gpu_without_its_instances_is_not_verified(shipped_rules):
+    """Issue 41 row 11: the geometry (7 MIG devices) is recorded before the reset; a clean poll counting none is
+    no verified reset (the GPU would advertise no MIG device), one counting the 7 again is."""
+    p = pipeline(shipped_rules)
+    reset_of_a_mig_gpu(p)
+    assert p.node.mig_expected == {gpu(0).key: 7}
+    assert p.handle(obs(Signal.GPU_POLLED, 1, 21.0, **CLEAN, mig_mode=1, mig_devices=0), 21.0).verdicts == []
+    assert p.gpu_statuses()[gpu(0).key] == "fatal" and gpu(0).key in p.node.verifying
+    cleared = p.handle(obs(Signal.GPU_POLLED, 1, 60.0, **CLEAN, mig_mode=1, mig_devices=7), 60.0)
+    assert [v.rule_id for v in cleared.verdicts] == ["xid-48"]
+    assert p.node.mig_expected == {} and p.gpu_statuses()[gpu(0).key] == "healthy"
+
+
+def test_mig_instances_never_re_created_are_a_failed_reset(shipped_rules):
+    """No poll with the geometry back within reset_verify_seconds: gpu-reset-failed, as for any unverified reset."""
+    p = pipeline(shipped_rules, reset_verify_seconds=60.0)
+    reset_of_a_mig_gpu(p)
+    p.handle(obs(Signal.GPU_POLLED, 1, 30.0, **CLEAN, mig_mode=1, mig_devices=0), 30.0)
+    [failed] = p.tick(80.0).verdicts
+    assert failed.rule_id == "gpu-reset-failed" and p.node.mig_expected == {}
+
+
+def test_the_recorded_mig_geometry_survives_a_restart(shipped_rules, tmp_path):
+    """Recorded in the durable record before the reset runs: a restarted agent still waits for the instances."""
+    from agent.journal import Journal
+    p = pipeline(shipped_rules, journal=Journal(tmp_path / "j.db"))
+    reset_of_a_mig_gpu(p)
+    again = pipeline(shipped_rules, journal=Journal(tmp_path / "j.db"))
+    assert again.node.mig_expected == {gpu(0).key: 7}
+    assert again.handle(obs(Signal.GPU_POLLED, 1, 21.0, **CLEAN, mig_mode=1, mig_devices=0), 21.0).verdicts == []

@@ -185,3 +185,22 @@ def test_recovery_action_drain_p2p_moves_the_pods_using_the_gpu(shipped_rules):
     [level] = verdicts_for(shipped_rules, obs(Signal.RECOVERY_ACTION, 3))[0]
     [xid] = verdicts_for(shipped_rules, obs(Signal.XID, 154, recovery_action=3))[0]
     assert level.action.evicts and xid.action.evicts
+
+
+def test_a_gpu_whose_calls_stay_hung_for_30_s_is_kept_from_new_work_and_reset_once_idle(shipped_rules):
+    """Issue 41 row 10: a GSP that stopped answering wants a reset; no Xid is needed to keep work off the GPU."""
+    hung = [obs(Signal.SOURCE_UNREADABLE, 1, t, source="nvml", hung="nvmlDeviceGetPowerUsage",
+                message="nvmlDeviceGetPowerUsage is still hung in the driver") for t in (0.0, 10.0, 20.0, 30.0)]
+    verdicts, _ = verdicts_for(shipped_rules, *hung)
+    assert [(v.rule_id, v.at) for v in verdicts] == [("source-unreadable", 0.0), ("gpu-calls-hung", 30.0)]
+    assert verdicts[1].action is Action.QUARANTINE_RESET_WHEN_IDLE and str(verdicts[1].fault_class) == "driver"
+
+
+def test_calls_that_fail_or_hang_briefly_leave_the_gpu_only_unknown(shipped_rules):
+    """NVML errors (ERROR_UNKNOWN) and a hang that ends within 30 s are Unknown, never a quarantine."""
+    failing = [obs(Signal.SOURCE_UNREADABLE, 1, t, message="no NVML reading succeeded") for t in (0.0, 30.0, 60.0)]
+    brief = [obs(Signal.SOURCE_UNREADABLE, 1, t, hung="nvmlDeviceGetPowerUsage") for t in (100.0, 110.0, 120.0)]
+    verdicts, _ = verdicts_for(shipped_rules, *failing, obs(Signal.SOURCE_UNREADABLE, 0, 90.0), *brief,
+                               obs(Signal.SOURCE_UNREADABLE, 0, 125.0), obs(Signal.SOURCE_UNREADABLE, 1, 131.0,
+                                                                             hung="nvmlDeviceGetPowerUsage"))
+    assert {v.rule_id for v in verdicts} == {"source-unreadable"}
