@@ -15,7 +15,7 @@ import pytest
 
 from agent.fleet.published import SUMMARY_ANNOTATION
 from agent.fleet.summary import NodeSummary
-from agent.k8s.node import AGENT_CONDITIONS
+from agent.k8s.node import AGENT_CONDITIONS, STATE_ANNOTATION
 from tests.conftest import FakeNvml
 from tests.realnode import agent
 from tests.realnode.installs import Install, Installs
@@ -35,17 +35,20 @@ READ_SUMMARY = ("import json, sys; from agent.fleet.summary import NodeSummary; 
 @dataclass(frozen=True, slots=True)
 class Marks:
     """What an upgrade must leave as it was: the agent's taints (with when they were added), its conditions
-    (with their last transition), and the node's journaled record less its bookkeeping of this process."""
+    (with their last transition), the node's record in the journal and as the running agent mirrors it."""
 
     taints: list[tuple[str, str, Any]]
     conditions: list[tuple[str, str, str, Any]]
     record: dict[str, Any]
+    mirror: str  # the record as the running agent mirrors it to the Node (its state annotation)
 
 
 def marks(node: RealNode) -> Marks:
-    conditions = sorted((c.type, c.status, c.reason, c.last_transition_time) for c in node.node().status.conditions
+    current = node.node()
+    conditions = sorted((c.type, c.status, c.reason, c.last_transition_time) for c in current.status.conditions
                         if c.type in AGENT_CONDITIONS)
-    return Marks(agent_taints(node), conditions, journaled_record(node) or {})
+    mirror = str((current.metadata.annotations or {}).get(STATE_ANNOTATION, ""))
+    return Marks(agent_taints(node), conditions, journaled_record(node) or {}, mirror)
 
 
 def summary_faults(text: str) -> list[list[str]]:
@@ -84,6 +87,7 @@ def assert_nothing_repeated(node: RealNode, before: Marks, held_uid: str, port: 
         assert after.taints == before.taints
         assert after.conditions == before.conditions
         assert after.record == before.record
+        assert after.mirror == before.mirror
         time.sleep(1)
     text = agent.metrics(port)
     assert agent.metric(text, "gpu_health_remediation_steps_total", kind="evict") == 0, text
@@ -110,7 +114,7 @@ def test_an_upgrade_from_the_previous_release_and_its_rollback_keep_the_record_a
         running(real_node, previous_published)
         held_uid = holder_evicted_by_xid(real_node, healthy_gpus)  # by the previous release
         before = marks(real_node)
-        assert before.taints and before.conditions and before.record
+        assert before.taints and before.conditions and before.record and before.mirror
         by_previous = published_summary(real_node)
         faults = summary_faults(by_previous)  # the release under test reads the previous one's summary
         assert faults, by_previous
