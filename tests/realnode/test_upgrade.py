@@ -101,9 +101,10 @@ def test_an_upgrade_from_the_previous_release_and_its_rollback_keep_the_record_a
         previous_published: Published, tmp_path: Path):
     """The previous release installed by helm from the registry evicts the holder of a GPU with Xid 79 and
     taints the node; `helm upgrade` to the release under test, then `helm rollback` to the first revision,
-    each replace the agent's pod with the other version's image, and after each: the journaled record, the
-    taint and the condition as they were, no second eviction or eviction Event, and each version reads the
-    fleet summary the other one published."""
+    each replace the agent's pod with the other version's image, and after each: the record (journaled and
+    mirrored to the Node), the taint and the condition as they were, no second eviction or eviction Event;
+    the release under test reads the fleet summary the previous one published, and the previous one reads
+    the summary as the release under test writes it."""
     assert previous_published.digest != published.digest, "the previous release is the release under test"
     plane = real_node.plane
     installs.release()
@@ -122,15 +123,18 @@ def test_an_upgrade_from_the_previous_release_and_its_rollback_keep_the_record_a
         agent.helm_upgrade(plane, directory, MODE, published)
         running(real_node, published)
         assert_nothing_repeated(real_node, before, held_uid, port)
-        by_current = published_summary(real_node)
-        assert summary_faults(by_current) == faults
+        assert summary_faults(published_summary(real_node)) == faults
+        # The agent publishes its summary with its record, which the upgrade left as it was (checked above): the
+        # summary on the Node may still be the previous agent's, so the release under test's own writer makes
+        # its form of it, for the previous release to read after the rollback.
+        by_current = NodeSummary.from_json(published_summary(real_node)).to_json()
 
         agent.helm_rollback(plane, 1)
         rolled_back = running(real_node, previous_published)
         assert_nothing_repeated(real_node, before, held_uid, port)
         read = plane.kubectl("exec", "-i", "-n", agent.AGENT_NAMESPACE, rolled_back.metadata.name, "-c", "agent",
                              "--", "/opt/gpu-health-agent/bin/python", "-c", READ_SUMMARY, input_text=by_current)
-        assert json.loads(read) == faults  # the previous release reads the summary the release under test wrote
+        assert json.loads(read) == faults  # the previous release reads the summary as the release under test writes it
         history = json.loads(agent.helm("history", "gpu-health-agent", "-o", "json", plane=plane))
         assert [(h["revision"], h["status"]) for h in history] == [(1, "superseded"), (2, "superseded"),
                                                                    (3, "deployed")]
