@@ -108,21 +108,42 @@ def helm_install(plane: ControlPlane, directory: Path, mode: str, published: Pub
     into the labelled namespace made first), its image the registry's; the overlay applied to what helm
     renders by a post-renderer (`kubectl kustomize` of the overlay)."""
     _delete_kustomized_leftovers(plane)
-    renderer = directory / "post-render"
-    renderer.write_text(f'#!/bin/sh\ncat > "{directory / HELM_RENDERED}"\nexec kubectl kustomize "{directory}"\n')
-    renderer.chmod(0o755)
     if AGENT_NAMESPACE not in plane.kubectl("get", "namespaces", "-o", "name"):
         plane.kubectl("create", "namespace", AGENT_NAMESPACE)
     plane.kubectl("label", "--overwrite", "namespace", AGENT_NAMESPACE, "pod-security.kubernetes.io/enforce=privileged")
-    # Prometheus Operator kinds off: this API server serves no monitoring.coreos.com (as the docs say to do).
-    done = subprocess.run([str(HELM), "install", "gpu-health-agent", published.chart, "--version", published.version,
-                           "--plain-http", "--set", f"image.repository={published.image_repository}",
-                           "-n", AGENT_NAMESPACE, f"--kubeconfig={plane.admin_kubeconfig}", "--set", f"mode={mode}",
-                           "--set", "serviceMonitor.enabled=false", "--set", "prometheusRule.enabled=false",
-                           "--post-renderer", str(renderer)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"helm install: {done.stderr.strip()}")
+    _helm_release(plane, "install", directory, mode, published)
     plane._policy_enforced()
+
+
+def helm_upgrade(plane: ControlPlane, directory: Path, mode: str, published: Published) -> None:
+    """`helm upgrade` of the installed release to `published`'s chart and image, as docs/operations.md says
+    (the same values and overlay as its install)."""
+    _helm_release(plane, "upgrade", directory, mode, published)
+
+
+def helm_rollback(plane: ControlPlane, revision: int) -> None:
+    """`helm rollback` to `revision`: helm applies that revision's stored (post-rendered) manifest again."""
+    helm("rollback", "gpu-health-agent", str(revision), "--wait=false", plane=plane)
+
+
+def helm(*args: str, plane: ControlPlane) -> str:
+    """helm on the release's namespace with the admin's kubeconfig; its stdout, or RuntimeError with its stderr."""
+    done = subprocess.run([str(HELM), *args, "-n", AGENT_NAMESPACE, f"--kubeconfig={plane.admin_kubeconfig}"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"helm {args[0]}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _helm_release(plane: ControlPlane, verb: str, directory: Path, mode: str, published: Published) -> None:
+    renderer = directory / "post-render"
+    renderer.write_text(f'#!/bin/sh\ncat > "{directory / HELM_RENDERED}"\nexec kubectl kustomize "{directory}"\n')
+    renderer.chmod(0o755)
+    # Prometheus Operator kinds off: this API server serves no monitoring.coreos.com (as the docs say to do).
+    helm(verb, "gpu-health-agent", published.chart, "--version", published.version, "--plain-http",
+         "--set", f"image.repository={published.image_repository}", "--set", f"mode={mode}",
+         "--set", "serviceMonitor.enabled=false", "--set", "prometheusRule.enabled=false",
+         "--post-renderer", str(renderer), plane=plane)
 
 
 def _delete_kustomized_leftovers(plane: ControlPlane) -> None:
@@ -136,8 +157,7 @@ def _delete_kustomized_leftovers(plane: ControlPlane) -> None:
 
 
 def helm_uninstall(plane: ControlPlane) -> None:
-    subprocess.run([str(HELM), "uninstall", "gpu-health-agent", "-n", AGENT_NAMESPACE, "--wait=false",
-                    f"--kubeconfig={plane.admin_kubeconfig}"], capture_output=True, check=True)
+    helm("uninstall", "gpu-health-agent", "--wait=false", plane=plane)
 
 
 def install(plane: ControlPlane, directory: Path) -> None:

@@ -84,6 +84,17 @@ def published(registry: Registry, image_archive: Path) -> Published:
 
 
 @pytest.fixture(scope="session")
+def previous_published(registry: Registry) -> Published:
+    """The previous release (docs/release.md, "The upgrade test": the newest release tag before HEAD, or HEAD's
+    first parent before the first release), built from its own commit by its own scripts and published beside
+    the release under test by scripts/publish-previous-release."""
+    try:
+        return registry.publish_previous()
+    except NodeError as exc:
+        pytest.fail(f"scripts/publish-previous-release: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def containerd(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Containerd]:
     """containerd in a temporary root that pulls from the suite's registry: its sandbox image too."""
     workdir = tmp_path_factory.mktemp("containerd")

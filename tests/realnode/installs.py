@@ -57,6 +57,12 @@ class Installs:
         self.current = self._install(key)
         return self.current
 
+    def track(self, install: Install) -> None:
+        """An install a test made itself (the upgrade test's helm releases), uninstalled as the pool's are: by
+        the next `get`, the test's own `release` or the session's end (the test released the last one first)."""
+        assert self.current is None, f"{self.current.key} still installed"
+        self.current = install
+
     def release(self) -> None:
         """Uninstalled as docs/operations.md says: the DaemonSet deleted (or `helm uninstall`), then `cleanup`
         with operator credentials removes the marks the agent left; the state hostPath wiped, so the next

@@ -1,7 +1,8 @@
 """The suite's own OCI registry: `crane registry serve` (go-containerregistry, built by
 scripts/build-release-tools) on a loopback port chosen when it starts, with the release published to it as
 a release is (scripts/publish: the image's OCI layout and the packaged chart) and the sandbox image beside
-them; containerd pulls from it over plain HTTP (runtime.py's hosts.toml), helm installs the chart from it."""
+them, and the previous release beside it for the upgrade test; containerd pulls from it over plain HTTP
+(runtime.py's hosts.toml), helm installs the chart from it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.realnode.runtime import REPO, NodeError, Process, spawn, wait_until
 IMAGE_REPOSITORY = "gpu-health-agent/gpu-health-agent"  # the image's path in the registry, as on ghcr.io
 PAUSE_REPOSITORY = "pause"
 PAUSE_TAG = "3.10"
+PREVIOUS_PREFIX = "previous"  # where the previous release is published in the registry (the upgrade test)
 
 
 @dataclass(slots=True)
@@ -29,6 +31,8 @@ class Published:
     digest: str
     chart: str
     version: str
+    commit: str = ""  # the previous release's: the commit it was built from, and why that one
+    chosen: str = ""
 
     @property
     def image(self) -> str:
@@ -78,11 +82,16 @@ class Registry:
 
     def publish(self) -> Published:
         """The release published as docs/release.md says, with scripts/publish, to this registry."""
-        lines = _run([str(REPO / "scripts" / "publish"), "--plain-http", f"{self.host}/{IMAGE_REPOSITORY}",
-                      f"oci://{self.host}"]).splitlines()[-2:]
-        repository, digest = lines[0].split("@")
-        chart, version = lines[1].split()
-        return Published(repository, digest, chart, version)
+        return _published(_run([str(REPO / "scripts" / "publish"), "--plain-http", f"{self.host}/{IMAGE_REPOSITORY}",
+                                f"oci://{self.host}"]))
+
+    def publish_previous(self) -> Published:
+        """The previous release (scripts/publish-previous-release: its own commit, built and published by its own
+        scripts), under PREVIOUS_PREFIX/ in this registry, beside the release under test."""
+        out = _run([str(REPO / "scripts" / "publish-previous-release"), "--plain-http",
+                    f"{self.host}/{PREVIOUS_PREFIX}/{IMAGE_REPOSITORY}", f"oci://{self.host}/{PREVIOUS_PREFIX}"])
+        which = next(line for line in out.splitlines() if line.startswith("previous: "))
+        return _published(out, commit=which.split()[1], chosen=which.split(maxsplit=2)[2])
 
     def push_sandbox_image(self) -> str:
         """The pause image (scripts/build-node's OCI archive) pushed, for containerd to pull as its sandbox."""
@@ -95,6 +104,13 @@ class Registry:
                 tar.extractall(layout, filter="data")
             _run([str(self.tools() / "crane"), "push", "--insecure", layout, reference])
         return reference
+
+
+def _published(out: str, **which: str) -> Published:
+    """scripts/publish's last two lines: REPOSITORY@DIGEST, then CHART VERSION."""
+    image, chart = out.splitlines()[-2:]
+    repository, digest = image.split("@")
+    return Published(repository, digest, *chart.split(), **which)
 
 
 def _run(argv: list[str]) -> str:
