@@ -39,6 +39,10 @@ _DECODE = re.compile(r"(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|a
                      r"\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s*")
 _IDENT = re.compile(r"kernel(?:\[\d{1,10}\])?:\s*")
 _PREFIXES = (_PRIORITY, _SYSLOG, _FULL, _ISO, _DMESG_T, _DMESG, _ELIDED, _DECODE, _HOST_KERNEL, _IDENT)
+#: The form rsyslog writes a kernel record in ("Dec  7 08:10:00 host kernel: [ 1234.567890] NVRM: ..."), as
+#: one pattern: what the general loop would strip from it, pattern by pattern, in one match.
+_SYSLOG_KERNEL = re.compile(_SYSLOG.pattern + _IDENT.pattern + r"(?:" + _DMESG.pattern + r")?")
+_DRIVER_BODIES = ("NVRM", "nvidia-nvswitch")
 
 # The address may carry the MIG instance ("PCI:0000:3b:00 GPU-I:05 GPU-CI:02"), or be redacted or mangled:
 # it is captured loosely and read strictly, so a bad address still gives an Xid (on an unknown GPU).
@@ -126,8 +130,18 @@ def strip_prefix(line: str) -> tuple[str, Prefix]:
         value = int(match.group(1))
         prefix = Prefix(int(match.group(2)), int(match.group(3)), value >> 3, value & 7)
         text = text[match.end():]
-        if text.startswith(("NVRM", "nvidia-nvswitch")):
+        if text.startswith(_DRIVER_BODIES):
             return text.strip(), prefix
+    else:
+        match = _SYSLOG_KERNEL.match(text)
+        if match and text.startswith(_DRIVER_BODIES, match.end()):
+            return text[match.end():].strip(), prefix
+    return strip_prefixes_one_by_one(text, prefix)
+
+
+def strip_prefixes_one_by_one(text: str, prefix: Prefix) -> tuple[str, Prefix]:
+    """The record body left once every known prefix form has been stripped, one at a time, from the front of
+    `text`, and `prefix` with the priority one told (strip_prefix's general case)."""
     for _ in range(8):
         for pattern in _PREFIXES:
             match = pattern.match(text)

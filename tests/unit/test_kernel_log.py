@@ -1,9 +1,11 @@
 """The kernel-log parser against every log form (fixtures under tests/fixtures/kmsg)."""
 
+import re
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.sources.kernel_log import KernelLogParser, strip_prefix
+from agent.sources.kernel_log import KernelLogParser, Prefix, strip_prefix, strip_prefixes_one_by_one
 from tests.conftest import FIXTURES
 
 KMSG = FIXTURES / "kmsg"
@@ -246,3 +248,17 @@ def test_the_xid_74_scenario_carries_what_the_parser_reads_from_its_lines():
     for event in events:
         extras = xid_extras(74, str(event.attrs["message"]))
         assert extras and {k: event.attrs.get(k) for k in extras} == extras
+
+
+
+def test_the_one_pattern_rsyslog_form_strips_what_the_forms_one_by_one_strip():
+    """Every line of the fixture logs (but raw /dev/kmsg records, whose header only strip_prefix knows), and
+    rsyslog's kernel form with and without the dmesg stamp or host, gives the same body and prefix through
+    strip_prefix's one-pattern fast path as through the forms stripped one at a time."""
+    lines = [line for log in sorted(KMSG.glob("*.log")) for line in log.read_text(encoding="utf-8").splitlines()
+             if not re.match(r"\d{1,3},\d+,\d+,", line)]
+    lines += ["Dec  7 08:10:00 node-1 kernel: [ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x",
+              "Dec 17 08:10:00 kernel[7]: nvidia-nvswitch3: SXid (PCI:0000:3b:00.0): 12028, Non-fatal, Link 32",
+              "Dec 17 08:10:00 node-1 kernel: [1.5] <4>NVRM: quoted after another prefix"]
+    assert len(lines) > 30
+    assert [strip_prefix(line) for line in lines] == [strip_prefixes_one_by_one(line, Prefix()) for line in lines]
