@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from agent.config import load_config  # noqa: E402
 from agent.daemon import Daemon  # noqa: E402
 from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
+from agent.k8s.claims_watch import REOPEN_FACTOR  # noqa: E402
 from agent.k8s.client import client_for  # noqa: E402
 from agent.k8s.cluster import build_cluster_side  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
@@ -116,11 +117,14 @@ def measure(backend: Fake | Real, folder: Path, *, watch_seconds: float | None, 
     stop.set()
     thread.join(15)
     per_pass = [c for c in calls if not c.startswith("WATCH")]
-    # Each watch the agent holds (its Node's; with the brake on, its claims') is re-opened at that rate.
-    watches = 1 + (daemon.cluster is not None and daemon.cluster.claims_watch is not None)
-    reopen = watches * 3600 / (1.5 * watch_seconds) if watch_seconds else 0.0
+    # Each watch the agent holds is re-opened at its rate: its Node's, and with the brake on its claims'
+    # (asked to end REOPEN_FACTOR times later).
+    claims = daemon.cluster is not None and daemon.cluster.claims_watch is not None
+    watches = 1 + claims
+    reopen = 3600 / (1.5 * watch_seconds) * (1 + claims / REOPEN_FACTOR) if watch_seconds else 0.0
     hourly = len(per_pass) / max(passes, 1) * (3600 / SHIPPED_SYNC_SECONDS) + reopen
-    label = f"{watches} watches (re-opened every {watch_seconds:g}-{2 * watch_seconds:g} s)" if watch_seconds \
+    label = f"{watches} watches (the Node's re-opened every {watch_seconds:g}-{2 * watch_seconds:g} s)" \
+        if watch_seconds \
         else "no watch (node_watch_seconds: 0, a GET every pass)" if watch_seconds is not None \
         else f"checkout {REPO} as it is"
     watch_seconds = watch_seconds or 0.0

@@ -17,7 +17,7 @@ from agent.fleet.summariser import NodeFacts, Summariser
 from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
 from agent.k8s.brake_claims import BrakeClaims
 from agent.k8s.budget import LeaseBudget
-from agent.k8s.claims_watch import ClaimsWatch
+from agent.k8s.claims_watch import REOPEN_FACTOR, ClaimsWatch
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
@@ -153,7 +153,8 @@ def fleet_side(raw: RawApi, config: Config, *, clock: Callable[[], float] = time
         if settings.brake_window_seconds > 0 else None
     if not settings.fleet_holds and brake is None:
         return None, None, None
-    watch = ClaimsWatch(raw.api_client, settings.namespace, watch_seconds=settings.node_watch_seconds) \
+    watch = ClaimsWatch(raw.api_client, settings.namespace,
+                        watch_seconds=REOPEN_FACTOR * settings.node_watch_seconds) \
         if brake is not None and settings.node_watch_seconds > 0 else None
     claims = BrakeClaims(raw, node_name=config.node_name, namespace=settings.namespace,
                          window_seconds=brake.window_seconds, monotonic=monotonic,
