@@ -314,23 +314,15 @@ class Daemon:
         for probe in self.missing_loud_sources():
             log.warning("source_not_running", source=probe.name, reason=probe.why_not)
         for source in self.sources:
-            thread = threading.Thread(target=self._run_source, args=(source, stop), name=f"source-{source.name}",
-                                      daemon=True)
-            self._threads.append(thread)
-            thread.start()
+            self._start(f"source-{source.name}", self._run_source, source, stop)
         reconciler = threading.Thread(target=self._reconcile_loop, args=(stop,), name="reconciler", daemon=True)
         reconciler.start()
         node_watch = self.cluster.node_watch if self.cluster is not None else None
         if node_watch is not None:  # a change to the Node's inputs (a release, the opt-out) wakes a pass
-            watcher = threading.Thread(target=node_watch.run, args=(stop, self.pipeline.wake.set),
-                                       name="node-watch", daemon=True)
-            self._threads.append(watcher)
-            watcher.start()
+            self._start("node-watch", node_watch.run, stop, self.pipeline.wake.set)
         claims_watch = self.cluster.claims_watch if self.cluster is not None else None
         if claims_watch is not None:  # the brake ranks a new claim from it, without a list
-            watcher = threading.Thread(target=claims_watch.run, args=(stop,), name="claims-watch", daemon=True)
-            self._threads.append(watcher)
-            watcher.start()
+            self._start("claims-watch", claims_watch.run, stop)
         next_reload = self.clock() + self.reload_seconds
         next_prune = self.clock() + JOURNAL_PRUNE_SECONDS
         while not stop.is_set():
@@ -356,6 +348,12 @@ class Daemon:
             log.warning("reconciler_abandoned", reason="an API call did not return before shutdown")
         self.journal.close()
         log.info("agent_stopped", node=self.config.node_name)
+
+    def _start(self, name: str, target: Callable[..., object], *args: object) -> None:
+        """`target(*args)` on a daemon thread of its own, joined at shutdown."""
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def _reconcile_loop(self, stop: threading.Event) -> None:
         """Converge the node to the durable record on every change and whenever a pass is due."""

@@ -162,7 +162,7 @@ class BrakeClaims:
         """This node's claim (made, or the one it holds) and every claim listed after it was made: from the
         watch once it delivered the claim's create, else a list. A held claim missing there was deleted by
         someone else: made anew, once."""
-        reused = self._held is not None and self._holds()
+        reused = self._reusable()
         own = Claim.of(self._retried(self._create))
         claims = self._listed_after(own)
         if reused and not any(c.name == own.name and c.uid == own.uid for c in claims):
@@ -202,6 +202,10 @@ class BrakeClaims:
         self.withdraw()
         return True
 
+    def _reusable(self) -> bool:
+        """This process holds the claim it made, as the server answered it: ranked again without a request."""
+        return self._held is not None and self._holds()
+
     def _holds(self) -> bool:
         """This process made the claim there less than a window ago."""
         return self._held_from is not None and self.monotonic() - self._held_from < self.window
@@ -215,7 +219,7 @@ class BrakeClaims:
             metadata["annotations"] = {DOMAIN_ANNOTATION: domain}
         body = {"metadata": metadata, "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.window)}}
         path = f"{self.leases}/{self.name}"
-        if self._held is not None and self._holds():
+        if self._held is not None and self._reusable():
             return self._held
         for _ in range(3):
             try:

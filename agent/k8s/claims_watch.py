@@ -62,9 +62,9 @@ class ClaimsWatch:
         cannot be compared, and None where it did not get there in time: the caller lists."""
         wanted = version or 0
         with self._changed:
-            got = wanted > 0 and self._changed.wait_for(
-                lambda: not self._through or self._through >= wanted, timeout=wait_seconds) and self._through > 0
-            claims = list(self._claims.values()) if got else None
+            if wanted:
+                self._changed.wait_for(lambda: not self._through or self._through >= wanted, timeout=wait_seconds)
+            claims = list(self._claims.values()) if wanted and self._through >= wanted else None
         if claims is None:
             self.missed += 1
             return None

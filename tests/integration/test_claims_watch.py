@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.brake_claims import BrakeClaims, claim_name
+from agent.k8s.brake_claims import CLAIM_LABEL, BrakeClaims, claim_name
 from agent.k8s.claims_watch import ClaimsWatch
 from agent.k8s.raw import RawApi
 from tests.k8s_helpers import agent_client, gpu_node, make_agent, operator_client
@@ -131,3 +131,18 @@ def test_a_held_claim_someone_deleted_is_made_anew(fake, watched):
     assert watched[0].claims.rank(bound=2, units={}) == (True, 0)
     new = operator.get(f"{LEASES}/{claim_name('n0')}")
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
+
+
+def test_the_watch_answers_only_once_it_has_delivered_the_create_it_is_asked_about(fake, watched):
+    """Asked right after a create's answer, the watch waits for that create to arrive: the claim is among those
+    it gives (an answer from before it would miss the claim and every one committed just before)."""
+    watched.extend([Watched(fake, "n0"), Watched(fake, "n1")])
+    for _ in range(5):
+        created = watched[1].claims.raw.create(LEASES, {
+            "metadata": {"name": claim_name("n1"), "labels": {CLAIM_LABEL: "true"}},
+            "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 600}})
+        version = int(created["metadata"]["resourceVersion"])
+        claims = watched[0].watch.through(version, wait_seconds=5.0)
+        assert claims is not None and claim_name("n1") in {c.name for c in claims}
+        watched[1].claims.raw.delete(f"{LEASES}/{claim_name('n1')}")
+        watched[0].delivered_without(claim_name("n1"))
