@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from agent.config import Config, pipeline_options
+from agent.config import Config
 from agent.discovery import DISABLED_IN_CONFIG, LOUD_WHEN_MISSING, SourceContext, SourceProbe, discover_sources
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
 from agent.engine.loader import rule_files
@@ -27,12 +27,11 @@ from agent.journal import Journal
 from agent.logs import get_logger
 from agent.metrics import Metrics
 from agent.model import NodeInventory, Observation, Step, StepKind, Verdict, frozen_attrs
-from agent.pipeline import Pipeline
-from agent.remediation import GuardPolicy
 from agent.remediation.record import OwedEvent
 from agent.sources.attribution import gpus_by_pod_uid
 from agent.sources.backlog import Backlog
 from agent.sources.base import Source
+from agent.wiring import pipeline_of
 
 if TYPE_CHECKING:
     from agent.gpu.reset import DeviceReset, ResetExecutor, ResetProcedure
@@ -80,15 +79,6 @@ def reset_executor_of(config: Config) -> ResetExecutor:
         return HelperClient(settings.reset_helper_socket,
                             timeout_seconds=settings.reset_timeout_seconds + settings.reset_holder_wait_seconds + 30)
     return device_reset_of(config)
-
-
-def guard_policy_of(config: Config) -> GuardPolicy:
-    return GuardPolicy(
-        mode=config.mode,
-        dry_run=config.dry_run,
-        max_attempts_per_hour=config.remediation.max_attempts_per_hour,
-        cooldown_seconds=config.remediation.cooldown_seconds,
-    )
 
 
 class RulesWatcher:
@@ -179,22 +169,9 @@ class Daemon:
         self.rules_dir = rules_dir_of(config)
         self.watcher = RulesWatcher(self.rules_dir)
         self.reload_seconds = reload_seconds
-        self.pipeline = Pipeline(
-            rules=rules,
-            inventory=inventory or NodeInventory(name=config.node_name),
-            policy=guard_policy_of(config),
-            journal=self.journal,
-            metrics=self.metrics,
-            clock=clock,
-            actuator=cluster.actuator if cluster else None,
-            gate=cluster.gate if cluster else None,
-            own_pod=cluster.own_pod if cluster else "",
-            pods=cluster.pods.pods if cluster else None,
-            **pipeline_options(config),
-            inline=False,
-            on_released=self._forget_released,
-            fleet=cluster.fleet if cluster else None,
-        )
+        self.pipeline = pipeline_of(config, rules=rules, inventory=inventory or NodeInventory(name=config.node_name),
+                                    cluster=cluster, journal=self.journal, metrics=self.metrics, clock=clock,
+                                    inline=False, on_released=self._forget_released)
         if self.journal.recreated:
             log.error("journal_recreated", reason=self.journal.recreated)
             self.metrics.journal_recreated.inc()

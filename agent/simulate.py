@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.config import Config
 from agent.engine import RuleSet
 from agent.gpu.reset import IN_USE, ResetOutcome, ResetProcedure, ResetRunner, without_persistence
 from agent.journal import Journal
-from agent.k8s.actuator import K8sActuator
-from agent.k8s.budget import LeaseBudget
 from agent.k8s.client import client_for
-from agent.k8s.events import EventRecorder
-from agent.k8s.evictions import Evictor
-from agent.k8s.isolation import DeviceIsolator
-from agent.k8s.node import NodeWriter
+from agent.k8s.cluster import NodeHooks, build_cluster_side
 from agent.k8s.operands import OperandPauser
-from agent.k8s.raw import RawApi
-from agent.model import Observation, Signal
+from agent.model import NodeInventory, Observation, Signal
 from agent.model_json import action_to_dict, gpu_to_dict, verdict_to_dict
-from agent.pipeline import Actuator, ClusterGate, Outcome, Pipeline
+from agent.pipeline import Outcome, Pipeline
 from agent.remediation import GuardPolicy
-from agent.remediation.planner import INCIDENT_SETTLE_SECONDS
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
-from agent.simulation.gpu_operator import OPERANDS, HostHolder, SimulatedGpuOperator
+from agent.simulation.gpu_operator import HostHolder, SimulatedGpuOperator
 from agent.sources.scenario import Scenario, expand, inventory
+from agent.wiring import pipeline_of
+
+#: The node's uptime when a scenario starts: past the fleet summary's boot window, unless a scenario boots it.
+UPTIME_AT_START = 86400.0
+#: The agent's own pod where a scenario lists none (a DaemonSet's pod: never evicted, never waited for).
+OWN_POD = "gpu-health/gpu-health-agent-x7k2p"
 
 
 @dataclass(slots=True)
@@ -94,49 +94,73 @@ class SimulationReport:
 
 
 def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPolicy,
-                        journal: Journal | None = None) -> SimulationReport:
-    """The scenario against the real Kubernetes actuators and an in-process fake API server holding the
-    scenario's node and pods (over real HTTP); a GPU reset is simulated, since there is no GPU. The fake
-    cluster keeps the scenario's virtual time, so evicted pods finish terminating as the scenario runs."""
-    clock = _VirtualClock()
+                        journal: Journal | None = None, config: Config | None = None) -> SimulationReport:
+    """The scenario through the agent as `run` wires it (agent.k8s.cluster.build_cluster_side, agent.wiring:
+    the same actuators, budget, rate bound, opt-out label and fleet view, from `config`, default the shipped
+    one) against an in-process fake API server holding the scenario's node and pods (over real HTTP); a GPU
+    reset is simulated, since there is no GPU. The fake cluster keeps the scenario's virtual time, so evicted
+    pods finish terminating as the scenario runs."""
+    clock = ScenarioClock()
     started = time.time()
-    cluster = FakeCluster(clock=lambda: started + clock())
-    populate(cluster, inventory(scenario), dra=scenario.node.dra)
+
+    def wall() -> float:
+        return started + clock()
+
+    cluster = FakeCluster(clock=wall)
+    node = inventory(scenario)
+    populate(cluster, node, dra=scenario.node.dra)
     server = FakeApiServer(cluster).start()
     try:
-        api_client = client_for(server.url)
-        raw = RawApi(api_client)
-        name = scenario.node.name
-        writer = NodeWriter(raw, name, taint_key="gpu-health-agent.io/unhealthy")
-        budget = LeaseBudget(raw, node_name=name, namespace="gpu-health", max_nodes=1, max_percent=10)
-        devices = DeviceIsolator(raw, node_name=name, taint_key=writer.taint_key,
-                                 setting="device") if scenario.node.dra else None
-        reset = _operator_node_reset(cluster, scenario, writer, raw, clock) if scenario.node.gpu_operator \
-            else _no_gpu_reset
-        actuator = K8sActuator(writer=writer, events=EventRecorder(raw, instance=f"{name}/simulate"),
-                               evictor=Evictor(raw), reset=reset, devices=devices)
-        report = simulate(scenario, rules=rules, policy=policy, actuator=actuator, gate=budget, journal=journal,
-                          clock=clock)
+        settings = (config or Config()).model_copy(
+            update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
+        hooks = _node_hooks(cluster, scenario, node, rules, clock)
+        side = build_cluster_side(client_for(server.url), settings, hooks, on_stuck=lambda pod: None, clock=wall,
+                                  monotonic=clock, own_pod=own_pod_of(node))
+        pipeline = pipeline_of(settings, rules=rules, inventory=node, cluster=side, journal=journal, clock=clock,
+                               live_pods=False, diagnostic_available=scenario.node.diagnostic)
+        report = simulate(scenario, pipeline=pipeline, clock=clock)
     finally:
         server.stop()
     report.cluster = cluster
     return report
 
 
-def _no_gpu_reset(uuid: str) -> tuple[bool | None, str]:
-    return True, f"simulated reset of {uuid} (no GPU here)"
+def own_pod_of(node: NodeInventory) -> str:
+    """The agent's own pod among the scenario's (a DaemonSet's), else the name the agent's pod would have."""
+    return next((p.key for p in node.pods if p.daemonset), OWN_POD)
 
 
-def _operator_node_reset(cluster: FakeCluster, scenario: Scenario, writer: NodeWriter, raw: RawApi,
-                         clock: Callable[[], float]) -> ResetRunner:
-    """The real reset procedure on a simulated GPU Operator node: its operands paused through the fake API
-    server (their pods go as the DaemonSet controller removes them), the agent's NVML released, and a simulated
-    nvidia-smi that refuses while anything still holds the GPU."""
-    node = inventory(scenario)
+def _node_hooks(cluster: FakeCluster, scenario: Scenario, node: NodeInventory, rules: RuleSet,
+                clock: ScenarioClock) -> NodeHooks:
+    """What the cluster side reads from the simulated node: its pods, uptime and rules, and its reset (through
+    the operands' pause on a GPU Operator node, whose waits let the simulated DaemonSet controller act, on a
+    clock of their own: no scenario time passes)."""
+    hooks = NodeHooks(pods=lambda: node.pods, uptime=lambda: UPTIME_AT_START + clock(),
+                      rule_class=rules.fault_class_of, reset_of=lambda operands: _no_gpu_reset)
+    if not scenario.node.gpu_operator:
+        return hooks
     holders = tuple(HostHolder(node.gpus[h.gpu].uuid, h.name, h.until) for h in scenario.node.host_holders)
     operator = SimulatedGpuOperator(cluster, node, host_holders=holders, clock=clock,
                                     persistent={g.uuid for g in node.gpus} if scenario.node.persistence_mode else set())
     operator.install()
+    waited = [0.0]
+
+    def wait(seconds: float) -> None:
+        waited[0] += seconds
+        operator.reconcile()
+
+    return dataclasses.replace(hooks, reset_of=lambda operands: _operator_node_reset(operator, operands),
+                               operand_clock=lambda: waited[0], operand_sleep=wait)
+
+
+def _no_gpu_reset(uuid: str) -> tuple[bool | None, str]:
+    return True, f"simulated reset of {uuid} (no GPU here)"
+
+
+def _operator_node_reset(operator: SimulatedGpuOperator, operands: OperandPauser) -> ResetRunner:
+    """The real reset procedure on a simulated GPU Operator node: its operands paused through the fake API
+    server (their pods go as the DaemonSet controller removes them), the agent's NVML released, and a simulated
+    nvidia-smi that refuses while anything still holds the GPU."""
 
     def nvidia_smi(uuid: str) -> ResetOutcome:
         """The privileged part as DeviceReset runs it: persistence mode off, the reset, persistence back on; a
@@ -146,14 +170,6 @@ def _operator_node_reset(cluster: FakeCluster, scenario: Scenario, writer: NodeW
             return ResetOutcome(ok, message, held=not ok and bool(IN_USE.search(message)))
         return without_persistence(lambda args: operator.persistence(uuid, args), reset)
 
-    waited = [0.0]  # the pause's own clock: each wait lets the DaemonSet controller act once, no real time passes
-
-    def wait(seconds: float) -> None:
-        waited[0] += seconds
-        operator.reconcile()
-
-    operands = OperandPauser(writer, raw, labels=tuple(OPERANDS), wait_seconds=60, clock=lambda: waited[0],
-                             sleep=wait)
     procedure = ResetProcedure(nvidia_smi, operands=operands, nvml=operator.nvml)
 
     def reset(uuid: str) -> tuple[bool | None, str]:
@@ -168,19 +184,23 @@ def _operator_node_reset(cluster: FakeCluster, scenario: Scenario, writer: NodeW
 def simulate(
     scenario: Scenario,
     *,
-    rules: RuleSet,
-    policy: GuardPolicy,
-    actuator: Actuator | None = None,
-    gate: ClusterGate | None = None,
+    rules: RuleSet | None = None,
+    policy: GuardPolicy | None = None,
     journal: Journal | None = None,
-    clock: _VirtualClock | None = None,
+    pipeline: Pipeline | None = None,
+    clock: ScenarioClock | None = None,
 ) -> SimulationReport:
-    """Run every observation of the scenario through a fresh pipeline, ticking the virtual clock."""
-    node = inventory(scenario)
-    clock = clock or _VirtualClock()
-    pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=actuator, gate=gate,
-                        journal=journal, clock=clock, own_pod="gpu-health/gpu-health-agent-x7k2p",
-                        diagnostic_available=scenario.node.diagnostic, incident_settle_seconds=INCIDENT_SETTLE_SECONDS)
+    """Run every observation of the scenario through `pipeline` (simulate_in_cluster's), else a fresh local
+    one (no cluster: steps are only planned) from `rules` and `policy`, ticking the virtual clock."""
+    clock = clock or ScenarioClock()
+    if pipeline is None:
+        if rules is None or policy is None:
+            raise ValueError("simulate: rules and policy, or a pipeline")
+        config = Config(mode=policy.mode, dry_run=policy.dry_run)
+        node = inventory(scenario)
+        pipeline = pipeline_of(config, rules=rules, inventory=node, cluster=None, journal=journal, clock=clock,
+                               diagnostic_available=scenario.node.diagnostic, own_pod=own_pod_of(node))
+    node = pipeline.inventory
     lines: list[TimelineLine] = []
     current: dict[int, TimelineLine] = {}
     next_tick = scenario.tick_seconds
@@ -208,14 +228,14 @@ def simulate(
     return SimulationReport(scenario, [line for line in lines if _worth_showing(line)], pipeline)
 
 
-def _tick(pipeline: Pipeline, clock: _VirtualClock, at: float, lines: list[TimelineLine]) -> None:
+def _tick(pipeline: Pipeline, clock: ScenarioClock, at: float, lines: list[TimelineLine]) -> None:
     clock.now = at
     outcome = pipeline.tick(at)
     if outcome.verdicts or outcome.actions:
         lines.append(TimelineLine(at, None, outcome=outcome))
 
 
-def _settle(pipeline: Pipeline, clock: _VirtualClock, before: float, lines: list[TimelineLine]) -> None:
+def _settle(pipeline: Pipeline, clock: ScenarioClock, before: float, lines: list[TimelineLine]) -> None:
     """A pass where an incident's settle window ends before `before`: the agent's reconciler wakes for it
     (remediation.incident_settle_seconds, 1 s), whatever the scenario's ticks."""
     while (due := pipeline.incident_settled(clock.now)) is not None and due < before:
@@ -228,7 +248,9 @@ def _worth_showing(line: TimelineLine) -> bool:
     return True
 
 
-class _VirtualClock:
+class ScenarioClock:
+    """The scenario's virtual time in seconds: `simulate` moves it to each observation and tick."""
+
     def __init__(self) -> None:
         self.now = 0.0
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.config import Config, pipeline_options
+from agent.config import Config
 from agent.engine import RuleSet
 from agent.fleet import Correlation, Hold
 from agent.fleet.summariser import NodeFacts
@@ -25,11 +25,10 @@ from agent.k8s.watch import ListWatch, WatchOptions
 from agent.model import ActionRecord, NodeInventory, StepKind, StepResult
 from agent.pipeline import Outcome, Pipeline
 from agent.remediation import GuardPolicy
+from agent.simulate import UPTIME_AT_START
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from agent.sources.scenario import Scenario, ScenarioFleet, fleet_timeline, inventory
-
-#: Each node's uptime when the scenario starts: past the boot window, unless a scenario says otherwise.
-UPTIME_AT_START = 86400.0
+from agent.wiring import pipeline_of
 
 
 @dataclass(slots=True)
@@ -158,10 +157,10 @@ def _node(scenario: Scenario, fleet: ScenarioFleet, number: int, cluster: FakeCl
     config = base.model_copy(update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
     hooks = NodeHooks(pods=lambda: node.pods, facts=lambda: facts, reset_of=_simulated_reset,
                       uptime=lambda: UPTIME_AT_START + clock(), rule_class=rules.fault_class_of)
-    side = build_cluster_side(api_client, config, hooks, on_stuck=lambda pod: None, clock=wall, monotonic=clock)
-    own_pod = next(p.key for p in node.pods if p.daemonset) if any(p.daemonset for p in node.pods) else ""
-    pipeline = Pipeline(rules=rules, inventory=node, policy=policy, actuator=side.actuator, gate=side.gate,
-                        clock=clock, own_pod=own_pod, fleet=side.fleet, **pipeline_options(config))
+    own_pod = next((p.key for p in node.pods if p.daemonset), "")
+    side = build_cluster_side(api_client, config, hooks, on_stuck=lambda pod: None, clock=wall, monotonic=clock,
+                              own_pod=own_pod)
+    pipeline = pipeline_of(config, rules=rules, inventory=node, cluster=side, clock=clock, live_pods=False)
     return NodeRun(node, pipeline, side)
 
 

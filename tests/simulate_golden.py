@@ -20,6 +20,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {"": (), "dry-run": ("--dry-run",)}
 
 #: A wall-clock RFC3339 time (the fake cluster stamps taints, conditions and Events with it).
 _WALL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)")
+#: A wall-clock time in Unix seconds where the agent records one: the quarantine's start in its record and
+#: its fleet summary (JSON inside an annotation), and the label the quarantine brake counts.
+_WALL_SECONDS = re.compile(r'("quarantined(?:_since)?":)\d{9,}(?:\.\d+)?')
+_WALL_SECONDS_LABELS = frozenset({"gpu-health-agent.io/quarantined-since"})
 
 
 def golden_path(scenario: str, variant: str) -> Path:
@@ -29,11 +33,11 @@ def golden_path(scenario: str, variant: str) -> Path:
 def normalise(value: Any) -> Any:
     """The output with every wall-clock time replaced by a placeholder, inside JSON strings too."""
     if isinstance(value, dict):
-        return {k: normalise(v) for k, v in value.items()}
+        return {k: "<wall-seconds>" if k in _WALL_SECONDS_LABELS else normalise(v) for k, v in value.items()}
     if isinstance(value, list):
         return [normalise(v) for v in value]
     if isinstance(value, str):
-        return _WALL_TIME.sub("<wall-time>", value)
+        return _WALL_SECONDS.sub(r'\1"<wall-seconds>"', _WALL_TIME.sub("<wall-time>", value))
     return value
 
 

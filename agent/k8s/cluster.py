@@ -53,6 +53,9 @@ class NodeHooks:
     rule_class: Callable[[str], FaultClass | None] = lambda rule_id: None
     #: Called for each entry of the fleet's shared objects the fleet view set aside (the daemon's metric).
     on_fleet_set_aside: Callable[[str], None] = lambda what: None
+    #: How the operand pauser waits for the paused operands' pods to go (a replay: a clock of its own).
+    operand_clock: Callable[[], float] = time.monotonic
+    operand_sleep: Callable[[float], None] = time.sleep
 
 
 @dataclass(slots=True)
@@ -79,9 +82,10 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
                        on_stuck: Callable[[str], None],
                        on_budget: Callable[[int, int], None] = lambda in_use, limit: None,
                        clock: Callable[[], float] = time.time,
-                       monotonic: Callable[[], float] = time.monotonic) -> ClusterSide:
+                       monotonic: Callable[[], float] = time.monotonic, own_pod: str | None = None) -> ClusterSide:
     """Every part built once, in order, with what it reads from the node side: nothing is wired in later.
-    `clock` is the wall clock (stamps people read), `monotonic` the one every interval is measured on."""
+    `clock` is the wall clock (stamps people read), `monotonic` the one every interval is measured on;
+    `own_pod` is the agent's pod, `namespace/name` (default: POD_NAMESPACE and POD_NAME, the downward API)."""
     settings = config.remediation
     hooks = node or NodeHooks()
     raw = RawApi(api_client)
@@ -93,9 +97,11 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
     devices = DeviceIsolator(
         raw, node_name=config.node_name, taint_key=settings.taint_key, setting=settings.isolation,
         effect=settings.device_taint_effect, mark_degraded=settings.device_taint_degraded)
-    own_pod = f"{os.environ.get('POD_NAMESPACE', settings.namespace)}/{os.environ.get('POD_NAME', '')}"
+    if own_pod is None:
+        own_pod = f"{os.environ.get('POD_NAMESPACE', settings.namespace)}/{os.environ.get('POD_NAME', '')}"
     operands = OperandPauser(writer, raw, labels=tuple(settings.reset_operand_labels),
-                             wait_seconds=settings.reset_operand_wait_seconds)
+                             wait_seconds=settings.reset_operand_wait_seconds, clock=hooks.operand_clock,
+                             sleep=hooks.operand_sleep)
     fleet, summariser, claims_watch = fleet_side(raw, config, clock=clock, monotonic=monotonic, hooks=hooks)
     actuator = K8sActuator(
         writer=writer,

@@ -95,7 +95,15 @@ def test_a_failing_actuator_fails_its_step_and_the_others_still_run():
                 raise RuntimeError("api server down")
             return StepResult.APPLIED, "ok"
 
-    report = run("xid79", actuator=Flaky())
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.pipeline import Pipeline
+    from agent.simulate import ScenarioClock
+    from agent.sources.scenario import inventory
+
+    scenario, clock = load_scenario("xid79"), ScenarioClock()
+    pipeline = Pipeline(rules=load_rules(builtin_rules_dir()), inventory=inventory(scenario), policy=REMEDIATE,
+                        actuator=Flaky(), clock=clock)
+    report = simulate(scenario, pipeline=pipeline, clock=clock).to_json()
     results = {a["kind"]: a["result"] for a in report["actions"]}
     assert results["taint"] == "failed"
     assert results["evict"] == "applied"
@@ -237,3 +245,33 @@ def test_one_jobs_restarts_at_one_gpc_tpc_never_quarantine_but_three_owners_wait
     raised = [(v["at"], v["kind"]) for v in report["verdicts"] if v["rule_id"] == "xid-app-13-repeat-gpc-tpc"]
     assert raised == [(353400.0, "fault"), (380000.0, "cleared")]
     assert "xid-app-faults-across-workloads" not in {v["rule_id"] for v in report["verdicts"]}
+
+
+def test_simulate_in_a_cluster_wires_the_cluster_side_from_the_agents_config():
+    """The replay's cluster side is the one `run` builds from its config: a configured taint key is the one
+    the node gets (issue 40's one wiring: simulate had its own, with a fixed key)."""
+    from agent.config import Config
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.simulate import simulate_in_cluster
+
+    config = Config.model_validate({"remediation": {"taint_key": "example.com/gpu-broken"}})
+    report = simulate_in_cluster(load_scenario("xid79"), rules=load_rules(builtin_rules_dir()), policy=REMEDIATE,
+                                 config=config).to_json()
+    assert [t["key"] for t in report["cluster"]["node"]["taints"]] == ["example.com/gpu-broken"]
+
+
+def test_simulate_in_a_cluster_publishes_the_fleet_summary_the_agent_publishes():
+    """With the shipped config the replay's agent, like `run`'s, publishes its fleet summary and marks the
+    quarantine's start for the brake: the fleet view is part of its cluster side."""
+    import json
+
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.fleet.published import QUARANTINE_LABEL, SUMMARY_ANNOTATION
+    from agent.simulate import simulate_in_cluster
+
+    report = simulate_in_cluster(load_scenario("xid79"), rules=load_rules(builtin_rules_dir()),
+                                 policy=REMEDIATE).to_json()
+    node = report["cluster"]["node"]
+    summary = json.loads(node["annotations"][SUMMARY_ANNOTATION])
+    assert [f["rule"] for f in summary["faults"]] == ["xid-79"]
+    assert QUARANTINE_LABEL in node["labels"]
