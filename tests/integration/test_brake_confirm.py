@@ -15,6 +15,7 @@ from agent.fleet import BrakePolicy
 from agent.fleet.confirm import CONFIRM_SECONDS, confirm_value
 from agent.k8s.node import CONFIRM_ANNOTATION, NodeWriter
 from agent.k8s.raw import RawApi
+from agent.logs import capture_logs
 from agent.metrics import Metrics
 from agent.model import StepKind
 from agent.remediation import Mode
@@ -107,6 +108,21 @@ def test_fleet_confirm_lets_the_waiting_taint_through_at_the_next_pass(fake, tmp
     assert CONFIRM_ANNOTATION in annotations(fake, "brake-b") and not tainted(fake, "brake-b")
     second.settle(100.0)
     assert tainted(fake, "brake-b") and CONFIRM_ANNOTATION not in annotations(fake, "brake-b")
+
+
+def test_a_used_confirm_is_logged_once_naming_the_brake_it_lifted(fake, tmp_path):
+    """The operator's confirm that lets a waiting taint through is one warning line, `brake_confirmed`, with
+    the node, the brake's refusal it lifted and the confirm's value."""
+    _, second = braked(fake, Clock())
+    assert fleet_confirm(fake, tmp_path, "brake-b").exit_code == 0
+    value = annotations(fake, "brake-b")[CONFIRM_ANNOTATION]
+    with capture_logs() as captured:
+        for at in (100.0, 200.0, 300.0):
+            second.settle(at)
+    [line] = [e for e in captured if e["event"] == "brake_confirmed"]
+    assert line["log_level"] == "warning" and line["confirm"] == value
+    assert str(line["brake"]).startswith("quarantine brake: 1 of 2 GPU nodes") and line["node"] == "brake-b"
+    assert tainted(fake, "brake-b")
 
 
 def test_the_braked_gauge_says_whether_the_taint_waits_and_the_used_confirm_is_counted(fake, tmp_path):
