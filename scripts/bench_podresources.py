@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the RSS a PodResources call costs the agent: the stdlib client (agent.k8s.grpc_unary) against grpcio.
+"""Prints the RSS a PodResources call costs the agent: the h2 client (agent.k8s.grpc_unary) against grpcio.
 
 A fake kubelet (a grpcio server, in its own process so its memory is not counted) answers List with PODS pods;
 each client runs in a fresh interpreter that first imports what the agent's cluster mode imports, then calls
@@ -70,7 +70,7 @@ def main() -> None:
                 time.sleep(0.05)
             print(f"python {sys.version.split()[0]}; a fake kubelet (grpcio server) answering {pods} pods "
                   f"({size} bytes); {calls} List calls per client")
-            for name, body in (("stdlib client (agent.k8s.grpc_unary)", STDLIB), ("grpcio (before)", GRPCIO)):
+            for name, body in (("h2 client (agent.k8s.grpc_unary)", STDLIB), ("grpcio (before)", GRPCIO)):
                 code = f"SOCKET = {socket_path!r}\nCALLS = {calls}\n{SETUP}{body}{REPORT}"
                 done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                       check=False, cwd=REPO)

@@ -1,9 +1,6 @@
-"""One gRPC unary call over HTTP/2 cleartext on a unix socket, with the standard library only (no grpcio).
-
-The response's headers and trailers are decoded with a full HPACK decoder (agent.k8s.hpack: static and
-dynamic tables, Huffman), not by skipping what we do not need: grpc-go and grpcio index fields into the
-dynamic table and Huffman-code grpc-status and grpc-message, and a later block may refer to an earlier
-one's entries, so only a decoder that keeps the connection's table reads them reliably.
+"""One gRPC unary call over HTTP/2 cleartext on a unix socket, without grpcio: python-hyper's `h2` keeps the
+connection's state (framing, HPACK with its dynamic table and Huffman codes, flow control, SETTINGS and PING
+acknowledgements); this module does the socket, the deadline, the size bound and gRPC's own framing and status.
 """
 
 from __future__ import annotations
@@ -12,23 +9,22 @@ import socket
 import struct
 import time
 import urllib.parse
+from collections.abc import Iterable
 
-from agent.k8s import hpack
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
-END_STREAM = ACK = 0x1
-END_HEADERS, PADDED, PRIORITY = 0x4, 0x8, 0x20
-STREAM = 1  # the one stream a unary call needs
-MAX_FRAME = 16384  # the protocol's default and least frame size: what we accept (never advertising more) and send
+#: What the answer's frames and header blocks may be: the protocol's least frame size (never advertising
+#: more), and 64 KiB of headers.
+MAX_FRAME = 16384
 MAX_HEADER_BLOCK = 64 * 1024
-ENABLE_PUSH = 0x2
 STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
                 "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
-H2_ERRORS = ("NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR", "SETTINGS_TIMEOUT",
-             "STREAM_CLOSED", "FRAME_SIZE_ERROR", "REFUSED_STREAM", "CANCEL", "COMPRESSION_ERROR",
-             "CONNECT_ERROR", "ENHANCE_YOUR_CALM", "INADEQUATE_SECURITY", "HTTP_1_1_REQUIRED")
 
 
 class CallFailed(OSError):
@@ -44,11 +40,10 @@ def status_name(code: int) -> str:
 
 
 def _h2_error(code: int) -> str:
-    return H2_ERRORS[code] if 0 <= code < len(H2_ERRORS) else f"error {code}"
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags, stream) + payload
+    try:
+        return h2.errors.ErrorCodes(code).name
+    except ValueError:
+        return f"error {code}"
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -84,9 +79,15 @@ class _Call:
         self.deadline = deadline
         self.limit = max_response_bytes
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.buffer = bytearray()
         self.goaway = ""
-        self.decoder = hpack.Decoder()
+        self.connection = h2.connection.H2Connection(
+            config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.connection.local_settings = h2.settings.Settings(client=True, initial_values={
+            h2.settings.SettingCodes.ENABLE_PUSH: 0,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK})
+        self.stream = 0
+        self.head: dict[str, str] | None = None
+        self.body = bytearray()
 
     def _time_left(self) -> None:
         left = self.deadline - time.monotonic()
@@ -107,120 +108,86 @@ class _Call:
         except OSError as exc:
             raise CallFailed(f"cannot connect: {exc.strerror or exc}") from None
 
-    def _send(self, data: bytes) -> None:
-        self._time_left()
-        self.sock.sendall(data)
+    def _flush(self) -> None:
+        """What the connection has to send: our frames, and its acknowledgements of the server's."""
+        data = self.connection.data_to_send()
+        if data:
+            self._time_left()
+            self.sock.sendall(data)
 
-    def _read(self, size: int) -> bytes:
-        while len(self.buffer) < size:
+    def send_request(self, method: str, request: bytes, timeout_seconds: float) -> None:
+        message = b"\x00" + struct.pack(">I", len(request)) + request
+        if len(message) > 65535:
+            raise ValueError("the request must fit the initial window")
+        connection = self.connection
+        connection.initiate_connection()
+        self.stream = connection.get_next_available_stream_id()
+        connection.send_headers(self.stream, [
+            (":method", "POST"), (":scheme", "http"), (":path", method), (":authority", "localhost"),
+            ("content-type", "application/grpc"), ("te", "trailers"),
+            ("grpc-timeout", _timeout(timeout_seconds)), ("user-agent", "gpu-health-agent")])
+        for start in range(0, len(message), MAX_FRAME):
+            connection.send_data(self.stream, message[start:start + MAX_FRAME],
+                                 end_stream=start + MAX_FRAME >= len(message))
+        self._flush()
+
+    def read_answer(self) -> bytes:
+        while True:
             self._time_left()
             chunk = self.sock.recv(65536)
             if not chunk:
                 raise CallFailed(f"connection closed before the answer{self.goaway}")
-            self.buffer += chunk
-        data = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        return data
+            try:
+                events = self.connection.receive_data(chunk)
+            except h2.exceptions.FrameTooLargeError as exc:
+                raise CallFailed(f"not an HTTP/2 gRPC answer ({_one_line(str(exc), 100)})") from None
+            except h2.exceptions.DenialOfServiceError:
+                raise CallFailed(f"the answer's headers are over {MAX_HEADER_BLOCK} bytes") from None
+            except h2.exceptions.ProtocolError as exc:
+                raise CallFailed(f"protocol error: {_one_line(str(exc), 200)}") from None
+            self._flush()  # the connection's acknowledgements of the server's SETTINGS and PINGs, at once
+            for event in events:
+                answer = self._take(event)
+                if answer is not None:
+                    return answer
+            self._flush()  # the window updates for the data taken
 
-    def _frame(self) -> tuple[int, int, int, bytes]:
-        head = self._read(9)
-        length = int.from_bytes(head[:3], "big")
-        kind, flags, stream = struct.unpack(">BBI", head[3:])
-        if length > MAX_FRAME:
-            raise CallFailed(f"not an HTTP/2 gRPC answer (a frame of {length} bytes, over {MAX_FRAME})")
-        return kind, flags, stream & 0x7FFFFFFF, self._read(length)
-
-    def send_request(self, method: str, request: bytes, timeout_seconds: float) -> None:
-        settings = struct.pack(">HI", ENABLE_PUSH, 0)
-        headers = hpack.encode([
-            (":method", "POST"), (":scheme", "http"), (":path", method), (":authority", "localhost"),
-            ("content-type", "application/grpc"), ("te", "trailers"),
-            ("grpc-timeout", _timeout(timeout_seconds)), ("user-agent", "gpu-health-agent")])
-        message = b"\x00" + struct.pack(">I", len(request)) + request
-        if len(headers) > MAX_FRAME or len(message) > 65535:
-            raise ValueError("the request must fit one header frame and the initial window")
-        out = PREFACE + frame(SETTINGS, 0, 0, settings) + frame(HEADERS, END_HEADERS, STREAM, headers)
-        for start in range(0, len(message), MAX_FRAME):
-            last = start + MAX_FRAME >= len(message)
-            out += frame(DATA, END_STREAM if last else 0, STREAM, message[start:start + MAX_FRAME])
-        self._send(out)
-
-    def read_answer(self) -> bytes:
-        body = bytearray()
-        block = bytearray()
-        block_ends_stream = continuing = False
-        head: dict[str, str] | None = None
-        while True:
-            kind, flags, stream, payload = self._frame()
-            if continuing and kind != CONTINUATION:
-                raise CallFailed("protocol error: a header block cut by another frame")
-            if kind == SETTINGS and not flags & ACK:
-                self._send(frame(SETTINGS, ACK, 0))  # nothing in them changes what this client sends
-            elif kind == PING and not flags & ACK:
-                self._send(frame(PING, ACK, 0, payload))
-            elif kind == GOAWAY:
-                self._goaway(payload)
-            elif kind == RST_STREAM and stream == STREAM:
-                code = int.from_bytes(payload[:4], "big")
-                raise CallFailed(f"the server reset the call ({_h2_error(code)}){self.goaway}")
-            elif kind in (HEADERS, CONTINUATION, DATA) and stream != STREAM:
-                raise CallFailed(f"protocol error: frame type {kind} on stream {stream}")
-            elif kind in (HEADERS, CONTINUATION):
-                if kind == HEADERS:
-                    payload = _unpad(payload, flags, priority=True)
-                    block_ends_stream = bool(flags & END_STREAM)
-                block += payload
-                if len(block) > MAX_HEADER_BLOCK:
-                    raise CallFailed(f"the answer's headers are over {MAX_HEADER_BLOCK} bytes")
-                continuing = not flags & END_HEADERS
-                if continuing:
-                    continue
-                fields = self._decode(bytes(block))
-                block.clear()
-                if head is None:
-                    head = fields
-                    if not block_ends_stream:
-                        continue  # trailers follow the message
-                return _answer(head, fields, bytes(body))
-            elif kind == DATA:
-                if head is None:
-                    raise CallFailed("protocol error: data before the answer's headers")
-                body += _unpad(payload, flags)
-                if len(body) > self.limit + 5:
-                    raise CallFailed(f"the answer is over {self.limit} bytes")
-                if flags & END_STREAM:
-                    raise CallFailed(f"the answer ended without trailers (HTTP status {head.get(':status')})")
-                if payload:
-                    increment = struct.pack(">I", len(payload))
-                    self._send(frame(WINDOW_UPDATE, 0, 0, increment) + frame(WINDOW_UPDATE, 0, STREAM, increment))
-
-    def _goaway(self, payload: bytes) -> None:
-        last_stream = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
-        code = int.from_bytes(payload[4:8], "big")
-        debug = payload[8:].decode("utf-8", errors="replace")
-        self.goaway = f" (GOAWAY {_h2_error(code)}{': ' + _one_line(debug, 100) if debug else ''})"
-        if last_stream < STREAM:
-            raise CallFailed(f"the server refused the call{self.goaway}")
-
-    def _decode(self, block: bytes) -> dict[str, str]:
-        try:
-            fields = self.decoder.decode(block)
-        except hpack.HpackError as exc:
-            raise CallFailed(f"undecodable answer headers ({exc})") from None
-        return {name: value for name, value in reversed(fields)}  # the first of repeated names wins
+    def _take(self, event: h2.events.Event) -> bytes | None:
+        """One event of the connection; the answer's message once its trailers (or trailers only) arrived."""
+        if isinstance(event, h2.events.ConnectionTerminated):
+            debug = (event.additional_data or b"").decode("utf-8", errors="replace")
+            self.goaway = f" (GOAWAY {_h2_error(int(event.error_code or 0))}" \
+                          f"{': ' + _one_line(debug, 100) if debug else ''})"
+            if (event.last_stream_id or 0) < self.stream:
+                raise CallFailed(f"the server refused the call{self.goaway}")
+        elif isinstance(event, h2.events.StreamReset):
+            raise CallFailed(f"the server reset the call ({_h2_error(int(event.error_code or 0))}){self.goaway}")
+        elif isinstance(event, h2.events.ResponseReceived):
+            self.head = _fields(event.headers)
+        elif isinstance(event, h2.events.DataReceived):
+            self.body += event.data or b""
+            if len(self.body) > self.limit + 5:
+                raise CallFailed(f"the answer is over {self.limit} bytes")
+            self.connection.acknowledge_received_data(event.flow_controlled_length or 0, self.stream)
+        elif isinstance(event, h2.events.TrailersReceived):
+            return _answer(self.head or {}, _fields(event.headers), bytes(self.body))
+        elif isinstance(event, h2.events.StreamEnded):
+            head = self.head or {}
+            if self.body or "grpc-status" not in head:
+                raise CallFailed(f"the answer ended without trailers (HTTP status {head.get(':status')})")
+            return _answer(head, head, b"")  # trailers only: the status is in the headers
+        return None
 
 
-def _unpad(payload: bytes, flags: int, *, priority: bool = False) -> bytes:
-    start, end = 0, len(payload)
-    if flags & PADDED:
-        if not payload or payload[0] >= len(payload):
-            raise CallFailed("protocol error: bad padding")
-        start, end = 1, len(payload) - payload[0]
-    if priority and flags & PRIORITY:
-        start += 5
-    if start > end:
-        raise CallFailed("protocol error: frame too short")
-    return payload[start:end]
+def _fields(headers: Iterable[tuple[str | bytes, str | bytes]] | None) -> dict[str, str]:
+    """A header block (decoded as UTF-8 by the connection) as names to values, the first of repeated names
+    winning."""
+    pairs = [(_text(name), _text(value)) for name, value in headers or ()]
+    return dict(reversed(pairs))
+
+
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
 
 
 def _answer(head: dict[str, str], trailers: dict[str, str], body: bytes) -> bytes:

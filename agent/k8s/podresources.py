@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.k8s.grpc_unary import unary_call
 from agent.protowire import ProtobufError
 from agent.protowire import fields as _fields
 from agent.protowire import length_field as _field
@@ -98,6 +97,9 @@ def encode_list_response(pods: list[PodDevices]) -> bytes:
 
 def list_pod_devices(socket_path: str = DEFAULT_SOCKET, *, timeout_seconds: float = 5.0) -> list[PodDevices]:
     """Ask the kubelet which pod holds which device (raises OSError, one line, when it cannot be asked)."""
+    # h2 (~1.1 MiB) is loaded by the first call: only where the kubelet's socket is there to ask.
+    from agent.k8s.grpc_unary import unary_call  # noqa: PLC0415
+
     try:
         answer = unary_call(socket_path, LIST_METHOD, b"", timeout_seconds=timeout_seconds,
                             max_response_bytes=MAX_ANSWER_BYTES)

@@ -1,4 +1,4 @@
-"""The stdlib gRPC unary client (agent.k8s.grpc_unary) against a real grpcio server, grpc-go's bytes and bad servers."""
+"""The gRPC unary client over h2 (agent.k8s.grpc_unary) against a real grpcio server, grpc-go's bytes, bad servers."""
 
 import base64
 import contextlib
@@ -10,9 +10,11 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+import hpack
 import pytest
+from hyperframe.frame import PingFrame, SettingsFrame
 
-from agent.k8s import grpc_unary, hpack
+from agent.k8s import grpc_unary
 from agent.k8s.podresources import LIST_METHOD, PodDevices, encode_list_response, list_pod_devices
 
 # What a grpc-go v1.82.1 server wrote back (SETTINGS, SETTINGS ACK, WINDOW_UPDATE, PING, HEADERS with Huffman-coded
@@ -157,10 +159,15 @@ def test_a_refusal_carries_its_status_and_percent_decoded_message(grpcio_server)
 
 
 def test_huffman_coded_trailers_from_grpcio_are_decoded(grpcio_server, monkeypatch):
-    """grpcio Huffman-codes binary (-bin) trailer values: the decoder reads them back exactly."""
-    blocks: list[list[tuple[str, str]]] = []
+    """grpcio Huffman-codes binary (-bin) trailer values: the connection's decoder reads them back exactly."""
+    blocks: list[list[tuple[bytes, bytes]]] = []
     decode = hpack.Decoder.decode
-    monkeypatch.setattr(hpack.Decoder, "decode", lambda self, block: blocks.append(decode(self, block)) or blocks[-1])
+
+    def recording(self: hpack.Decoder, block: bytes, raw: bool = False) -> list[tuple[bytes, bytes]]:
+        blocks.append(list(decode(self, block, raw=raw)))
+        return blocks[-1]
+
+    monkeypatch.setattr(hpack.Decoder, "decode", recording)
 
     def answer(_request: bytes, context: grpc.ServicerContext) -> bytes:
         context.set_trailing_metadata((("detail-bin", b"\x00\x01binary trailer \xff"),))
@@ -169,7 +176,8 @@ def test_huffman_coded_trailers_from_grpcio_are_decoded(grpcio_server, monkeypat
     path = grpcio_server(answer)
     assert grpc_unary.unary_call(path, LIST_METHOD, b"", timeout_seconds=5) == b"ok"
     sent = base64.b64encode(b"\x00\x01binary trailer \xff").decode().rstrip("=")
-    assert ("detail-bin", sent) in blocks[-1] and ("grpc-status", "0") in blocks[-1]
+    fields = [(bytes(name), bytes(value)) for name, value in blocks[-1]]
+    assert (b"detail-bin", sent.encode()) in fields and (b"grpc-status", b"0") in fields
 
 
 def test_a_grpc_go_answer_with_huffman_and_indexed_fields_decodes(raw_server):
@@ -231,8 +239,8 @@ def test_pings_are_answered_and_settings_acknowledged(raw_server):
 
     list_pod_devices(raw_server(serve))
     assert done.wait(5)
-    assert grpc_unary.frame(grpc_unary.SETTINGS, grpc_unary.ACK, 0) in received
-    assert grpc_unary.frame(grpc_unary.PING, grpc_unary.ACK, 0, bytes.fromhex("02041010090e0707")) in received
+    assert SettingsFrame(0, flags=["ACK"]).serialize() in received
+    assert PingFrame(0, flags=["ACK"], opaque_data=bytes.fromhex("02041010090e0707")).serialize() in received
 
 
 def test_the_deadline_sent_to_the_server_fits_grpc_timeouts_eight_digits():
