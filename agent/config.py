@@ -98,12 +98,15 @@ class RemediationConfig(_Section):
     #: The reset container's socket (daemonset/): the privileged part of a reset runs there. Empty: in the
     #: agent's own process (which then needs the privileges itself; docs/remediation.md).
     reset_helper_socket: str = ""
-    #: The GPU Operator's per-node operand labels paused for a reset (the operands that hold the GPUs open), and
-    #: mig-manager's: paused, it changes no MIG layout under the reset; back, it applies the node's MIG
-    #: configuration (nvidia.com/mig.config) again, re-creating the instances the reset destroyed.
+    #: The GPU Operator's per-node operand labels paused for a reset (the operands that hold the GPUs open:
+    #: with the device plugin, or in DRA mode (Operator 26.x) the DRA driver's kubelet plugin, which selects
+    #: nvidia.com/gpu.deploy.dra-driver), and mig-manager's: paused, it changes no MIG layout under the reset;
+    #: back, it applies the node's MIG configuration (nvidia.com/mig.config) again, re-creating the instances
+    #: the reset destroyed. A label a node does not carry `true` is left alone.
     reset_operand_labels: list[str] = Field(default_factory=lambda: [
         "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery",
-        "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.dcgm", "nvidia.com/gpu.deploy.mig-manager"])
+        "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.dcgm", "nvidia.com/gpu.deploy.mig-manager",
+        "nvidia.com/gpu.deploy.dra-driver"])
     reset_operand_wait_seconds: float = Field(default=120.0, gt=0)
     #: How long the GPU's device file may stay held (pods terminating) before the reset gives up, naming who.
     reset_holder_wait_seconds: float = Field(default=30.0, ge=0)

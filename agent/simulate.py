@@ -19,7 +19,7 @@ from agent.model_json import action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Outcome, Pipeline
 from agent.remediation import GuardPolicy
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
-from agent.simulation.gpu_operator import HostHolder, SimulatedGpuOperator
+from agent.simulation.gpu_operator import DRA_OPERANDS, OPERANDS, HostHolder, SimulatedGpuOperator
 from agent.sources.scenario import Scenario, expand, inventory
 from agent.wiring import pipeline_of
 
@@ -141,7 +141,8 @@ def _node_hooks(cluster: FakeCluster, scenario: Scenario, node: NodeInventory, r
         return hooks
     holders = tuple(HostHolder(node.gpus[h.gpu].uuid, h.name, h.until) for h in scenario.node.host_holders)
     operator = SimulatedGpuOperator(cluster, node, host_holders=holders, clock=clock,
-                                    persistent={g.uuid for g in node.gpus} if scenario.node.persistence_mode else set())
+                                    persistent={g.uuid for g in node.gpus} if scenario.node.persistence_mode else set(),
+                                    operands=dict(DRA_OPERANDS if scenario.node.dra else OPERANDS))
     operator.install()
     waited = [0.0]
 

@@ -9,7 +9,7 @@ query answer as nvidia-smi does."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,10 @@ OPERANDS = {
     "nvidia.com/gpu.deploy.dcgm-exporter": "nvidia-dcgm-exporter",
     "nvidia.com/gpu.deploy.dcgm": "nvidia-dcgm",
 }
+#: The operands of a node in the GPU Operator's DRA mode (26.x: GPUCluster, or ClusterPolicy.spec.draDriver): the
+#: DRA driver's kubelet plugin, selecting nvidia.com/gpu.deploy.dra-driver, in the device plugin's place.
+DRA_OPERANDS = {**{k: v for k, v in OPERANDS.items() if k != "nvidia.com/gpu.deploy.device-plugin"},
+                "nvidia.com/gpu.deploy.dra-driver": "nvidia-dra-driver-gpu-kubelet-plugin"}
 _PODS = next(r for r in RESOURCES if r.plural == "pods")
 
 
@@ -63,12 +67,14 @@ class SimulatedGpuOperator:
     persistent: set[str] = field(default_factory=set)
     host_holders: tuple[HostHolder, ...] = ()
     clock: Callable[[], float] = lambda: 0.0
+    #: Operand label -> DaemonSet of the operands running on the node (DRA_OPERANDS in the DRA mode).
+    operands: Mapping[str, str] = field(default_factory=lambda: dict(OPERANDS))
 
     def install(self) -> None:
         """The operator's labels on the node (all `true`) and its operands' pods running there."""
         self.cluster.add("namespaces", {"metadata": {"name": NAMESPACE}})
         node = self.cluster.node(self.node.name)
-        labels = {**node["metadata"].get("labels", {}), **dict.fromkeys(OPERANDS, "true")}
+        labels = {**node["metadata"].get("labels", {}), **dict.fromkeys(self.operands, "true")}
         self.cluster.patch(next(r for r in RESOURCES if r.plural == "nodes"), "", self.node.name,
                            "application/merge-patch+json", {"metadata": {"labels": labels}})
         self.reconcile()
@@ -78,7 +84,7 @@ class SimulatedGpuOperator:
         labels = self.cluster.node(self.node.name)["metadata"].get("labels", {})
         running = {p["metadata"]["name"] for p in self.cluster.pods_on(self.node.name)
                    if p["metadata"]["namespace"] == NAMESPACE}
-        for label, daemonset in OPERANDS.items():
+        for label, daemonset in self.operands.items():
             name = f"{daemonset}-{self.node.name}"
             if labels.get(label) == "true" and name not in running:
                 self.cluster.add("pods", _operand_pod(self.node.name, name, daemonset, label), namespace=NAMESPACE)

@@ -59,7 +59,8 @@ class ScenarioNode(_StrictScenario):
     #: The GPUs are published in ResourceSlices (NVIDIA's DRA driver) and pods hold them through claims:
     #: `simulate` isolates a faulty GPU by DeviceTaintRule instead of tainting the node.
     dra: bool = False
-    #: The node runs the GPU Operator's operands (device plugin, GFD, DCGM, dcgm-exporter), which hold every GPU
+    #: The node runs the GPU Operator's operands (device plugin, GFD, DCGM, dcgm-exporter; with `dra`, the
+    #: Operator's DRA mode: the DRA driver's kubelet plugin in the device plugin's place), which hold every GPU
     #: open until a reset pauses them (simulate in a fake cluster: agent/simulation/gpu_operator.py).
     gpu_operator: bool = False
     #: On a `gpu_operator` node: persistence mode is on for every GPU (nvidia-persistenced in the driver pod),

@@ -211,6 +211,23 @@ def test_a_reset_on_a_gpu_operator_node_succeeds_and_leaves_the_7_gpu_job_alone(
     assert set(report["gpu_status"].values()) == {"healthy"}
 
 
+def test_a_reset_on_a_dra_mode_gpu_operator_node_pauses_the_dra_drivers_kubelet_plugin():
+    """Issue 39: in the GPU Operator's DRA mode the DRA driver's kubelet plugin holds the GPUs in the device
+    plugin's place; the reset pauses it (its label, nvidia.com/gpu.deploy.dra-driver) with the other operands,
+    so nvidia-smi finds GPU 6 free, and restores it."""
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.simulate import simulate_in_cluster
+    from agent.simulation.gpu_operator import DRA_OPERANDS
+
+    report = simulate_in_cluster(load_scenario("reset-on-a-dra-gpu-operator-node"),
+                                 rules=load_rules(builtin_rules_dir()), policy=REMEDIATE).to_json()
+    [reset] = [a for a in report["actions"] if a["kind"] == "reset_gpu"]
+    assert reset["result"] == "applied" and "dra-driver" in reset["message"]
+    assert not {a["kind"] for a in report["actions"]} & {"evict", "reboot_request"}
+    labels = report["cluster"]["node"]["labels"]
+    assert {k: labels[k] for k in DRA_OPERANDS} == dict.fromkeys(DRA_OPERANDS, "true")
+
+
 def test_a_replacement_mark_survives_the_reboot_that_follows_it():
     """Scenario replacement-survives-reboot: the third Xid 79 is a replacement, and the day-12 reboot keeps it."""
     report = run("replacement-survives-reboot")
