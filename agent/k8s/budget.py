@@ -109,7 +109,7 @@ class LeaseBudget:
         self.units = UnitView(units, window_seconds=window_seconds, monotonic=monotonic)
         #: The rules of the faults the node's slot is taken or renewed for (the last acquire's).
         self._rules: frozenset[str] = frozenset()
-        self.count = GpuNodeCount(raw, selector=gpu_node_selector, max_nodes=max_nodes, max_percent=max_percent,
+        self.gpu_nodes = GpuNodeCount(raw, selector=gpu_node_selector, max_nodes=max_nodes, max_percent=max_percent,
                                   count_seconds=count_seconds, monotonic=monotonic, deadline_seconds=deadline_seconds,
                                   rng=self.rng)
         #: Other readers let a slot lapse a lifetime after they see its last write, never sooner: this process
@@ -135,7 +135,7 @@ class LeaseBudget:
         """The pause Lease and the live slots, from one list of the namespace's Leases (retried)."""
         live, recent, paused = self._listing()
         if paused:
-            return self._reading(self.state.phase is Phase.HELD, paused=True, limit=self.count.limit or 1)
+            return self._reading(self.state.phase is Phase.HELD, paused=True, limit=self.gpu_nodes.limit or 1)
         if self.state.phase is Phase.TAKING:
             self.state = self.state.listed((live, recent))
         own = next((s for s in live if s.name == self.slot), None)
@@ -143,20 +143,20 @@ class LeaseBudget:
         others = self._others(own, live, units)
         taken = self._others(own, recent, self.units.recent())
         if own is not None and self._confirmed():
-            return self._reading(True, others, taken, limit=self.count.limit or 1)
-        self.count.count(self.census)
-        self.on_usage(distinct(live, units), self.count.limit)
+            return self._reading(True, others, taken, limit=self.gpu_nodes.limit or 1)
+        self.gpu_nodes.refresh(self.census)
+        self.on_usage(distinct(live, units), self.gpu_nodes.limit)
         return self._reading(own is not None and self._ranks(own, live, taken, units), others, taken)
 
     def _ranks(self, own: Slot, live: list[Slot], taken: int, units: Units) -> bool:
         """A slot of ours this process has not confirmed counts as what it would rank re-taken: behind all."""
         ahead = ahead_of(own, live, retaken=True, units=units)
-        return ahead < self.count.limit and within_rate(taken, self.max_per_hour)
+        return ahead < self.gpu_nodes.limit and within_rate(taken, self.max_per_hour)
 
     def _reading(self, held: bool, in_use: int = 0, recent: int = 0, *, paused: bool = False,
                  limit: int | None = None) -> GateReading:
-        return GateReading(paused=paused, held=held, in_use=in_use, limit=self.count.limit if limit is None else limit,
-                           recent=recent, rate=self.max_per_hour)
+        limit = self.gpu_nodes.limit if limit is None else limit
+        return GateReading(paused=paused, held=held, in_use=in_use, limit=limit, recent=recent, rate=self.max_per_hour)
 
     def _others(self, own: Slot | None, slots: Iterable[Slot], units: Units) -> int:
         """The disruptions besides this node's (its unit's slots are its own too)."""
@@ -179,7 +179,7 @@ class LeaseBudget:
         if self._confirmed():
             try:
                 self._renew()
-                return self._reading(True, limit=self.count.limit or 1)
+                return self._reading(True, limit=self.gpu_nodes.limit or 1)
             except NotFound:  # deleted under us (an operator): a new slot is ranked like any other
                 pass
         if self.state.phase is Phase.HELD:  # lapsed (unconfirmed too long) or gone: ranked again
@@ -189,20 +189,20 @@ class LeaseBudget:
         units = self.units.refresh()
         written, (live, recent) = self._written_and_listed()
         own = written.slot
-        self.count.count(self.census)
+        self.gpu_nodes.refresh(self.census)
         ahead = ahead_of(own, live, retaken=not written.created, units=units)
         taken = ahead_of(own, recent, retaken=not written.created, units=self.units.recent())
         others = self._others(own, live, units)
-        if ahead < self.count.limit and within_rate(taken, self.max_per_hour):
+        if ahead < self.gpu_nodes.limit and within_rate(taken, self.max_per_hour):
             self._grant(written)
-            self.on_usage(others + 1, self.count.limit)
+            self.on_usage(others + 1, self.gpu_nodes.limit)
             return self._reading(True, others, taken)
         # Refused by the rate alone, a slot that was live (a restarted agent of a disrupted node) stays TAKING:
         # the concurrency bound still counts the node, and the next acquire ranks it again.
-        if not (ahead < self.count.limit and written.was_live):
+        if not (ahead < self.gpu_nodes.limit and written.was_live):
             self.state = self.state.sent()
             self._give_back()
-        self.on_usage(others, self.count.limit)
+        self.on_usage(others, self.gpu_nodes.limit)
         return self._reading(False, others, taken)
 
     def _grant(self, written: Written) -> None:

@@ -31,7 +31,7 @@ class GpuNodeCount:
         self.limit = 0
         self._counted_at: float | None = None
 
-    def count(self, census: Callable[[str], int | None] | None) -> int:
+    def refresh(self, census: Callable[[str], int | None] | None) -> int:
         """The limit now, by `census` (None, or a census of none: this agent lists the nodes itself; the list
         retried on transient errors like every budget request)."""
         counted = census(self.selector) if census is not None else None
