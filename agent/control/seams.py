@@ -47,8 +47,11 @@ class ClusterGate(Protocol):
     """The cluster-wide disruption budget and pause: read once in a pass that has a disruptive step for the
     guard to decide; written (the slot taken, renewed, given back) only after the guard let the step past."""
 
-    #: Whether a slot this gate wrote may still be on the server unconfirmed: the pipeline then gives it back.
-    maybe_held: bool
+    @property
+    def maybe_held(self) -> bool:
+        """Whether a slot this gate wrote may still be on the server unconfirmed: the pipeline then gives it
+        back."""
+        ...
 
     @property
     def lingering(self) -> bool:

@@ -26,8 +26,9 @@ from agent.fleet.published import (
     same_holds,
     still_written,
 )
+from agent.k8s.bodies import ConfigMap
 from agent.k8s.errors import NotFound
-from agent.k8s.raw import JsonDocument, RawApi, api_path
+from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
 
 
@@ -130,7 +131,7 @@ class HoldsStore:
         data = encode(holds, now=self.clock(), wall=wall, writer=self.writer,
                       unread=still_written(self.unread, wall=wall))
         data.update(self._word if word is None else word)
-        body: JsonDocument = {
+        body: ConfigMap = {
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": HOLDS_CONFIGMAP, "namespace": self.namespace,
                          "labels": {"app.kubernetes.io/name": "gpu-health-agent",

@@ -212,6 +212,22 @@ class Lease(TypedDict, total=False):
     spec: LeaseSpec
 
 
+class LeasePatch(TypedDict, total=False):
+    """A JSON merge patch of a Lease (a budget slot's renewal, re-take, release): None removes an annotation."""
+
+    metadata: MetadataPatch
+    spec: LeaseSpec
+
+
+class ConfigMap(TypedDict, total=False):
+    """A v1 ConfigMap (the fleet's holds, as the controller writes them)."""
+
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    data: dict[str, str]
+
+
 def as_node(document: JsonDocument) -> Node:
     """A Node as the API server answered it (unchecked: the agent reads every field with a default)."""
     return cast(Node, document)

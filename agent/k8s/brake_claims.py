@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from agent.k8s.bodies import Lease, ObjectMeta
 from agent.k8s.budget_slots import epoch
 from agent.k8s.errors import Conflict, K8sError, NotFound
 from agent.k8s.raw import JsonDocument, RawApi, api_path
@@ -214,10 +215,11 @@ class BrakeClaims:
         """This node's claim: created; the one this process holds (within its window: ranked as it was made);
         one an earlier process left is deleted and made anew (its stamp and rank are of another time)."""
         domain = self.fabric_domain()
-        metadata: JsonDocument = {"name": self.name, "namespace": self.namespace, "labels": {CLAIM_LABEL: "true"}}
+        metadata: ObjectMeta = {"name": self.name, "namespace": self.namespace, "labels": {CLAIM_LABEL: "true"}}
         if domain:
             metadata["annotations"] = {DOMAIN_ANNOTATION: domain}
-        body = {"metadata": metadata, "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.window)}}
+        body: Lease = {"metadata": metadata,
+                       "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.window)}}
         path = f"{self.leases}/{self.name}"
         if self._held is not None and self._reusable():
             return self._held

@@ -16,9 +16,11 @@ node named in its bound token). No agent's clock decides anything:
     which other readers may have let lapse and given away) is re-taken: written again in place (a change
     every reader sees, so it is live to all from then) and ranked as taken now, behind every other live
     slot. Its old creationTimestamp never lets it jump ahead of a node that took a slot meanwhile.
-Every request is retried on transient errors (bounded, jittered, under a deadline). A slot this agent may
-have written but not confirmed as granted is remembered (`maybe_held`) until it is deleted, so the
-pipeline gives it back. A second Lease, written only by an operator, pauses all disruption cluster-wide.
+Every request is retried on transient errors (bounded, jittered, under a deadline). What this process knows
+of its own slot is one value (agent.k8s.budget_state: FREE, UNSURE, TAKING, HELD, KEPT) moved by one
+transition after each request; a slot it may have written and not confirmed as granted (`maybe_held`:
+UNSURE, TAKING, HELD) is given back by the pipeline until it is released or deleted. A second Lease,
+written only by an operator, pauses all disruption cluster-wide.
 The node label `gpu-health-agent.io/disruption` is a view of the slot, set and repaired by `show`.
 
 The rate bound (at most `max_per_hour` nodes newly disrupted within `window_seconds`) is counted on the same
@@ -32,34 +34,36 @@ take still (it counts once); a refused take of a slot that was there is released
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from agent.fleet.unit import UNIT_ANNOTATION, unit_of_node
+from agent.k8s.bodies import LeasePatch
 from agent.k8s.brake_claims import CLAIM_LABEL
+from agent.k8s.budget_count import GpuNodeCount
 from agent.k8s.budget_slots import (
-    BUDGET_LEASE,
-    RELEASED_ANNOTATION,
-    SLOT_LABEL,
     Sightings,
     Slot,
     Takings,
     ahead_of,
-    budget_limit,
-    legacy_slots,
+    carry_patch,
+    listed_slots,
+    new_slot,
+    release_patch,
+    renew_patch,
+    retake_patch,
     slot_name,
     within_rate,
 )
-from agent.k8s.budget_units import Units, UnitView, counted_as, distinct
+from agent.k8s.budget_state import Lists, Phase, SlotState, Take, Written
+from agent.k8s.budget_units import Units, UnitView, counted_as, distinct, own_key, taken_for
 from agent.k8s.errors import Conflict, NotFound
 from agent.k8s.node import DISRUPTION_LABEL, NodeWriter
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import on_conflict, with_retries
-from agent.k8s.watch import ListWatch, WatchOptions
 from agent.remediation.guard import GateReading
+from agent.timefmt import rfc3339_micro
 
 PAUSE_LEASE = "gpu-health-pause"
 
@@ -82,14 +86,10 @@ class LeaseBudget:
         self.node = node_name
         self.slot = slot_name(node_name)
         self.namespace = namespace
-        self.max_nodes = max_nodes
-        self.max_percent = max_percent
         #: The rate bound: at most this many nodes newly disrupted within `window` (0: no bound).
         self.max_per_hour = max_per_hour
         self.window = window_seconds
-        self.selector = gpu_node_selector
         self.ttl = ttl_seconds
-        self.count_seconds = count_seconds
         #: The GPU nodes by a live fleet controller's census for a selector (agent.k8s.fleet_gate), None where
         #: it has none: then this agent lists them itself.
         self.census = census
@@ -109,82 +109,67 @@ class LeaseBudget:
         self.units = UnitView(units, window_seconds=window_seconds, monotonic=monotonic)
         #: The rules of the faults the node's slot is taken or renewed for (the last acquire's).
         self._rules: frozenset[str] = frozenset()
-        self._limit = 0
-        self._counted_at: float | None = None
-        #: This process confirmed its slot as granted (renewals then only renew) ...
-        self._granted = False
-        #: ... by a write sent at this monotonic time; trusted for `confirm_fraction` of a lifetime after it
-        #: (other readers let a slot lapse a lifetime after they see its last write, never sooner).
-        self._confirmed_at = 0.0
+        self.gpu_nodes = GpuNodeCount(raw, selector=gpu_node_selector, max_nodes=max_nodes, max_percent=max_percent,
+                                  count_seconds=count_seconds, monotonic=monotonic, deadline_seconds=deadline_seconds,
+                                  rng=self.rng)
+        #: Other readers let a slot lapse a lifetime after they see its last write, never sooner: this process
+        #: trusts a write of its own for this fraction of a lifetime after sending it.
         self.confirm_fraction = 0.9
-        #: This process may have a slot on the server it has not confirmed or given back.
-        self.maybe_held = False
-        #: The slot this process wrote (created, or re-taken) and has not ranked yet, as the write answered:
-        #: a later acquire goes on from the ranking (one list) instead of writing it again.
-        self._written: tuple[Slot, bool] | None = None
-        self._written_at = 0.0
-        #: The live and the recently taken slots as the gate's last reading listed them after that write (None:
-        #: no such list): a list made any time after the write ranks it, so the acquire that follows need not
-        #: list again.
-        self._listed: tuple[list[Slot], list[Slot]] | None = None
-        #: The take this process wrote (uid, leaseTransitions, when its answer came): every reader counts it
-        #: from then on or later.
-        self._took: tuple[str, int, float] | None = None
-        #: The slot's re-take reused that take (its own released slot within the window): carried forward once
-        #: granted, so that readers count it a window from now.
-        self._carry = False
-        #: A slot given back is released, not deleted (the rate bound counts it): it was granted, or was there.
-        self._keep = False
-        #: This node's released slot is kept from this monotonic time, and deleted a window after it.
-        self._kept_from: float | None = None
-        #: The slot this process re-took was live (not released): one the rate bound alone refuses stays so.
-        self._retook_live = False
+        #: What this process knows of its slot (agent.k8s.budget_state): one value, moved by one transition
+        #: after each request.
+        self.state = SlotState()
+
+    @property
+    def maybe_held(self) -> bool:
+        """A slot this process wrote may be on the server, not confirmed or given back (the pipeline gives it
+        back)."""
+        return self.state.maybe_held
 
     @property
     def lingering(self) -> bool:
         """A released slot of this node is kept for the rate bound's window (release deletes it once due)."""
-        return self._kept_from is not None
+        return self.state.lingering
 
     # ---- reading ----
     def read(self) -> GateReading:
         """The pause Lease and the live slots, from one list of the namespace's Leases (retried)."""
         live, recent, paused = self._listing()
         if paused:
-            return GateReading(paused=True, held=self._granted, limit=self._limit or 1, rate=self.max_per_hour)
-        if self._written is not None:
-            self._listed = live, recent
+            return self._reading(self.state.phase is Phase.HELD, paused=True, limit=self.gpu_nodes.limit or 1)
+        if self.state.phase is Phase.TAKING:
+            self.state = self.state.listed((live, recent))
         own = next((s for s in live if s.name == self.slot), None)
         units = self.units.refresh()
         others = self._others(own, live, units)
         taken = self._others(own, recent, self.units.recent())
         if own is not None and self._confirmed():
-            return GateReading(held=True, in_use=others, limit=self._limit or 1, recent=taken, rate=self.max_per_hour)
-        self._count_gpu_nodes()
-        # A slot of ours this process has not confirmed counts as what it would rank re-taken: behind all.
-        held = (own is not None and ahead_of(own, live, retaken=True, units=units) < self._limit and
-                within_rate(taken, self.max_per_hour))
-        self.on_usage(distinct(live, units), self._limit)
-        return GateReading(held=held, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
+            return self._reading(True, others, taken, limit=self.gpu_nodes.limit or 1)
+        self.gpu_nodes.refresh(self.census)
+        self.on_usage(distinct(live, units), self.gpu_nodes.limit)
+        return self._reading(own is not None and self._ranks(own, live, taken, units), others, taken)
+
+    def _ranks(self, own: Slot, live: list[Slot], taken: int, units: Units) -> bool:
+        """A slot of ours this process has not confirmed counts as what it would rank re-taken: behind all."""
+        ahead = ahead_of(own, live, retaken=True, units=units)
+        return ahead < self.gpu_nodes.limit and within_rate(taken, self.max_per_hour)
+
+    def _reading(self, held: bool, in_use: int = 0, recent: int = 0, *, paused: bool = False,
+                 limit: int | None = None) -> GateReading:
+        limit = self.gpu_nodes.limit if limit is None else limit
+        return GateReading(paused=paused, held=held, in_use=in_use, limit=limit, recent=recent, rate=self.max_per_hour)
 
     def _others(self, own: Slot | None, slots: Iterable[Slot], units: Units) -> int:
         """The disruptions besides this node's (its unit's slots are its own too)."""
-        mine = counted_as(own, units) if own is not None else self._unit_key(units)
+        mine = counted_as(own, units) if own is not None else own_key(units, node=self.node, slot=self.slot,
+                                                                               rules=self._rules)
         return distinct([s for s in slots if s.name != self.slot], units, besides=mine)
 
-    def _unit_key(self, units: Units) -> str:
-        unit = self._my_unit(units)
-        return "unit/" + unit if unit else self.slot
-
     def _my_unit(self, units: Units) -> str:
-        """The published unit this node's slot is taken for: one naming the node, whose rule is every rule the
-        node is disrupted for (`acquire`'s rules); "" when none, or the node is disrupted for another rule."""
-        unit = unit_of_node(units, self.node)
-        rule = unit.split("/", 1)[0]
-        return unit if unit and self._rules and self._rules <= {rule} else ""
+        return taken_for(units, node=self.node, rules=self._rules)
 
     def holders(self) -> dict[str, float]:
         """The live slots' holders, with the server's creation time (tests and the fleet observer)."""
-        return {s.holder or s.name: s.created or 0.0 for s in self._slots()}
+        return {s.holder or s.name: s.created or 0.0 for s in self._listing()[0]}
 
     # ---- writing: only this node's slot ----
     def acquire(self, rules: frozenset[str] = frozenset()) -> GateReading:
@@ -194,75 +179,83 @@ class LeaseBudget:
         if self._confirmed():
             try:
                 self._renew()
-                return GateReading(held=True, limit=self._limit or 1, rate=self.max_per_hour)
+                return self._reading(True, limit=self.gpu_nodes.limit or 1)
             except NotFound:  # deleted under us (an operator): a new slot is ranked like any other
-                self._granted = False
-        self._granted = False
-        if self._kept_due():
+                pass
+        if self.state.phase is Phase.HELD:  # lapsed (unconfirmed too long) or gone: ranked again
+            self.state = self.state.sent()
+        if self.state.kept_due(self.monotonic(), self.window):
             self._delete()  # its window passed: a new take is a new slot
         units = self.units.refresh()
-        own, created, sent, (live, recent) = self._written_and_listed()
-        self._count_gpu_nodes()
-        ahead = ahead_of(own, live, retaken=not created, units=units)
-        taken = ahead_of(own, recent, retaken=not created, units=self.units.recent())
+        written, (live, recent) = self._written_and_listed()
+        own = written.slot
+        self.gpu_nodes.refresh(self.census)
+        ahead = ahead_of(own, live, retaken=not written.created, units=units)
+        taken = ahead_of(own, recent, retaken=not written.created, units=self.units.recent())
         others = self._others(own, live, units)
-        written, self._written = self._written, None
-        if ahead < self._limit and within_rate(taken, self.max_per_hour):
-            if self._carry:  # the take this re-take reused is counted a window from now by every reader
-                self._bump(own)
-            self._granted, self._confirmed_at, self._keep, self._retook_live = True, sent, True, False
-            self.on_usage(others + 1, self._limit)
-            return GateReading(held=True, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
-        if ahead < self._limit and self._retook_live:
-            # Refused by the rate alone, a slot that was live (a restarted agent of a disrupted node): it stays
-            # live, so the concurrency bound still counts the node, and the next acquire ranks it again.
-            self._written = written
-        else:
+        if ahead < self.gpu_nodes.limit and within_rate(taken, self.max_per_hour):
+            self._grant(written)
+            self.on_usage(others + 1, self.gpu_nodes.limit)
+            return self._reading(True, others, taken)
+        # Refused by the rate alone, a slot that was live (a restarted agent of a disrupted node) stays TAKING:
+        # the concurrency bound still counts the node, and the next acquire ranks it again.
+        if not (ahead < self.gpu_nodes.limit and written.was_live):
+            self.state = self.state.sent()
             self._give_back()
-        self.on_usage(others, self._limit)
-        return GateReading(held=False, in_use=others, limit=self._limit, recent=taken, rate=self.max_per_hour)
+        self.on_usage(others, self.gpu_nodes.limit)
+        return self._reading(False, others, taken)
 
-    def _written_and_listed(self) -> tuple[Slot, bool, float, tuple[list[Slot], list[Slot]]]:
+    def _grant(self, written: Written) -> None:
+        """TAKING → HELD, trusted from when the write was sent; a reused take is first carried forward."""
+        take = None
+        if written.carry:  # the take this re-take reused is counted a window from now by every reader
+            self.state = self.state.sent()
+            self._patch(carry_patch(written.slot.takes + 1))
+            take = Take(written.slot.uid, written.slot.takes + 1, self.monotonic())
+        self.state = self.state.granted(confirmed_at=written.sent_at, take=take)
+
+    def _written_and_listed(self) -> tuple[Written, Lists]:
         """This node's slot written (or the one an earlier call wrote and could not rank, while the list still
-        shows it unchanged), whether it was created, when the write was sent, and the live and recently taken
-        slots listed after it. Ranking by a list made any time after the write is the rule: every slot created
-        later saw ours."""
+        shows it unchanged), and the live and recently taken slots listed after it. Ranking by a list made any
+        time after the write is the rule: every slot created later saw ours."""
         for _ in range(2):
-            if self._written is not None and self.monotonic() - self._written_at >= self.ttl * self.confirm_fraction:
-                self._written = None  # unrenewed so long that other readers may have let it lapse: written again
-            if self._written is None:
-                sent = self.monotonic()
-                document, created = self._create_or_get()
-                own = Slot.of(document)
-                if created:  # dated when the answer came (the take landed no later): its hour ends no sooner
-                    self._took, self._carry, self._retook_live = (own.uid, own.takes, self.monotonic()), False, False
-                else:  # there already (maybe an earlier process's): re-taken in place, ranked as new
-                    self._keep = True
-                    own = self._retake(document)
-                self._written, self._written_at, self._listed = (own, created), sent, None
-            own, created = self._written
-            (live, recent), self._listed = self._listed if self._listed is not None else self._list(), None
-            listed = next((s for s in live if s.name == own.name), None)
-            if listed is not None and listed.uid == own.uid:
-                return own, created, self._written_at, (live, recent)
-            self._written = None  # deleted or replaced since (an operator): written again
+            if not self.state.fresh(self.monotonic(), self.ttl * self.confirm_fraction):
+                self._write()  # none, or unrenewed so long that other readers may have let it lapse
+            written = self.state.write()
+            lists = written.lists if written.lists is not None else self._listing()[:2]
+            self.state = self.state.listed(None)
+            listed = next((s for s in lists[0] if s.name == written.slot.name), None)
+            if listed is not None and listed.uid == written.slot.uid:
+                return written, lists
+            self.state = self.state.sent()  # deleted or replaced since (an operator): written again
         raise NotFound(f"budget slot {self.slot} gone each time it was written", status=404)
+
+    def _write(self) -> None:
+        """UNSURE → TAKING: the slot created, or (there already, maybe an earlier process's) re-taken in place
+        and ranked as new."""
+        sent = self.monotonic()
+        document, created = self._create_or_get()
+        if created:  # dated when the answer came (the take landed no later): its hour ends no sooner
+            self.state = self.state.created(Slot.of(document), sent_at=sent, at=self.monotonic())
+        else:
+            self.state = self.state.found()
+            self._retake(document, sent)
 
     def release(self) -> None:
         """Give the slot back (clearing is never blocked, and a healthy node holds nothing): deleted, or with
         the rate bound released and kept until its window has passed (then a later call deletes it)."""
-        if self._kept_from is not None:
-            if self._kept_due():
+        if self.state.lingering:
+            if self.state.kept_due(self.monotonic(), self.window):
                 self._delete()
             return
-        if not (self._granted or self.maybe_held):
+        if not self.state.maybe_held:
             try:  # nothing known of a slot here: look before writing (a restarted agent, a node never disrupted)
                 found = Slot.of(self._retried(lambda: self.raw.get(f"{self.leases}/{self.slot}")))
             except NotFound:
                 return
-            self._keep = True  # an earlier process's: it may have disrupted within the window
+            self.state = self.state.found()  # an earlier process's: it may have disrupted within the window
             if found.released and self.max_per_hour > 0:
-                self._kept_from = self.monotonic()  # counted for a window from now, as every reader first seeing it
+                self.state = self.state.released(self.monotonic())  # counted a window from now, as by every reader
                 return
         self._give_back()
 
@@ -278,13 +271,6 @@ class LeaseBudget:
         self._retried(lambda: self.raw.strategic_patch(path, body))
 
     # ---- requests ----
-    def _slots(self) -> list[Slot]:
-        return self._list()[0]
-
-    def _list(self) -> tuple[list[Slot], list[Slot]]:
-        live, recent, _ = self._listing()
-        return live, recent
-
     def _listing(self) -> tuple[list[Slot], list[Slot], bool]:
         """The live slots, the recently taken ones, and whether the pause Lease is there, from one list of the
         namespace's Leases but the brake's claims (a handful: slots, the pause, the fleet's leader; the claims,
@@ -292,16 +278,9 @@ class LeaseBudget:
         the other nodes' entries in an earlier version's shared Lease (disrupted by an old agent: recent while
         they are live)."""
         listed = self._retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"!{CLAIM_LABEL}"}))
-        slots: list[Slot] = []
-        legacy: list[Slot] = []
-        paused = False
-        for item in listed.get("items") or []:
-            meta = item.get("metadata") or {}
-            if (meta.get("labels") or {}).get(SLOT_LABEL) == "true":
-                slots.append(Slot.of(item))
-            elif meta.get("name") == BUDGET_LEASE:
-                legacy.extend(s for s in legacy_slots(item) if s.holder != self.node)
-            paused = paused or meta.get("name") == PAUSE_LEASE
+        items = listed.get("items") or []
+        slots, legacy = listed_slots(items, node=self.node)
+        paused = any((item.get("metadata") or {}).get("name") == PAUSE_LEASE for item in items)
         live = self.sightings.live([s for s in slots if not s.released] + legacy, own=self.slot)
         if self.max_per_hour <= 0:
             return live, [], paused
@@ -309,19 +288,14 @@ class LeaseBudget:
 
     def _confirmed(self) -> bool:
         """This process granted its slot and wrote it recently enough that no reader can have let it lapse."""
-        return self._granted and self.monotonic() - self._confirmed_at < self.ttl * self.confirm_fraction
-
-    def _kept_due(self) -> bool:
-        return self._kept_from is not None and self.monotonic() - self._kept_from >= self.window
+        return self.state.confirmed(self.monotonic(), self.ttl * self.confirm_fraction)
 
     def _create_or_get(self) -> tuple[JsonDocument, bool]:
         """This node's slot, and whether this request created it (False: it was there, or a retried create
         landed; either way it is then re-taken, which only ever ranks it later)."""
-        body = {"metadata": {"name": self.slot, "namespace": self.namespace, "labels": {SLOT_LABEL: "true"},
-                             "annotations": self._unit_annotation()},
-                "spec": {"holderIdentity": self.node, "leaseDurationSeconds": int(self.ttl),
-                         "acquireTime": _micro(self.clock()), "renewTime": _micro(self.clock())}}
-        self.maybe_held = True  # from here until the slot is confirmed or deleted
+        body = new_slot(self.node, namespace=self.namespace, ttl_seconds=self.ttl,
+                        unit=self._my_unit(self.units.live), now=rfc3339_micro(self.clock()))
+        self.state = self.state.sent()  # UNSURE from here until the slot is ranked, confirmed or deleted
 
         def create() -> tuple[JsonDocument, bool]:
             for _ in range(3):
@@ -336,81 +310,56 @@ class LeaseBudget:
 
         return self._retried(create)
 
-    def _retake(self, lease: JsonDocument) -> Slot:
-        """Write an existing slot again so that it changes for every reader, whatever its stamps say: a new
-        take (leaseTransitions counts up, so the write is never a no-op the server would not version), or, for
-        this node's released slot whose take this process wrote within the window, that take again (the
-        released mark removed is the change; it counts once)."""
+    def _retake(self, lease: JsonDocument, sent: float) -> None:
+        """UNSURE → TAKING: an existing slot written again so that it changes for every reader, whatever its
+        stamps say: a new take (leaseTransitions counts up, so the write is never a no-op the server would not
+        version), or, for this node's released slot whose take this process wrote within the window, that take
+        again (the released mark removed is the change; it counts once)."""
         slot = Slot.of(lease)
-        took = self._took
-        reused = (slot.released and took is not None and took[:2] == (slot.uid, slot.takes) and
-                  self.monotonic() - took[2] < self.window)
-        now = _micro(self.clock())
-        body: JsonDocument = {"spec": {"acquireTime": now, "renewTime": now},
-                              "metadata": {"annotations": self._unit_annotation(clear=True)}}
-        if not reused:
-            body["spec"]["leaseTransitions"] = slot.takes + 1
-        if slot.released:
-            body["metadata"]["annotations"][RELEASED_ANNOTATION] = None
+        reused = self.state.reuses(slot, self.monotonic(), self.window)
+        unit = self._my_unit(self.units.live)
+        body = retake_patch(slot, reused=reused, unit=unit, now=rfc3339_micro(self.clock()))
         self._patch(body)
-        self._kept_from, self._carry, self._retook_live = None, reused, not slot.released
-        unit = self._my_unit(self.units.live)
-        if reused:
-            return dataclasses.replace(slot, released=False, unit=unit)
-        self._took = (slot.uid, slot.takes + 1, self.monotonic())
-        return dataclasses.replace(slot, takes=slot.takes + 1, released=False, unit=unit)
-
-    def _bump(self, own: Slot) -> None:
-        """A reused take granted: counted as a take from now (a new leaseTransitions) by every reader."""
-        self._patch({"spec": {"leaseTransitions": own.takes + 1}})
-        self._took, self._carry = (own.uid, own.takes + 1, self.monotonic()), False
-
-    def _unit_annotation(self, *, clear: bool = False) -> dict[str, str | None]:
-        """The slot's unit annotation: the published unit this node is taken out with (None: remove it)."""
-        unit = self._my_unit(self.units.live)
-        return {UNIT_ANNOTATION: unit} if unit else {UNIT_ANNOTATION: None} if clear else {}
+        self.state = self.state.retaken(slot, reused=reused, unit=unit, sent_at=sent, at=self.monotonic())
 
     def _renew(self) -> None:
+        """HELD → HELD: the slot's renewTime (and unit) written."""
         self.units.refresh()
-        body = {"metadata": {"annotations": self._unit_annotation(clear=True)},
-                "spec": {"renewTime": _micro(self.clock())}}
+        body = renew_patch(unit=self._my_unit(self.units.live), now=rfc3339_micro(self.clock()))
         sent = self.monotonic()
         self._patch(body)
-        self._confirmed_at = sent
+        self.state = self.state.renewed(confirmed_at=sent)
 
     def _give_back(self) -> None:
         """With the rate bound, a slot that was granted or was there already is released and kept (it counts
         within the window); any other (a refused new slot) is deleted."""
-        if self.max_per_hour > 0 and self._keep:
+        if self.max_per_hour > 0 and self.state.counted:
             self._release_kept()
         else:
             self._delete()
 
     def _release_kept(self) -> None:
-        now = _micro(self.clock())
+        """→ UNSURE while the release is in flight (nothing held if its answer is lost) → KEPT."""
+        body = release_patch(now=rfc3339_micro(self.clock()))
+        self.state = self.state.sent()
         try:
-            self._patch({"metadata": {"annotations": {RELEASED_ANNOTATION: now}}, "spec": {"renewTime": now}})
+            self._patch(body)
         except NotFound:  # deleted under us (an operator): nothing left to keep
             self._delete()
             return
-        took = self._took
-        self._granted = False
-        self.maybe_held = False
-        self._written, self._listed, self._carry, self._retook_live = None, None, False, False
-        self._kept_from = took[2] if took is not None else self.monotonic()
+        self.state = self.state.released(self.monotonic())
 
     def _delete(self) -> None:
+        """Every state → FREE once the delete is answered (until then the state stands: a renewal, or the
+        ranking's list, notices a slot gone)."""
         def delete() -> None:
             with contextlib.suppress(NotFound):
                 self.raw.delete(f"{self.leases}/{self.slot}")
 
         self._retried(delete)
-        self._granted = False
-        self.maybe_held = False
-        self._written, self._listed = None, None
-        self._took, self._carry, self._keep, self._kept_from, self._retook_live = None, False, False, None, False
+        self.state = self.state.deleted()
 
-    def _patch(self, body: JsonDocument) -> None:
+    def _patch(self, body: LeasePatch) -> None:
         """A merge patch of this node's slot. Only this agent writes it: a 409 (a conflict answered anyway) is
         simply sent again."""
         on_conflict(lambda: self._retried(lambda: self.raw.merge_patch(f"{self.leases}/{self.slot}", body)),
@@ -421,24 +370,3 @@ class LeaseBudget:
         the deadline)."""
         return with_retries(func, deadline_seconds=self.deadline, rng=self.rng)
 
-    def _count_gpu_nodes(self) -> None:
-        """The GPU nodes: a live fleet controller's census for this selector where there is one (read with the
-        fleet view, no request of its own), else a metadata-only list of them (names and labels, not whole
-        Nodes) made at most every few minutes, so a blocked node stays cheap for the API server. At fleet
-        scale the list is most of a disrupting agent's cost: every node's metadata, once per agent."""
-        counted = self.census(self.selector) if self.census is not None else None
-        if counted:  # a census of none is no census: this node is one
-            self._limit = budget_limit(gpu_nodes=counted, max_nodes=self.max_nodes, max_percent=self.max_percent)
-            return
-        now = self.monotonic()
-        if self._counted_at is not None and now - self._counted_at < self.count_seconds and self._limit:
-            return
-        listing = ListWatch(self.raw.api_client, api_path("", "v1", "nodes"),
-                            WatchOptions(label_selector=self.selector, metadata_only=True))
-        items, _ = self._retried(listing.list_all)
-        self._limit = budget_limit(gpu_nodes=len(items), max_nodes=self.max_nodes, max_percent=self.max_percent)
-        self._counted_at = now
-
-
-def _micro(at: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(at))

@@ -6,12 +6,13 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TypeVar
 
 from agent.fleet.unit import UNIT_ANNOTATION
+from agent.k8s.bodies import Lease, LeasePatch, LeaseSpec
 from agent.k8s.budget_units import Units, counted_as, distinct
 from agent.k8s.raw import JsonDocument
+from agent.timefmt import parse_rfc3339
 
 #: The one shared Lease of earlier versions (holders in an annotation). While it exists (a rolling upgrade:
 #: nodes an old agent disrupted), every other node's entry in it counts as a slot, judged like one (live
@@ -67,6 +68,40 @@ class Slot:
                    str(meta.get("uid", "")), str(meta.get("resourceVersion", "")),
                    epoch(meta.get("creationTimestamp")), transitions if isinstance(transitions, int) else 0,
                    RELEASED_ANNOTATION in annotations, str(annotations.get(UNIT_ANNOTATION) or ""))
+
+
+def new_slot(node: str, *, namespace: str, ttl_seconds: float, unit: str, now: str) -> Lease:
+    """The slot Lease `node`'s agent creates: labelled, held by the node, with the unit it is taken out with."""
+    return {"metadata": {"name": slot_name(node), "namespace": namespace, "labels": {SLOT_LABEL: "true"},
+                         "annotations": {UNIT_ANNOTATION: unit} if unit else {}},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": int(ttl_seconds), "acquireTime": now,
+                     "renewTime": now}}
+
+
+def retake_patch(slot: Slot, *, reused: bool, unit: str, now: str) -> LeasePatch:
+    """An existing slot (as read) written again: a new take (leaseTransitions + 1) unless `reused`, the unit
+    written or removed, the released mark removed."""
+    spec: LeaseSpec = {"acquireTime": now, "renewTime": now}
+    if not reused:
+        spec["leaseTransitions"] = slot.takes + 1
+    annotations: dict[str, str | None] = {UNIT_ANNOTATION: unit or None}
+    if slot.released:
+        annotations[RELEASED_ANNOTATION] = None
+    return {"spec": spec, "metadata": {"annotations": annotations}}
+
+
+def renew_patch(*, unit: str, now: str) -> LeasePatch:
+    return {"metadata": {"annotations": {UNIT_ANNOTATION: unit or None}}, "spec": {"renewTime": now}}
+
+
+def release_patch(*, now: str) -> LeasePatch:
+    """Given back with the rate bound: marked released (a stamp for people) and kept."""
+    return {"metadata": {"annotations": {RELEASED_ANNOTATION: now}}, "spec": {"renewTime": now}}
+
+
+def carry_patch(takes: int) -> LeasePatch:
+    """A reused take granted: a new leaseTransitions, so every reader counts it from now."""
+    return {"spec": {"leaseTransitions": takes}}
 
 
 class Sightings:
@@ -139,6 +174,20 @@ def legacy_slots(lease: JsonDocument) -> list[Slot]:
             for node, stamp in sorted(holders.items())]
 
 
+def listed_slots(items: Iterable[JsonDocument], *, node: str) -> tuple[list[Slot], list[Slot]]:
+    """From one list of the namespace's Leases: the labelled slot Leases, and the entries of nodes other than
+    `node` in an earlier version's shared Lease (disrupted by an old agent)."""
+    slots: list[Slot] = []
+    legacy: list[Slot] = []
+    for item in items:
+        meta = item.get("metadata") or {}
+        if (meta.get("labels") or {}).get(SLOT_LABEL) == "true":
+            slots.append(Slot.of(item))
+        elif meta.get("name") == BUDGET_LEASE:
+            legacy.extend(s for s in legacy_slots(item) if s.holder != node)
+    return slots, legacy
+
+
 def ahead_of(own: Slot, live: Iterable[Slot], *, retaken: bool = False, units: Units | None = None) -> int:
     """Live slots created no later than `own` (ties and unreadable stamps count against it); a re-taken slot
     ranks as taken now: every other live slot is ahead of it. The slots of one published unit (`units`) are
@@ -150,9 +199,10 @@ def ahead_of(own: Slot, live: Iterable[Slot], *, retaken: bool = False, units: U
 
 
 def epoch(stamp: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 stamp (a creationTimestamp); None where it is none."""
     if not isinstance(stamp, str):
         return None
     try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        return parse_rfc3339(stamp)
     except ValueError:
         return None

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
+from agent.fleet.unit import unit_of_node
+
 Units = Mapping[str, frozenset[str]]
 
 
@@ -39,6 +41,20 @@ def counted_as(slot: SlotLike, units: Units) -> str:
 def distinct(slots: Iterable[SlotLike], units: Units, *, besides: str = "") -> int:
     """How many disruptions these slots are (a unit's slots one), not counting `besides` (a counted_as key)."""
     return len({key for s in slots if (key := counted_as(s, units)) != besides})
+
+
+def taken_for(units: Units, *, node: str, rules: frozenset[str]) -> str:
+    """The published unit `node`'s slot is taken for: one naming the node, whose rule is every rule the node is
+    disrupted for (`rules`); "" when none, or the node is disrupted for another rule."""
+    unit = unit_of_node(units, node)
+    rule = unit.split("/", 1)[0]
+    return unit if unit and rules and rules <= {rule} else ""
+
+
+def own_key(units: Units, *, node: str, slot: str, rules: frozenset[str]) -> str:
+    """What the budget counts `node`'s slot (named `slot`) as, unlisted: its unit's, or the slot itself."""
+    unit = taken_for(units, node=node, rules=rules)
+    return "unit/" + unit if unit else slot
 
 
 class UnitView:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.k8s.bodies import Lease
 from agent.k8s.errors import Conflict, K8sError, NotFound
 from agent.k8s.events import micro_time
 from agent.k8s.raw import JsonDocument, RawApi, api_path
@@ -87,7 +88,7 @@ class LeaderElector:
 
     def _create(self, now: float) -> bool:
         stamp = micro_time()
-        body: JsonDocument = {
+        body: Lease = {
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": self.config.name, "namespace": self.config.namespace},
             "spec": {"holderIdentity": self.config.identity, "leaseDurationSeconds": self.config.lease_seconds,
