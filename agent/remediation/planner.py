@@ -135,12 +135,13 @@ def node_isolation(active: Iterable[ActiveFault], options: PlanOptions) -> str |
 
 
 def awaiting_reset(active: Iterable[ActiveFault], options: PlanOptions) -> list[ActiveFault]:
-    """The faults of single GPUs that only a reset clears, in a mode that never runs one: their GPU waits for
-    someone to reset it (an operator's `nvidia-smi -r`, or remediate mode)."""
+    """The faults of single GPUs that only a reset clears (a quarantine, or a reset once idle such as a pending
+    row remap), in a mode that never runs one: their GPU waits for someone to reset it (an operator's
+    `nvidia-smi -r`, or remediate mode)."""
     if options.resets:
         return []
-    return [f for f in active if f.gpu_key != NODE_KEY and f.recovery == "reset" and f.action.quarantines
-            and f.action not in {Action.REBOOT_NODE, Action.REPLACE_GPU}]
+    return [f for f in active if f.gpu_key != NODE_KEY and f.recovery == "reset"
+            and (f.action.quarantines or f.action.resets) and f.action not in {Action.REBOOT_NODE, Action.REPLACE_GPU}]
 
 
 def _withheld_instead(faults: list[ActiveFault], options: PlanOptions, why: str) -> str | None:

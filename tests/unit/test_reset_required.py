@@ -167,3 +167,11 @@ def test_the_agent_in_quarantine_mode_leaves_the_node_untainted_for_a_withheld_g
 def test_the_agent_in_remediate_mode_taints_the_node_for_the_same_gpu(shipped_rules):
     """The same Node in remediate mode: the node is tainted until the GPU is idle and reset, as before."""
     assert StepKind.TAINT in _run(shipped_rules, mode=Mode.REMEDIATE, withheld=1)
+
+
+def test_a_pending_row_remap_asks_for_its_reset_without_holding_anything():
+    """reset_when_idle in quarantine mode: no taint (it never quarantined), but GpuResetRequired asks for the reset."""
+    faults = contained(rule="row-remap-pending", action=Action.RESET_WHEN_IDLE)
+    steps = plan([], faults, NodeState(), NODE, options=QUARANTINE)
+    assert kinds(steps, StepKind.TAINT, StepKind.SET_CONDITION) == [
+        (StepKind.SET_CONDITION, "GpuDegraded"), (StepKind.SET_CONDITION, CONDITION_RESET_REQUIRED)]
