@@ -177,9 +177,12 @@ class NodeWriter:
 
     # ---- labels and annotations ----
     def set_metadata(self, *, labels: dict[str, str | None] | None = None,
-                     annotations: dict[str, str | None] | None = None, join_batch: bool = False) -> bool:
-        """Set (or, with None, remove) labels and annotations; nothing is written when they already match."""
-        return self._want(NodeMarks(labels=dict(labels or {}), annotations=dict(annotations or {})), join_batch)
+                     annotations: dict[str, str | None] | None = None, pause_taint: bool | None = None,
+                     join_batch: bool = False) -> bool:
+        """Set (or, with None, remove) labels and annotations, and with `pause_taint` add or remove the reset
+        pause's taint in the same write; nothing is written when they already match."""
+        return self._want(NodeMarks(labels=dict(labels or {}), annotations=dict(annotations or {}),
+                                    pause_taint=pause_taint), join_batch)
 
     def save_record(self, document: Mapping[str, object], *, join_batch: bool = False) -> bool:
         """The Node's copy of the durable record (the journal's twin; the newer generation wins)."""
