@@ -234,6 +234,15 @@ def test_the_reset_container_holds_exactly_the_privileges_a_reset_needs():
     assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
 
 
+def test_the_agent_tolerates_its_own_reset_pause_taint():
+    """An agent (and its device plugin) restarted mid-reset must start on the node to lift the pause's taint."""
+    from agent.k8s.node_marks import RESET_PAUSE_TAINT
+
+    [plugin] = manifests("kmsg-device-plugin.yaml")
+    for spec in (daemonset(), plugin["spec"]["template"]["spec"]):
+        assert {"key": RESET_PAUSE_TAINT, "operator": "Exists"} in spec["tolerations"]
+
+
 def test_the_agents_containers_need_no_nvidia_runtime_injection():
     """NVIDIA_VISIBLE_DEVICES=void (the runtime injects nothing, so its failure for a GPU needing a reset cannot
     stop the pod, NVSentinel PR #1243): the device nodes from the agent's plugin, NVML and nvidia-smi from the

@@ -194,7 +194,8 @@ def test_values_reach_the_agent_config_and_the_pod(helm):
     assert [c["image"] for c in pod["containers"]] == ["registry.example/gha:9.9"] * 2  # the agent, gpu-reset
     assert (pod["runtimeClassName"], pod["nodeSelector"]) == ("nvidia", {"pool": "gpu"})
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "1Gi"
-    assert pod["tolerations"] == [{"key": "gpu-health-agent.io/unhealthy", "operator": "Exists"}]
+    assert pod["tolerations"] == [{"key": "gpu-health-agent.io/unhealthy", "operator": "Exists"},  # its own taints
+                                  {"key": "gpu-health-agent.io/gpu-reset-pause", "operator": "Exists"}]
 
 
 def test_without_the_kmsg_device_plugin_the_agent_mounts_the_kernel_log_by_host_path(helm):
