@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -84,6 +84,21 @@ class _GpuStatusCollector(Collector):
         yield family
 
 
+class _ResetRequiredCollector(Collector):
+    """gpu_health_gpu_reset_required: 1 per GPU waiting for a reset its mode never runs, replaced whole."""
+
+    def __init__(self) -> None:
+        self.rows: tuple[tuple[str, ...], ...] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("gpu_health_gpu_reset_required",
+                                   "1 for each GPU whose faults only a reset clears, in a mode that runs none.",
+                                   labels=GPU_LABELS)
+        for labels in self.rows:
+            family.add_metric(labels, 1)
+        yield family
+
+
 def worse_status(status: str, other: str) -> str:
     """The worse of two GPU statuses (GPU_STATUS)."""
     return max(status, other, key=GPU_STATUS.index)
@@ -133,6 +148,8 @@ class Metrics:
             "gpu_health_active_faults", "Active faults by severity.", ["severity"], registry=registry)
         self.gpu_status = _GpuStatusCollector()
         registry.register(self.gpu_status)
+        self.reset_required = _ResetRequiredCollector()
+        registry.register(self.reset_required)
         self.detection_latency = Histogram(
             "gpu_health_detection_latency_seconds", "From an observation's timestamp to its verdict.",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=registry)
@@ -220,6 +237,10 @@ class Metrics:
             labels = gpu_labels(gpus.get(key) or GpuRef(uuid=key), hostname)
             rows[labels] = worse_status(status, rows.get(labels, "healthy"))
         self.gpu_status.rows = tuple(rows.items())
+
+    def set_reset_required(self, gpus: Iterable[GpuRef], *, hostname: str) -> None:
+        """The GPUs waiting for a reset that the mode never runs (one series each)."""
+        self.reset_required.rows = tuple(sorted({gpu_labels(gpu, hostname) for gpu in gpus}))
 
     def set_active(self, severities: list[Severity]) -> None:
         for severity in Severity:

@@ -27,7 +27,7 @@ from agent.journal import Journal
 from agent.logs import get_logger
 from agent.metrics import Metrics
 from agent.model import NodeInventory, Observation, PodRef, Verdict
-from agent.remediation import ActiveFault, GuardPolicy, NodeState, PlanOptions
+from agent.remediation import ActiveFault, GuardPolicy, Mode, NodeState, PlanOptions
 from agent.remediation.planner import incident_settled
 from agent.remediation.record import NodeRecord
 from agent.sources.checkpoint import InputCheckpoint
@@ -81,8 +81,8 @@ class Pipeline:
         options = PlanOptions(node_name=inventory.name, own_pod=own_pod, max_faulty_gpus=max_faulty_gpus,
                               reset_settle_seconds=reset_settle_seconds,
                               incident_settle_seconds=incident_settle_seconds, pods_live=pods is not None,
-                              diagnose=diagnose,
-                              repair_condition=repair_condition)
+                              diagnose=diagnose, repair_condition=repair_condition,
+                              resets=policy.mode is Mode.REMEDIATE)
         self.shared = Shared(rules=rules, inventory=inventory, options=options, store=self.store, metrics=metrics,
                              clock=clock, log=log, fleet=fleet)
         self.classifier = Classifier(

@@ -30,6 +30,7 @@ COMMANDS = {
     "nvml": ("agent.cli.nvml", "nvml"),
     "kmsg": ("agent.cli.kmsg", "kmsg"),
     "kmsg-device-plugin": ("agent.cli.kmsgdevice", "kmsg_device_plugin"),
+    "driver-files": ("agent.cli.kmsgdevice", "driver_files"),
     "rules": ("agent.cli.inspect", "rules"),
     "config": ("agent.cli.inspect", "config_group"),
     "history": ("agent.cli.inspect", "history"),

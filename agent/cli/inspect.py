@@ -11,9 +11,10 @@ import click
 from agent.cli.common import config_of, fail, open_journal, reporting_bad_input
 from agent.cli.render import local_time, render_explanation
 from agent.config import config_as_yaml
-from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules
+from agent.engine import RuleSet, builtin_rules_dir, lint_rules, load_rules, unreached_recoveries
 from agent.explain import CATALOG_XIDS, explain_signal, explain_xid
 from agent.model import AttrValue, Signal
+from agent.remediation import Mode
 
 
 @click.group()
@@ -23,13 +24,19 @@ def rules() -> None:
 
 @rules.command(name="lint")
 @click.argument("directory", required=False, type=click.Path())
-def rules_lint(directory: str | None) -> None:
+@click.option("--mode", type=click.Choice([str(m) for m in Mode]), default=None,
+              help="Also say which rules' quarantine the recovery in this mode never reaches (warnings, exit 0).")
+def rules_lint(directory: str | None, mode: str | None) -> None:
     """Validate a rules directory: exit 0 when valid, else 2 with one line per problem."""
     target = Path(directory) if directory else builtin_rules_dir()
     problems = lint_rules(target)
     if problems:
         fail([p.line() for p in problems])
     ruleset = load_rules(target)
+    if mode is not None:
+        for line in unreached_recoveries(ruleset, quarantines=Mode(mode) is not Mode.OBSERVE,
+                                         resets=Mode(mode) is Mode.REMEDIATE, reboots=Mode(mode) is Mode.REMEDIATE):
+            click.echo(f"{target}: warning: mode {mode}: {line}")
     click.echo(f"{target}: {len(ruleset.rules)} rules in {len(ruleset.files)} files, all valid")
 
 

@@ -25,7 +25,7 @@ from agent.model import (
     normalise_pci,
 )
 from agent.remediation import ActiveFault
-from agent.remediation.planner import pods_on_faulty_gpus, verdict_events
+from agent.remediation.planner import pods_on_faulty_gpus, reset_required_events, verdict_events
 from agent.remediation.record import OwedEvent
 from agent.sources.checkpoint import InputCheckpoint
 
@@ -259,7 +259,8 @@ class Classifier:
         still_held = None if shared.options.pods_live else pods_on_faulty_gpus(record.faults.values(), shared.inventory,
                                                                      shared.options)
         record.node.forget_cleared({k for k, _ in record.faults}, still_held=still_held)
-        for step in verdict_events([verdict], shared.inventory, shared.inventory.name):
+        for step in [*verdict_events([verdict], shared.inventory, shared.inventory.name),
+                     *reset_required_events([verdict], record.faults, shared.options)]:
             record.owe(OwedEvent.of(step, salt=f"{verdict.kind}@{verdict.at}"))
         log = shared.log.bind(gpu=verdict.gpu_key, rule_id=verdict.rule_id)
         level = "warning" if verdict.kind is VerdictKind.FAULT and verdict.severity.rank >= Severity.WARNING.rank \

@@ -223,6 +223,8 @@ class Reconciler:
             shared.record.node = observed.actual(shared.record.node)
             if observed.devices is not None:
                 shared.options = dataclasses.replace(shared.options, devices=observed.devices)
+            if observed.withheld != shared.options.withheld:
+                shared.options = dataclasses.replace(shared.options, withheld=observed.withheld)
         refused = node_writes_refused(policy=runner.policy, cluster=ClusterView(opted_out=observed.opted_out))
         if observed.release and not (refused and observed.release == self._release_handled):
             target = observed.release.split("@", 1)[0].strip() or "all"

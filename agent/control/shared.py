@@ -14,6 +14,7 @@ from agent.metrics import Metrics, worse_status
 from agent.model import NODE_KEY, GpuRef, NodeInventory, Severity
 from agent.remediation import ActiveFault, PlanOptions
 from agent.remediation.guard import held_back
+from agent.remediation.planner import awaiting_reset
 from agent.remediation.record import NodeRecord
 
 
@@ -94,7 +95,12 @@ class Shared:
         if self.metrics and (changed or not self.metrics_primed):
             self.metrics_primed = True
             self.metrics.set_gpu_status(self.gpu_statuses(), self.status_gpus(), hostname=self.inventory.name)
-            self.metrics.set_active([f.severity for f in list(self.record.faults.values())])
+            faults = list(self.record.faults.values())
+            self.metrics.set_active([f.severity for f in faults])
+            gpus = self.status_gpus()
+            waiting = awaiting_reset(faults, self.options)
+            self.metrics.set_reset_required((gpus.get(f.gpu_key) or f.gpu or GpuRef(uuid=f.gpu_key) for f in waiting),
+                                            hostname=self.inventory.name)
 
 
 def _status_of(severity: Severity) -> str:

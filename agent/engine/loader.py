@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from agent.engine.schema import Rule
 from agent.errors import InputErrors, RuleError
-from agent.model import FaultClass, Signal
+from agent.model import Action, FaultClass, Signal
 from agent.yamlload import safe_load
 
 #: The attribute the classifier sets on an observation a contained incident governs: the incident's rule id.
@@ -106,6 +106,30 @@ def lint_rules(directory: Path) -> list[RuleError]:
     """Every problem in the rules directory; an empty list means the rules are valid."""
     _, problems = _load(directory)
     return problems
+
+
+def unreached_recoveries(ruleset: RuleSet, *, quarantines: bool, resets: bool, reboots: bool) -> list[str]:
+    """The enabled rules (overrides included) whose quarantine the agent's own recovery never reaches in a mode
+    that quarantines but does not reset or request reboots: one line each, saying what the fault waits for."""
+    if not quarantines:
+        return []  # a mode that quarantines nothing holds nothing for a recovery
+    lines = []
+    for rule in ruleset.rules:
+        if not rule.enabled:
+            continue
+        actions = sorted({rule.action, *(o.action for o in rule.overrides if o.action is not None)},
+                         key=lambda a: a.rank)
+        held = [a for a in actions if a.quarantines]
+        if not held:
+            continue
+        if rule.recovery.kind == "reset" and not resets:
+            lines.append(f"rule {rule.id}: its quarantine ({held[-1]}) clears by a verified reset, which this mode "
+                         "never runs: the GPU waits for a reset by hand or a reboot (condition GpuResetRequired, "
+                         "alert GpuHealthResetRequired; only that GPU is held where it can be kept off alone)")
+        elif rule.recovery.kind == "boot" and Action.REBOOT_NODE in held and not reboots:
+            lines.append(f"rule {rule.id}: its quarantine clears by a new boot, and this mode never requests the "
+                         "reboot: the node stays tainted until someone reboots it")
+    return lines
 
 
 def load_rules(directory: Path) -> RuleSet:

@@ -56,6 +56,8 @@ class NodeSpec(TypedDict, total=False):
 
 class NodeStatus(TypedDict, total=False):
     conditions: list[NodeCondition]
+    capacity: dict[str, str]
+    allocatable: dict[str, str]
 
 
 class Node(TypedDict, total=False):

@@ -29,6 +29,7 @@ from agent.k8s.node import (
     REPLACEMENT_LABEL,
     STATE_ANNOTATION,
 )
+from agent.k8s.node_marks import RESET_PAUSE_TAINT
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import on_conflict
 
@@ -191,7 +192,7 @@ def node_marks(node: Node, taint_key: str) -> list[Mark]:
     target = f"node/{meta.get('name', '')}"
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     marks = [Mark("taint", target, t["key"], f"{t.get('value', '')}:{t.get('effect', '')}")
-             for t in spec.get("taints") or [] if t.get("key") == taint_key]
+             for t in spec.get("taints") or [] if t.get("key") in {taint_key, RESET_PAUSE_TAINT}]
     if spec.get("unschedulable") and CORDONED_ANNOTATION in annotations:
         marks.append(Mark("cordon", target, "unschedulable",
                           f"cordoned by the agent at {annotations[CORDONED_ANNOTATION]}"))

@@ -39,7 +39,8 @@ CONFIRM_ANNOTATION = f"{PREFIX}/brake-confirm"
 REPLACEMENT_LABEL = f"{PREFIX}/needs-replacement"
 DISRUPTION_LABEL = f"{PREFIX}/disruption"
 CONDITION_REBOOT = "GpuRebootRequired"
-AGENT_CONDITIONS = ("GpuFatalFault", "GpuDegraded", "GpuUnreadable", CONDITION_REBOOT, "AcceleratedHardwareReady")
+AGENT_CONDITIONS = ("GpuFatalFault", "GpuDegraded", "GpuUnreadable", CONDITION_REBOOT, "GpuResetRequired",
+                    "AcceleratedHardwareReady")
 #: Conditions whose True means healthy: the agent reports a problem on them as False.
 POSITIVE_CONDITIONS = frozenset({"AcceleratedHardwareReady"})
 
@@ -57,6 +58,8 @@ class NodeView:
     conditions: dict[str, NodeCondition]
 
     taint_key: str = ""
+    #: Devices the kubelet counts but does not offer (device plugins' Unhealthy devices): capacity less allocatable.
+    withheld: int = 0
 
     def observation(self, *, opt_out_label: str = "") -> NodeObservation:
         """The agent's marks as the Node shows them, and the record mirrored in the state annotation."""
@@ -71,8 +74,24 @@ class NodeView:
             record=saved_record(self), release=self.annotations.get(RELEASE_ANNOTATION, ""),
             confirm=self.annotations.get(CONFIRM_ANNOTATION, ""),
             opted_out=bool(opt_out_label) and self.labels.get(opt_out_label) == "true",
-            holds_slot=DISRUPTION_LABEL in self.labels,
+            holds_slot=DISRUPTION_LABEL in self.labels, withheld=self.withheld,
             quarantine_label=quarantined_since(self.labels.get(QUARANTINE_LABEL)))
+
+
+def withheld_devices(status: Mapping[str, object]) -> int:
+    """How many `nvidia.com/` devices the kubelet counts in capacity but leaves out of allocatable: those a device
+    plugin reports Unhealthy (NVIDIA's, after an Xid critical error on the GPU). A malformed count reads 0."""
+    capacity, allocatable = status.get("capacity"), status.get("allocatable")
+    if not isinstance(capacity, Mapping) or not isinstance(allocatable, Mapping):
+        return 0
+    withheld = 0
+    for name, total in capacity.items():
+        if str(name).startswith("nvidia.com/"):
+            try:
+                withheld += max(0, int(str(total)) - int(str(allocatable.get(name, total))))
+            except ValueError:
+                continue
+    return withheld
 
 
 class NodeWriter:
@@ -106,6 +125,7 @@ class NodeWriter:
             taint_keys={t.get("key", "") for t in spec.get("taints") or []},
             conditions={c["type"]: c for c in status.get("conditions") or [] if "type" in c},
             taint_key=self.taint_key,
+            withheld=withheld_devices(status),
         )
 
     def _raw(self) -> Node:
@@ -157,9 +177,12 @@ class NodeWriter:
 
     # ---- labels and annotations ----
     def set_metadata(self, *, labels: dict[str, str | None] | None = None,
-                     annotations: dict[str, str | None] | None = None, join_batch: bool = False) -> bool:
-        """Set (or, with None, remove) labels and annotations; nothing is written when they already match."""
-        return self._want(NodeMarks(labels=dict(labels or {}), annotations=dict(annotations or {})), join_batch)
+                     annotations: dict[str, str | None] | None = None, pause_taint: bool | None = None,
+                     join_batch: bool = False) -> bool:
+        """Set (or, with None, remove) labels and annotations, and with `pause_taint` add or remove the reset
+        pause's taint in the same write; nothing is written when they already match."""
+        return self._want(NodeMarks(labels=dict(labels or {}), annotations=dict(annotations or {}),
+                                    pause_taint=pause_taint), join_batch)
 
     def save_record(self, document: Mapping[str, object], *, join_batch: bool = False) -> bool:
         """The Node's copy of the durable record (the journal's twin; the newer generation wins)."""

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from agent.k8s.bodies import Node
+from agent.k8s.bodies import Node, NodeStatus
 
 #: How long a watch that has said nothing (no event, no bookmark: the API server sends a bookmark about every
 #: minute, and one just before it ends a watch) still vouches for the Node: past this a pass reads with a GET.
@@ -37,7 +37,13 @@ def inputs_of(node: Node | None, conditions: tuple[str, ...]) -> tuple[object, .
                  for c in status.get("conditions") or [] if c.get("type") in conditions)
     taints = sorted((str(t.get("key")), str(t.get("value")), str(t.get("effect"))) for t in spec.get("taints") or [])
     return (sorted((meta.get("labels") or {}).items()), sorted((meta.get("annotations") or {}).items()), taints,
-            bool(spec.get("unschedulable")), own)
+            bool(spec.get("unschedulable")), own, _gpu_resources(status))
+
+
+def _gpu_resources(status: NodeStatus) -> tuple[object, ...]:
+    """The GPU devices the kubelet offers: a device plugin withholding one (Unhealthy) changes what a pass plans."""
+    counts = [("capacity", status.get("capacity") or {}), ("allocatable", status.get("allocatable") or {})]
+    return tuple(sorted((part, k, str(v)) for part, of in counts for k, v in of.items() if k.startswith("nvidia.com/")))
 
 
 class NodeCache:

@@ -19,6 +19,11 @@ from agent.k8s.bodies import MetadataPatch, Node, NodeCondition, NodePatch, Node
 
 #: The annotation that says the agent cordoned the Node (agent.k8s.node CORDONED_ANNOTATION).
 CORDONED = "gpu-health-agent.io/cordoned"
+#: The short NoSchedule taint that keeps new pods off while a GPU reset has the device plugin paused: a GPU pod
+#: admitted then fails with UnexpectedAdmissionError (kubernetes#119248, #133382). Its own key, so it never
+#: touches the quarantine taint, and it goes in the same write that ends the pause.
+RESET_PAUSE_TAINT = "gpu-health-agent.io/gpu-reset-pause"
+RESET_PAUSE_VALUE = "device-plugin-paused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +46,20 @@ class NodeMarks:
     #: None removes a label or annotation.
     labels: dict[str, str | None] = field(default_factory=dict)
     annotations: dict[str, str | None] = field(default_factory=dict)
+    #: Whether the reset pause's taint (RESET_PAUSE_TAINT) is wanted (None: no word on it).
+    pause_taint: bool | None = None
 
     def merge(self, other: NodeMarks) -> None:
         """Take in `other`'s wants over these."""
         self.taint = self.taint if other.taint is None else other.taint
+        self.pause_taint = self.pause_taint if other.pause_taint is None else other.pause_taint
         self.conditions.update(other.conditions)
         self.labels.update(other.labels)
         self.annotations.update(other.annotations)
 
     def empty(self) -> bool:
-        return self.taint is None and not (self.conditions or self.labels or self.annotations)
+        return self.taint is None and self.pause_taint is None and not (self.conditions or self.labels
+                                                                           or self.annotations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +86,8 @@ class NodePatches:
 def node_patches(marks: NodeMarks, node: Node, *, taint: TaintOptions, now: str) -> NodePatches:
     """What must change on `node` (as observed) for it to show `marks`; nothing the agent does not own."""
     spec, cordon_annotations = _taint_spec(marks.taint, node, taint, now) if marks.taint is not None else ({}, {})
+    if marks.pause_taint is not None:
+        _pause_taint_spec(marks.pause_taint, spec, node, now)
     conditions = [c for kind, want in marks.conditions.items() if (c := _condition(node, kind, want, now)) is not None]
     meta = node.get("metadata", {})
     metadata: MetadataPatch = {}
@@ -122,6 +133,17 @@ def _taint_spec(present: bool, node: Node, taint: TaintOptions,
         patch["unschedulable"] = None
         marked[CORDONED] = None
     return patch, marked
+
+
+def _pause_taint_spec(present: bool, spec: NodeSpecPatch, node: Node, now: str) -> None:
+    """The reset pause's taint added to or removed from the taints `spec` already writes (else the Node's)."""
+    taints = list(spec["taints"] or []) if "taints" in spec else list(node.get("spec", {}).get("taints") or [])
+    ours = any(t.get("key") == RESET_PAUSE_TAINT for t in taints)
+    if present and not ours:
+        spec["taints"] = [*taints, {"key": RESET_PAUSE_TAINT, "value": RESET_PAUSE_VALUE, "effect": "NoSchedule",
+                                    "timeAdded": now}]
+    elif not present and ours:
+        spec["taints"] = [t for t in taints if t.get("key") != RESET_PAUSE_TAINT]
 
 
 def _condition(node: Node, kind: str, want: ConditionWant, now: str) -> NodeCondition | None:

@@ -18,11 +18,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agent.k8s.node import PREFIX, NodeWriter
+from agent.k8s.node_marks import RESET_PAUSE_TAINT
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
 
 PAUSED_VALUE = "paused-for-gpu-reset"
 PAUSED_ANNOTATION = f"{PREFIX}/paused-operands"
+#: The operand whose pause makes the kubelet fail a GPU pod it admits meanwhile (UnexpectedAdmissionError): while
+#: it is paused the Node carries the short NoSchedule taint RESET_PAUSE_TAINT.
+DEVICE_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
 #: The operands that hold the GPUs open on a GPU Operator node (the driver, toolkit and validator do not).
 OPERAND_LABELS = (
     "nvidia.com/gpu.deploy.device-plugin",
@@ -56,14 +60,18 @@ class OperandPauser:
             return "no GPU Operator operand to pause on this node"
         record = json.dumps({key: "true" for key in running}, sort_keys=True)
         self._clear = False  # before the write: one that lands but whose answer is lost still gets restored
-        # One patch: the original values are on the Node in the same write that changes them.
+        # One patch: the original values are on the Node in the same write that changes them, and so is the taint
+        # that keeps new pods off while the device plugin is away (a GPU pod admitted then fails, kubernetes#119248).
         self.writer.set_metadata(labels=dict.fromkeys(running, PAUSED_VALUE),
-                                 annotations={PAUSED_ANNOTATION: record})
+                                 annotations={PAUSED_ANNOTATION: record},
+                                 pause_taint=True if DEVICE_PLUGIN_LABEL in running else None)
         names = ", ".join(key.split("gpu.deploy.", 1)[-1] for key in running)
+        kept_off = (f"; new pods kept off the node until the device plugin is back ({RESET_PAUSE_TAINT}:NoSchedule)"
+                    if DEVICE_PLUGIN_LABEL in running else "")
         left = self._await_gone(running)
         if left:
-            return f"paused {names}; after {self.wait_seconds:g}s still on the node: {', '.join(left)}"
-        return f"paused {names} (their pods are gone)"
+            return f"paused {names}; after {self.wait_seconds:g}s still on the node: {', '.join(left)}{kept_off}"
+        return f"paused {names} (their pods are gone){kept_off}"
 
     def restore(self) -> str:
         if self._clear:
@@ -71,8 +79,10 @@ class OperandPauser:
         view = self.writer.read()
         text = view.annotations.get(PAUSED_ANNOTATION)
         if text is None:
+            if RESET_PAUSE_TAINT in view.taint_keys:  # a pause ended by hand (the record removed): the taint too
+                self.writer.set_metadata(pause_taint=False)
             self._clear = True
-            return ""
+            return "reset pause taint removed" if RESET_PAUSE_TAINT in view.taint_keys else ""
         try:
             recorded = json.loads(text)
         except ValueError:
@@ -81,9 +91,12 @@ class OperandPauser:
             recorded = {}
         labels: dict[str, str | None] = {str(key): str(value) for key, value in recorded.items()
                                          if view.labels.get(str(key)) == PAUSED_VALUE}
-        self.writer.set_metadata(labels=labels, annotations={PAUSED_ANNOTATION: None})
+        # The taint goes in the same write as the labels: the device plugin's DaemonSet pod, recreated once its
+        # label is back, need not tolerate it.
+        self.writer.set_metadata(labels=labels, annotations={PAUSED_ANNOTATION: None}, pause_taint=False)
         self._clear = True
-        return f"restored {len(labels)} operand label(s)" if labels else "operand record cleared"
+        lifted = " and lifted the reset pause taint" if RESET_PAUSE_TAINT in view.taint_keys else ""
+        return (f"restored {len(labels)} operand label(s)" if labels else "operand record cleared") + lifted
 
     def _await_gone(self, keys: Sequence[str]) -> list[str]:
         """The pods on this node that select one of the paused labels, until none is left or time is up."""

@@ -1,10 +1,17 @@
 """The device plugin's gRPC service on a unix socket in the kubelet's directory, its registration, and its
-re-registration when the kubelet restarts (the kubelet deletes every socket in the directory as it starts)."""
+re-registration when the kubelet restarts (the kubelet deletes every socket in the directory as it starts).
+
+It hands out device nodes an unprivileged container's device cgroup would refuse: /dev/kmsg for the kernel-log
+source, and (a second resource) the host's NVIDIA device nodes for NVML and the reset helper, so the agent's pod
+never depends on the NVIDIA container runtime's injection, which fails for a GPU in some states that need a reset
+(NVSentinel PR #1243)."""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +27,10 @@ DEFAULT_DIRECTORY = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCKET = "kubelet.sock"
 RESOURCE = "gpu-health-agent.io/kmsg"
 ENDPOINT = "gpu-health-agent-kmsg.sock"
+#: The NVIDIA device nodes NVML and nvidia-smi open: the control node, one per GPU, and the MIG capabilities.
+NVIDIA_RESOURCE = "gpu-health-agent.io/nvidia-devices"
+NVIDIA_ENDPOINT = "gpu-health-agent-nvidia.sock"
+NVIDIA_DEVICES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/nvidia-caps/nvidia-cap[0-9]*")
 #: Read is what the kernel-log source needs; write is what `gpu-health-agent drill` in the pod needs.
 PERMISSIONS = ("r", "rw")
 
@@ -31,14 +42,17 @@ class PluginSettings:
     directory: Path = DEFAULT_DIRECTORY
     resource: str = RESOURCE
     devices: int = 4
-    device_path: str = "/dev/kmsg"
+    #: The device nodes handed out: a plain path as it is, a glob pattern as the nodes it matches at allocation.
+    device_paths: tuple[str, ...] = ("/dev/kmsg",)
     permissions: str = "rw"
     endpoint: str = ENDPOINT
     poll_seconds: float = 1.0
+    #: Where the host's filesystem is seen, for the patterns (the host's /dev mounted at <host_root>/dev).
+    host_root: Path = Path("/")
 
 
 class KmsgDevicePlugin:
-    """`devices` identical, always-healthy devices; each allocation is the one device node, `device_path`."""
+    """`devices` identical, always-healthy devices; each allocation is every node of `device_paths`."""
 
     def __init__(self, settings: PluginSettings) -> None:
         if settings.permissions not in PERMISSIONS:
@@ -53,9 +67,24 @@ class KmsgDevicePlugin:
         return [f"kmsg-{n}" for n in range(self.settings.devices)]
 
     def allocate(self, request: bytes) -> bytes:
-        """Every container asking gets the device node (one is enough, however many IDs it holds)."""
-        spec = wire.DeviceSpec(self.settings.device_path, self.settings.device_path, self.settings.permissions)
-        return wire.encode_allocate_response([[spec] for _ in wire.decode_allocate_request(request)])
+        """Every container asking gets the device nodes (one ID is enough, however many it holds), as they are
+        on the host now: a GPU lost or needing a reset keeps its node, so the container starts regardless."""
+        specs = [wire.DeviceSpec(path, path, self.settings.permissions) for path in self.device_nodes()]
+        return wire.encode_allocate_response([specs for _ in wire.decode_allocate_request(request)])
+
+    def device_nodes(self) -> list[str]:
+        """The host paths handed out: each plain path, and each pattern's character devices under `host_root`."""
+        paths: list[str] = []
+        root = str(self.settings.host_root).rstrip("/")
+        for pattern in self.settings.device_paths:
+            if not glob.has_magic(pattern):
+                paths.append(pattern)
+                continue
+            for found in sorted(glob.glob(root + pattern)):
+                with contextlib.suppress(OSError):
+                    if stat.S_ISCHR(os.stat(found).st_mode):
+                        paths.append(found[len(root):])
+        return list(dict.fromkeys(paths))
 
     def preferred(self, request: bytes) -> bytes:
         """The required devices first, then the available ones, up to the size asked (any will do)."""

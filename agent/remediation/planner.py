@@ -34,6 +34,8 @@ INCIDENT_SETTLE_SECONDS = 1.0
 CONDITION_FATAL = "GpuFatalFault"
 CONDITION_DEGRADED = "GpuDegraded"
 CONDITION_UNKNOWN = "GpuUnreadable"
+#: A GPU waits for a reset that the mode never runs (quarantine mode): someone must reset it (docs/remediation.md).
+CONDITION_RESET_REQUIRED = "GpuResetRequired"
 CONDITION_FOR_SEVERITY = {
     Severity.FATAL: CONDITION_FATAL,
     Severity.DEGRADED: CONDITION_DEGRADED,
@@ -67,6 +69,12 @@ class PlanOptions:
     devices: DeviceIsolation | None = None
     #: The AcceleratedHardwareReady condition for node-repair tools (remediation.accelerated_hardware_condition).
     repair_condition: bool = False
+    #: The mode runs GPU resets (remediate). Without, a GPU whose faults only a reset clears is kept off by itself
+    #: (its device taint, or the device plugin withholding it) and the reset is asked for, not the node held.
+    resets: bool = True
+    #: Devices the device plugin withholds from the kubelet now (the Node's capacity less its allocatable of
+    #: `nvidia.com/` resources): NVIDIA's plugin marks a GPU Unhealthy on its own at an Xid critical error.
+    withheld: int = 0
 
 
 def plan(
@@ -92,6 +100,7 @@ def plan(
     steps.extend(_device_steps(active.values(), node, options))
     steps.extend(verdict_events(verdicts, inventory, options.node_name))
     steps.extend(_condition_steps(active.values(), node))
+    steps.extend(_reset_required_steps(active.values(), node, options))
     if options.repair_condition:
         steps.extend(repair_condition_steps(active.values(), node.conditions, reboot_requested=node.reboot_requested))
     if not wants_taint and node.tainted:
@@ -118,11 +127,36 @@ def node_isolation(active: Iterable[ActiveFault], options: PlanOptions) -> str |
     if isolation is None or whole_node or len({f.gpu_key for f in faults}) > options.max_faulty_gpus:
         return ""
     if isolation.unavailable:
-        return "" if isolation.silent else isolation.unavailable
+        return _withheld_instead(faults, options, "" if isolation.silent else isolation.unavailable)
     missing = sorted({_gpu_text(f) for f in faults if not isolation.devices.get(f.gpu.uuid if f.gpu else "")})
     if missing:
         return f"{', '.join(missing)} not published in the node's ResourceSlices"
     return None
+
+
+def awaiting_reset(active: Iterable[ActiveFault], options: PlanOptions) -> list[ActiveFault]:
+    """The faults of single GPUs that only a reset clears (a quarantine, or a reset once idle such as a pending
+    row remap), in a mode that never runs one: their GPU waits for someone to reset it (an operator's
+    `nvidia-smi -r`, or remediate mode)."""
+    if options.resets:
+        return []
+    return [f for f in active if f.gpu_key != NODE_KEY and f.recovery == "reset"
+            and (f.action.quarantines or f.action.resets) and f.action not in {Action.REBOOT_NODE, Action.REPLACE_GPU}]
+
+
+def _withheld_instead(faults: list[ActiveFault], options: PlanOptions, why: str) -> str | None:
+    """Without device isolation: None where every quarantining fault waits for a reset the mode never runs and
+    the device plugin withholds at least as many devices as those GPUs (it keeps new work off them itself), so
+    the node stays schedulable; else the node taint (with why, where there is one to say)."""
+    waiting = awaiting_reset(faults, options)
+    if len(waiting) < len(faults):
+        return why
+    gpus = {f.gpu_key for f in waiting}
+    if options.withheld >= len(gpus):
+        return None
+    names = ", ".join(sorted({_gpu_text(f) for f in waiting}))
+    return (f"the device plugin withholds {options.withheld} device(s) for {len(gpus)} GPU(s) waiting for a reset "
+            f"(mode does not reset): nothing else keeps new work off {names}")
 
 
 def desired_device_taints(active: Iterable[ActiveFault], options: PlanOptions) -> dict[DeviceRef, DeviceMark]:
@@ -257,6 +291,47 @@ def _condition_steps(active: Iterable[ActiveFault], node: NodeState) -> list[Ste
             message = "no active fault of this kind"
             steps.append(Step(StepKind.CLEAR_CONDITION, name, message,
                               details=frozen_attrs({"reason": "GpuHealthy", "message": message})))
+    return steps
+
+
+def _reset_required_steps(active: Iterable[ActiveFault], node: NodeState, options: PlanOptions) -> list[Step]:
+    """GpuResetRequired while a GPU waits for a reset the mode never runs, with one Event when it starts: the ask
+    for the reset that clears its faults (the GPU itself is kept off by its device taint or the device plugin)."""
+    waiting = awaiting_reset(active, options)
+    current = node.conditions.get(CONDITION_RESET_REQUIRED)
+    if not waiting:
+        if current is None or not current.status:
+            return []
+        message = "no GPU waits for a reset"
+        return [Step(StepKind.CLEAR_CONDITION, CONDITION_RESET_REQUIRED, message,
+                     details=frozen_attrs({"reason": "GpuResetDone", "message": message}))]
+    gpus = sorted({_gpu_text(f) for f in waiting})
+    message = (f"reset needed (mode does not reset): {'; '.join(gpus)}. Reset each once idle (nvidia-smi -r -i UUID, "
+               f"or mode remediate); until then only that GPU takes no new work. {condition_message(waiting)}")[:1024]
+    if current is not None and current.status and current.message == message:
+        return []
+    worst = _worst(waiting)
+    return [Step(StepKind.SET_CONDITION, CONDITION_RESET_REQUIRED, message, rule_id=worst.rule_id,
+                 details=frozen_attrs({"reason": "GpuResetRequired", "message": message}))]
+
+
+def reset_required_events(verdicts: Iterable[Verdict], active: Mapping[tuple[str, str], ActiveFault],
+                           options: PlanOptions) -> list[Step]:
+    """One Event per GPU when it starts waiting for a reset the mode never runs: with the verdict of its first
+    such fault (a later fault of the same GPU, and every later pass, owe none; a dry run neither)."""
+    waiting = awaiting_reset(active.values(), options)
+    steps = []
+    for verdict in verdicts:
+        fault = active.get((verdict.gpu_key, verdict.rule_id))
+        if verdict.kind is not VerdictKind.FAULT or fault is None or fault not in waiting:
+            continue
+        if any(f.gpu_key == fault.gpu_key and f is not fault and (f.since, f.rule_id) < (fault.since, fault.rule_id)
+               for f in waiting):
+            continue
+        message = (f"{_gpu_text(fault)} needs a reset, which this mode does not run: {fault.summary}. "
+                   "Reset it once idle (nvidia-smi -r -i UUID); until then only that GPU takes no new work")
+        steps.append(Step(StepKind.EVENT, options.node_name, message, rule_id=fault.rule_id, gpu_key=fault.gpu_key,
+                          details=frozen_attrs({"type": "Warning", "reason": "GpuResetRequired"})))
     return steps
 
 

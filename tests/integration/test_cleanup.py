@@ -156,3 +156,14 @@ def test_cleanup_needs_a_scope():
     """Neither --all-nodes nor --node: a usage error, nothing touched."""
     result = CliRunner().invoke(main, ["cleanup", "--kubeconfig", "/nonexistent"])
     assert result.exit_code == 2
+
+
+def test_cleanup_removes_a_reset_pause_taint_an_agent_left(cluster):
+    """The short NoSchedule of a device plugin paused for a reset is the agent's too: cleanup takes it off."""
+    fake, kubeconfig = cluster
+    api = RawApi(client_for(yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]["cluster"]["server"]))
+    api.strategic_patch("/api/v1/nodes/n2", {"spec": {"taints": [
+        {"key": "gpu-health-agent.io/gpu-reset-pause", "value": "device-plugin-paused", "effect": "NoSchedule"}]}})
+    result = cleanup(kubeconfig, "--node", "n2")
+    assert result.exit_code == 0, result.output
+    assert not node(fake, "n2")["spec"].get("taints")

@@ -137,3 +137,28 @@ def test_the_plugin_registers_again_when_the_kubelet_restarts(plugin: KmsgDevice
             assert time.monotonic() < deadline, "the plugin never served its socket again"
             time.sleep(0.1)
     assert wire.decode_allocate_response(answer)[0][0].host_path == "/dev/kmsg"
+
+
+def test_the_nvidia_resource_hands_out_the_hosts_gpu_device_nodes_as_they_are_at_allocation(directory: Path):
+    """The NVIDIA resource: each character device the patterns match under the host's /dev at Allocate time, by its
+    host path (a regular file is not a device node); a GPU node added later is in the next allocation."""
+    from agent.kmsgdevice.plugin import NVIDIA_DEVICES, NVIDIA_ENDPOINT, NVIDIA_RESOURCE
+
+    host = directory / "host"
+    (host / "dev" / "nvidia-caps").mkdir(parents=True)
+    (host / "dev" / "nvidiactl").symlink_to("/dev/null")  # character devices a test can make without root
+    (host / "dev" / "nvidia0").symlink_to("/dev/zero")
+    (host / "dev" / "nvidia-caps" / "nvidia-cap1").symlink_to("/dev/null")
+    (host / "dev" / "nvidia1").write_text("not a device node")
+    plugin = KmsgDevicePlugin(PluginSettings(directory=directory, resource=NVIDIA_RESOURCE, endpoint=NVIDIA_ENDPOINT,
+                                             device_paths=NVIDIA_DEVICES, host_root=host))
+    server = plugin.serve()
+    try:
+        [specs] = wire.decode_allocate_response(call(plugin, "Allocate", wire.encode_id_lists([["kmsg-0"]])))
+        assert [s.host_path for s in specs] == ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap1"]
+        assert all(s.container_path == s.host_path and s.permissions == "rw" for s in specs)
+        (host / "dev" / "nvidia7").symlink_to("/dev/zero")
+        [again] = wire.decode_allocate_response(call(plugin, "Allocate", wire.encode_id_lists([["kmsg-1"]])))
+        assert "/dev/nvidia7" in [s.host_path for s in again]
+    finally:
+        server.stop(grace=0).wait()

@@ -8,6 +8,7 @@ import pytest
 
 from agent.k8s.client import client_for
 from agent.k8s.node import NodeWriter
+from agent.k8s.node_marks import RESET_PAUSE_TAINT
 from agent.k8s.operands import OPERAND_LABELS, PAUSED_ANNOTATION, PAUSED_VALUE, OperandPauser
 from agent.k8s.raw import RawApi, api_path
 from tests.k8s_helpers import TAINT, gpu_node, grace_period_passes, populate_any, start_cluster
@@ -67,7 +68,7 @@ def test_a_pause_a_crashed_agent_left_is_restored_by_the_next_agent(node):
     """The record on the Node is all a new agent needs: its restore puts the operands back."""
     cluster, raw = node
     pauser(raw, wait_seconds=0).pause()  # the agent dies here, mid-reset
-    assert pauser(raw).restore() == "restored 3 operand label(s)"
+    assert pauser(raw).restore() == "restored 3 operand label(s) and lifted the reset pause taint"
     assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
 
 
@@ -192,7 +193,7 @@ def test_restore_if_needed_puts_back_a_pause_a_crashed_agent_left(node):
     writer = Outage(raw)
     procedure = ResetProcedure(lambda uuid: ResetOutcome(True, "reset"),
                                operands=OperandPauser(writer, raw, labels=OPERAND_LABELS))
-    assert procedure.restore_if_needed() == "restored 3 operand label(s)"
+    assert procedure.restore_if_needed() == "restored 3 operand label(s) and lifted the reset pause taint"
     assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
     reads = writer.reads
     assert [procedure.restore_if_needed() for _ in range(3)] == ["", "", ""]
@@ -210,6 +211,54 @@ def test_a_restore_that_failed_after_a_reset_is_done_by_the_next_pass(node):
     ok, message = procedure("GPU-6a6a6a6a-0000-1111-2222-333333333333")
     assert ok and "operands not restored yet" in message
     assert labels(cluster)[PLUGIN] == PAUSED_VALUE
-    assert procedure.restore_if_needed() == "restored 3 operand label(s)"
+    assert procedure.restore_if_needed() == "restored 3 operand label(s) and lifted the reset pause taint"
     assert labels(cluster) == {PLUGIN: "true", GFD: "true", EXPORTER: "true", DCGM: "false"}
     assert PAUSED_ANNOTATION not in cluster.node("n1")["metadata"]["annotations"]
+
+
+def taints(cluster) -> dict[str, str]:
+    return {t["key"]: t.get("effect", "") for t in cluster.node("n1")["spec"].get("taints") or []}
+
+
+def test_a_paused_device_plugin_keeps_new_pods_off_the_node_until_the_pause_ends(node):
+    """The pause's NoSchedule taint comes in the write that pauses the device plugin and goes in the one that
+    restores it: no GPU pod is admitted while the plugin is away (UnexpectedAdmissionError, kubernetes#119248)."""
+    cluster, raw = node
+    operands = pauser(raw, wait_seconds=0)
+    operands.pause()
+    assert taints(cluster) == {RESET_PAUSE_TAINT: "NoSchedule"}
+    assert labels(cluster)[PLUGIN] == PAUSED_VALUE
+    operands.restore()
+    assert taints(cluster) == {}
+    assert labels(cluster)[PLUGIN] == "true"
+
+
+def test_the_pause_taint_leaves_the_quarantine_taint_and_others_taints_alone(node):
+    """The node's quarantine taint and an operator's taint stay through the pause and its end."""
+    cluster, raw = node
+    raw.strategic_patch(api_path("", "v1", "nodes", name="n1"), {"spec": {"taints": [
+        {"key": "example.com/maintenance", "effect": "NoSchedule"}]}})
+    writer = NodeWriter(raw, "n1", taint_key=TAINT)
+    writer.set_taint(True)
+    operands = OperandPauser(writer, raw, labels=OPERAND_LABELS, wait_seconds=0)
+    operands.pause()
+    assert taints(cluster) == {"example.com/maintenance": "NoSchedule", TAINT: "NoSchedule",
+                               RESET_PAUSE_TAINT: "NoSchedule"}
+    operands.restore()
+    assert taints(cluster) == {"example.com/maintenance": "NoSchedule", TAINT: "NoSchedule"}
+
+
+def test_a_pause_without_the_device_plugin_sets_no_taint(node):
+    """Only the device plugin's pause fails admissions: pausing the other operands keeps the node schedulable."""
+    cluster, raw = node
+    raw.strategic_patch(api_path("", "v1", "nodes", name="n1"), {"metadata": {"labels": {PLUGIN: "false"}}})
+    pauser(raw, wait_seconds=0).pause()
+    assert taints(cluster) == {}
+
+
+def test_the_pause_taint_a_crashed_agent_left_is_removed_by_the_next_agent(node):
+    """A new agent's restore takes off the taint with the operands' labels."""
+    cluster, raw = node
+    pauser(raw, wait_seconds=0).pause()  # the agent dies here, mid-reset
+    pauser(raw).restore()
+    assert taints(cluster) == {}

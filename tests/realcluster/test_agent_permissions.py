@@ -229,7 +229,9 @@ OPERANDS = tuple(RemediationConfig().reset_operand_labels)
 
 
 def test_an_agent_may_pause_and_restore_the_gpu_operator_operands_of_its_own_node(control_plane, two_nodes):
-    """A reset's operand pause passes RBAC and admission: true -> paused-for-gpu-reset -> true, with its record."""
+    """A reset's operand pause passes RBAC and admission: true -> paused-for-gpu-reset -> true, with its record,
+    and the pause's own NoSchedule taint on while the device plugin is paused, off after."""
+    from agent.k8s.node_marks import RESET_PAUSE_TAINT
     from agent.k8s.operands import PAUSED_VALUE, OperandPauser
 
     a, _ = two_nodes
@@ -239,8 +241,10 @@ def test_an_agent_may_pause_and_restore_the_gpu_operator_operands_of_its_own_nod
     operands = OperandPauser(NodeWriter(apis, a, taint_key=TAINT), apis, labels=OPERANDS, wait_seconds=0)
     operands.pause()
     assert {k: node(control_plane, a).metadata.labels[k] for k in OPERANDS} == dict.fromkeys(OPERANDS, PAUSED_VALUE)
+    assert [(t.key, t.effect) for t in node(control_plane, a).spec.taints] == [(RESET_PAUSE_TAINT, "NoSchedule")]
     operands.restore()
     assert {k: node(control_plane, a).metadata.labels[k] for k in OPERANDS} == dict.fromkeys(OPERANDS, "true")
+    assert not node(control_plane, a).spec.taints
 
 
 @pytest.mark.parametrize("change", [{"nvidia.com/gpu.deploy.device-plugin": "false"},

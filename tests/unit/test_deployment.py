@@ -196,17 +196,23 @@ def test_the_agent_gets_the_kernel_log_from_the_kmsg_device_plugin_not_a_host_pa
 
 
 def test_the_kmsg_device_plugin_holds_no_capability_and_mounts_only_the_device_plugin_directory():
-    """No capability, no privilege, a read-only root, no API token; one hostPath: the kubelet's plugin directory."""
+    """No capability, no privilege, a read-only root, no API token; the kubelet's plugin directory, and for the
+    NVIDIA device nodes' container the host's /dev read-only (listed, never opened)."""
     [plugin] = manifests("kmsg-device-plugin.yaml")
     spec = plugin["spec"]["template"]["spec"]
-    [container] = spec["containers"]
-    security = container["securityContext"]
-    assert security["capabilities"] == {"drop": ["ALL"]}
-    assert (security["privileged"], security["allowPrivilegeEscalation"], security["readOnlyRootFilesystem"]) == (
-        False, False, True)
-    assert container["args"][:3] == ["kmsg-device-plugin", "--resource", "gpu-health-agent.io/kmsg"]
+    kmsg, nvidia = spec["containers"]
+    for container in (kmsg, nvidia):
+        security = container["securityContext"]
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert (security["privileged"], security["allowPrivilegeEscalation"],
+                security["readOnlyRootFilesystem"]) == (False, False, True)
+    assert kmsg["args"][:3] == ["kmsg-device-plugin", "--resource", "gpu-health-agent.io/kmsg"]
+    assert nvidia["args"][:3] == ["kmsg-device-plugin", "--resource", "gpu-health-agent.io/nvidia-devices"]
+    assert [m["name"] for m in kmsg["volumeMounts"]] == ["device-plugins"]
+    assert {m["name"]: m.get("readOnly", False) for m in nvidia["volumeMounts"]} == {"device-plugins": False,
+                                                                                     "host-dev": True}
     assert spec["automountServiceAccountToken"] is False
-    assert [v["hostPath"]["path"] for v in spec["volumes"]] == ["/var/lib/kubelet/device-plugins"]
+    assert [v["hostPath"]["path"] for v in spec["volumes"]] == ["/var/lib/kubelet/device-plugins", "/dev"]
     assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
     assert spec["tolerations"] == daemonset()["tolerations"]
 
@@ -221,11 +227,46 @@ def test_the_reset_container_holds_exactly_the_privileges_a_reset_needs():
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
     assert reset["args"][0] == "reset-helper"
     assert {m["mountPath"]: m.get("readOnly", False) for m in reset["volumeMounts"]} == {
-        "/run/gpu-health-agent": False, "/etc/gpu-health-agent/config": True}
+        "/run/gpu-health-agent": False, "/etc/gpu-health-agent/config": True, "/nvidia": True}
     spec = daemonset()
     host_paths = {v["name"] for v in spec["volumes"] if "hostPath" in v}
     assert not host_paths & {m["name"] for m in reset["volumeMounts"]}
     assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
+
+
+def test_the_agent_tolerates_its_own_reset_pause_taint():
+    """An agent (and its device plugin) restarted mid-reset must start on the node to lift the pause's taint."""
+    from agent.k8s.node_marks import RESET_PAUSE_TAINT
+
+    [plugin] = manifests("kmsg-device-plugin.yaml")
+    for spec in (daemonset(), plugin["spec"]["template"]["spec"]):
+        assert {"key": RESET_PAUSE_TAINT, "operator": "Exists"} in spec["tolerations"]
+
+
+def test_the_agents_containers_need_no_nvidia_runtime_injection():
+    """NVIDIA_VISIBLE_DEVICES=void (the runtime injects nothing, so its failure for a GPU needing a reset cannot
+    stop the pod, NVSentinel PR #1243): the device nodes from the agent's plugin, NVML and nvidia-smi from the
+    init container's copy."""
+    for name in ("agent", "gpu-reset"):
+        container = containers()[name]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["LD_LIBRARY_PATH"] == "/nvidia/lib"
+        assert container["resources"]["limits"]["gpu-health-agent.io/nvidia-devices"] == "1"
+        assert {"name": "nvidia", "mountPath": "/nvidia", "readOnly": True} in container["volumeMounts"]
+    assert env["PATH"].startswith("/nvidia/bin:")  # the reset helper's nvidia-smi
+
+
+def test_only_the_unprivileged_init_container_mounts_the_driver_root():
+    """driver-files reads the host's / read-only with no capability; no running container has the driver root."""
+    [init] = daemonset()["initContainers"]
+    assert init["args"][:5] == ["driver-files", "--root", "/driver-root", "--to", "/nvidia"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert init["securityContext"]["privileged"] is False
+    [mount] = [m for m in init["volumeMounts"] if m["name"] == "driver-root"]
+    assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
+    assert not any(m["name"] == "driver-root" for c in containers().values() for m in c["volumeMounts"])
+    [root] = [v for v in daemonset()["volumes"] if v["name"] == "driver-root"]
+    assert root["hostPath"] == {"path": "/", "type": "Directory"}
 
 
 def test_the_agent_and_the_reset_container_share_the_configured_socket():

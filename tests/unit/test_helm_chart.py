@@ -194,7 +194,8 @@ def test_values_reach_the_agent_config_and_the_pod(helm):
     assert [c["image"] for c in pod["containers"]] == ["registry.example/gha:9.9"] * 2  # the agent, gpu-reset
     assert (pod["runtimeClassName"], pod["nodeSelector"]) == ("nvidia", {"pool": "gpu"})
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "1Gi"
-    assert pod["tolerations"] == [{"key": "gpu-health-agent.io/unhealthy", "operator": "Exists"}]
+    assert pod["tolerations"] == [{"key": "gpu-health-agent.io/unhealthy", "operator": "Exists"},  # its own taints
+                                  {"key": "gpu-health-agent.io/gpu-reset-pause", "operator": "Exists"}]
 
 
 def test_without_the_kmsg_device_plugin_the_agent_mounts_the_kernel_log_by_host_path(helm):
@@ -303,3 +304,26 @@ def test_helm_lint_strict_accepts_what_kubernetes_and_the_agent_accept(helm, set
 def test_the_charts_copies_are_current(copy: str, source: str):
     """helm reads nothing outside the chart: its copies of the base's files must equal them."""
     assert (CHART / copy).read_bytes() == (REPO / source).read_bytes(), "run scripts/sync-deploy-rules"
+
+
+def test_without_driver_files_the_nvidia_runtime_injects_the_driver_as_before(helm):
+    """driverFiles.enabled=false: no init container, no NVIDIA device-node resource, NVIDIA_VISIBLE_DEVICES=all."""
+    rendered = objects(render(helm, "--set", "driverFiles.enabled=false").stdout)
+    spec = rendered[("DaemonSet", "gpu-health-agent")]["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    for container in spec["containers"]:
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
+        assert "gpu-health-agent.io/nvidia-devices" not in (container["resources"].get("limits") or {})
+    plugin = rendered[("DaemonSet", "gpu-health-kmsg-device")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in plugin["containers"]] == ["kmsg-device-plugin"]
+    assert [v["name"] for v in plugin["volumes"]] == ["device-plugins"]
+
+
+def test_the_driver_root_value_reaches_the_init_containers_host_path(helm):
+    """driverFiles.driverRoot (e.g. /run/nvidia/driver alone) is the hostPath the init container copies from."""
+    rendered = objects(render(helm, "--set", "driverFiles.driverRoot=/run/nvidia/driver",
+                              "--set", "driverFiles.waitSeconds=30").stdout)
+    spec = rendered[("DaemonSet", "gpu-health-agent")]["spec"]["template"]["spec"]
+    [root] = [v for v in spec["volumes"] if v["name"] == "driver-root"]
+    assert root["hostPath"]["path"] == "/run/nvidia/driver"
+    assert spec["initContainers"][0]["args"][-2:] == ["--wait-seconds", "30"]

@@ -146,3 +146,13 @@ def test_an_event_of_the_agents_own_write_delivered_before_its_answer_wakes_noth
         cache.offer(written)  # the write's answer
     delivery.join(5)
     assert wakes == []
+
+
+def test_a_gpu_the_device_plugin_withholds_is_a_change_to_what_a_pass_reads():
+    """Allocatable nvidia.com/gpu dropping below capacity (a GPU reported Unhealthy) wakes the reconciler."""
+    counts = {"capacity": {"nvidia.com/gpu": "8", "cpu": "192"}, "allocatable": {"nvidia.com/gpu": "8", "cpu": "190"}}
+    full = node("1", status=counts)
+    withheld = node("2", status={**counts, "allocatable": {"nvidia.com/gpu": "7", "cpu": "190"}})
+    busier = node("3", status={**counts, "allocatable": {"nvidia.com/gpu": "8", "cpu": "189"}})
+    assert inputs_of(full, AGENT_CONDITIONS) != inputs_of(withheld, AGENT_CONDITIONS)
+    assert inputs_of(full, AGENT_CONDITIONS) == inputs_of(busier, AGENT_CONDITIONS)
