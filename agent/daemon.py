@@ -34,8 +34,8 @@ from agent.sources.base import Source
 from agent.wiring import pipeline_of
 
 if TYPE_CHECKING:
+    from agent.cluster_side import ClusterSide, NodeHooks
     from agent.gpu.reset import DeviceReset, ResetExecutor, ResetProcedure
-    from agent.k8s.cluster import ClusterSide, NodeHooks
     from agent.k8s.operands import OperandPauser
     from agent.sources.nvml import NvmlSource
 
@@ -193,9 +193,9 @@ class Daemon:
 
     def _node_hooks(self, config: Config) -> NodeHooks:
         """What the cluster side reads from this node's side, each read when it is called."""
+        from agent.cluster_side import NodeHooks  # noqa: PLC0415 - the Kubernetes edge only where there is a cluster
         from agent.fleet.summariser import NodeFacts  # noqa: PLC0415 - the fleet summary only where there is a cluster
         from agent.gpu.reset import ResetProcedure  # noqa: PLC0415 - resets only where there is a cluster
-        from agent.k8s.cluster import NodeHooks  # noqa: PLC0415 - the Kubernetes edge only where there is a cluster
 
         nvml = self.nvml
         # NVML's PIDs are the host's: charged through the host's /proc, as the kernel log's are.

@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.cluster_side import NodeHooks, build_cluster_side
 from agent.config import Config
 from agent.engine import RuleSet
 from agent.gpu.reset import IN_USE, ResetOutcome, ResetProcedure, ResetRunner, without_persistence
 from agent.journal import Journal
 from agent.k8s.client import client_for
-from agent.k8s.cluster import NodeHooks, build_cluster_side
 from agent.k8s.operands import OperandPauser
 from agent.model import NodeInventory, Observation, Signal
 from agent.model_json import action_to_dict, gpu_to_dict, verdict_to_dict
@@ -95,7 +95,7 @@ class SimulationReport:
 
 def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPolicy,
                         journal: Journal | None = None, config: Config | None = None) -> SimulationReport:
-    """The scenario through the agent as `run` wires it (agent.k8s.cluster.build_cluster_side, agent.wiring:
+    """The scenario through the agent as `run` wires it (agent.cluster_side.build_cluster_side, agent.wiring:
     the same actuators, budget, rate bound, opt-out label and fleet view, from `config`, default the shipped
     one) against an in-process fake API server holding the scenario's node and pods (over real HTTP); a GPU
     reset is simulated, since there is no GPU. The fake cluster keeps the scenario's virtual time, so evicted

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.cluster_side import ClusterSide, NodeHooks, build_cluster_side
 from agent.config import Config
 from agent.engine import RuleSet
 from agent.fleet import Correlation, Hold
@@ -17,7 +18,6 @@ from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.view import RACK_LABEL
 from agent.k8s.client import client_for
-from agent.k8s.cluster import ClusterSide, NodeHooks, build_cluster_side
 from agent.k8s.events import EventRecorder
 from agent.k8s.operands import OperandPauser
 from agent.k8s.raw import RawApi

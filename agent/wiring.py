@@ -16,7 +16,7 @@ from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy
 
 if TYPE_CHECKING:
-    from agent.k8s.cluster import ClusterSide
+    from agent.cluster_side import ClusterSide
 
 
 def guard_policy_of(config: Config) -> GuardPolicy:

@@ -18,10 +18,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agent.cluster_side import build_cluster_side  # noqa: E402
 from agent.config import load_config  # noqa: E402
 from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
 from agent.k8s.client import client_for  # noqa: E402
-from agent.k8s.cluster import build_cluster_side  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
 from agent.model import GpuRef, NodeInventory, Observation, PodRef, Signal  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402

@@ -56,12 +56,12 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from agent.cluster_side import build_cluster_side  # noqa: E402
 from agent.config import Config, load_config  # noqa: E402
 from agent.daemon import Daemon  # noqa: E402
 from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
-from agent.k8s.brake_claims import claim_name  # noqa: E402
+from agent.fleetapi.brake_claims import claim_name  # noqa: E402
 from agent.k8s.client import client_for  # noqa: E402
-from agent.k8s.cluster import build_cluster_side  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
 from agent.model import NodeInventory, Observation, PodRef, Signal  # noqa: E402
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate  # noqa: E402

@@ -36,7 +36,7 @@ from tests.conftest import FIXTURES, eight_gpus  # noqa: E402
 
 NODE = "bench-node"
 #: What the agent imports in each mode (the daemon, the CLI, and in cluster mode its Kubernetes side).
-AGENT_MODULES = ("agent.cli", "agent.daemon", "agent.k8s.cluster", "agent.k8s.client", "agent.k8s.dra")
+AGENT_MODULES = ("agent.cli", "agent.daemon", "agent.cluster_side", "agent.k8s.client", "agent.k8s.dra")
 
 
 def _status(pid: int, field: str) -> float:

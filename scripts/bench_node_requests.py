@@ -28,12 +28,12 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from agent.cluster_side import build_cluster_side  # noqa: E402
 from agent.config import load_config  # noqa: E402
 from agent.daemon import Daemon  # noqa: E402
 from agent.engine import builtin_rules_dir, load_rules  # noqa: E402
-from agent.k8s.claims_watch import REOPEN_FACTOR  # noqa: E402
+from agent.fleetapi.claims_watch import REOPEN_FACTOR  # noqa: E402
 from agent.k8s.client import client_for  # noqa: E402
-from agent.k8s.cluster import build_cluster_side  # noqa: E402
 from agent.logs import configure_logging  # noqa: E402
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate  # noqa: E402
 from tests.k8s_helpers import gpu_node  # noqa: E402

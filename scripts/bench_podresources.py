@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 SETUP = ("import time\n"
          "def rss():\n    for line in open('/proc/self/status'):\n        if line.startswith('VmRSS:'):\n"
          "            return int(line.split()[1]) / 1024\n"
-         "for name in ('agent.cli', 'agent.daemon', 'agent.k8s.cluster', 'agent.k8s.client', 'agent.k8s.dra', "
+         "for name in ('agent.cli', 'agent.daemon', 'agent.cluster_side', 'agent.k8s.client', 'agent.k8s.dra', "
          "'agent.k8s.pods'):\n    __import__(name)\n"
          "base = rss()\n")
 STDLIB = ("from agent.k8s.podresources import list_pod_devices\n"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.fleetapi.budget_slots import RELEASED_ANNOTATION, SLOT_LABEL, slot_name
 from agent.k8s import retry
-from agent.k8s.budget_slots import RELEASED_ANNOTATION, SLOT_LABEL, slot_name
 from agent.k8s.errors import status_error
 from agent.simulation.fake_apiserver.resources import RESOURCES
 from tests.k8s_helpers import gpu_node

@@ -10,19 +10,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.cluster_side import ClusterSide, own_summary
 from agent.engine import builtin_rules_dir, load_rules
 from agent.fleet import BrakePolicy
 from agent.fleet.summariser import NodeFacts, Summariser
+from agent.fleetapi.brake_claims import BrakeClaims
+from agent.fleetapi.budget import LeaseBudget
+from agent.fleetapi.claims_watch import ClaimsWatch
+from agent.fleetapi.fleet_gate import FleetGate
 from agent.journal import Journal
 from agent.k8s.actuator import K8sActuator
-from agent.k8s.brake_claims import BrakeClaims
-from agent.k8s.budget import LeaseBudget
-from agent.k8s.claims_watch import ClaimsWatch
 from agent.k8s.client import client_for
-from agent.k8s.cluster import ClusterSide, own_summary
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
-from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.node import NodeWriter
 from agent.k8s.node_cache import NodeCache
 from agent.k8s.node_watch import NodeWatch

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.cluster_side import request_release
 from agent.engine import RuleSet
-from agent.k8s.budget import LeaseBudget
+from agent.fleetapi.budget import LeaseBudget
 from agent.k8s.client import client_for
-from agent.k8s.cluster import request_release
 from agent.k8s.raw import RawApi
 from agent.model import GpuRef, NodeInventory, Observation, Signal, frozen_attrs
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster

@@ -16,8 +16,8 @@ from agent.k8s.detect import cluster_configured
 @reporting_bad_input
 def release(node_name: str | None, gpu_uuid: str, kubeconfig: str | None) -> None:
     """Release faults only an operator may clear (needs-replacement, ...): the node's agent clears them."""
+    from agent.cluster_side import request_release  # noqa: PLC0415
     from agent.k8s.client import load_api_client  # noqa: PLC0415 - the client is loaded only when needed
-    from agent.k8s.cluster import request_release  # noqa: PLC0415
 
     config = load_config(None)
     name = node_name or config.node_name
@@ -42,7 +42,7 @@ def cleanup(all_nodes: bool, nodes: tuple[str, ...], dry_run: bool, force: bool,
             kubeconfig: str | None) -> None:
     """Remove every mark the agent left (taint, its cordon, conditions, labels, annotations, DeviceTaintRules,
     its Lease) and nothing it did not set. Run after uninstalling; --dry-run lists them first."""
-    from agent.k8s.cleanup import Cleaner, Scope  # noqa: PLC0415 - the client is loaded only when needed
+    from agent.cleanup import Cleaner, Scope  # noqa: PLC0415 - the client is loaded only when needed
     from agent.k8s.client import load_api_client  # noqa: PLC0415
 
     if all_nodes == bool(nodes):

@@ -90,8 +90,8 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
     if cluster_configured(config.remediation.kubeconfig or None):
         # The Kubernetes client is large: it is loaded only where there is a cluster to talk to. A cluster
         # that is configured but unusable (ClientConfigError) ends the start with one line, exit 1.
+        from agent.cluster_side import build_cluster_side  # noqa: PLC0415
         from agent.k8s.client import Timeouts, load_api_client  # noqa: PLC0415
-        from agent.k8s.cluster import build_cluster_side  # noqa: PLC0415
 
         api_client, how = load_api_client(kubeconfig=config.remediation.kubeconfig or None,
                                           timeouts=Timeouts(connect=config.remediation.api_connect_timeout_seconds,

@@ -43,7 +43,7 @@ class Shared:
         #: Each MIG GPU's MIG devices as its last poll outside a reset counted them: what a reset records as the
         #: geometry to restore before it runs (NodeState.mig_expected).
         self.mig_seen: dict[str, int] = {}
-        #: The fleet view (holds, quarantine brake; agent.k8s.fleet_gate), read when a pass or a verdict needs it.
+        #: The fleet view (holds, quarantine brake; agent.fleetapi.fleet_gate), read when a pass or a verdict needs it.
         self.fleet, self.fleet_view = fleet, FleetView()
 
     @property

@@ -66,7 +66,7 @@ class FleetReading:
 
 
 class FleetSource(Protocol):
-    """Reads the fleet view (agent.k8s.fleet_gate); `brake` None: no quarantine brake configured. `clock` is
+    """Reads the fleet view (agent.fleetapi.fleet_gate); `brake` None: no quarantine brake configured. `clock` is
     the monotonic clock its readings are on, `wall` the node's wall clock."""
 
     @property

@@ -7,7 +7,7 @@ their differences: a reader places each hold on its own monotonic clock as `obse
 where `observed_at` is when it first saw that resourceVersion. A reader that first sees an old version (a
 restarted controller or agent) may also cut the placement short by how long ago its own wall clock says the
 version was written: wall clocks can only shorten a hold (toward acting as without one), never lengthen
-it. Pure: the I/O is agent.fleetctl.holds_store's.
+it. Pure: the I/O is agent.fleetapi.holds_store's.
 
 The controller also publishes what it has heard: for each holdable rule, the nodes whose summary showing it
 the pass that wrote this version correlated (HEARD_KEY), and until when, by its wall clock, it promises to

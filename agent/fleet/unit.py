@@ -18,7 +18,7 @@ from agent.model import FaultClass
 #: The classes whose correlation by fabric domain is the fabric's own fault (rules/fabric.yaml, links.yaml,
 #: node.yaml's sxid-*).
 UNIT_CLASSES = frozenset({FaultClass.INTERCONNECT})
-#: The slot Lease annotation naming the unit a node is disrupted with (agent.k8s.budget).
+#: The slot Lease annotation naming the unit a node is disrupted with (agent.fleetapi.budget).
 UNIT_ANNOTATION = "gpu-health-agent.io/fleet-unit"
 
 

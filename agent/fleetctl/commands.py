@@ -25,7 +25,7 @@ from agent.logs import configure_logging
 from agent.shutdown import stop_event
 
 if TYPE_CHECKING:
-    from agent.fleetctl.holds_store import HoldsStore
+    from agent.fleetapi.holds_store import HoldsStore
 
 DEFAULT_NAMESPACE = "gpu-health"
 #: The longest hold an operator may set in one command (renewed by running `hold` again).
@@ -132,11 +132,11 @@ def run_command(namespace: str | None, kubeconfig: str | None, identity: str | N
                 unit_settle: float, port: int, health_port: int, duration: float | None, log_level: str) -> None:
     """Run the fleet controller (a Deployment): leader-elected, it watches the nodes' summaries and
     publishes holds for the faults it correlates."""
+    from agent.fleetapi.leader import LeaderElector, LeaseConfig  # noqa: PLC0415
     from agent.fleetctl.controller import FleetController  # noqa: PLC0415
     from agent.fleetctl.metrics import FleetMetrics  # noqa: PLC0415
     from agent.httpserver import AgentHttpServer  # noqa: PLC0415
     from agent.k8s.events import EventRecorder  # noqa: PLC0415
-    from agent.k8s.leader import LeaderElector, LeaseConfig  # noqa: PLC0415
     from agent.k8s.raw import RawApi  # noqa: PLC0415
     from agent.k8s.watch import ListWatch, WatchOptions  # noqa: PLC0415
 
@@ -237,7 +237,7 @@ def hold_command(rule_id: str, nodes: tuple[str, ...], selector: str | None, dur
                  rules_dir: str | None, dry_run: bool, namespace: str | None, kubeconfig: str | None) -> None:
     """Hold one rule on some nodes: they keep conditions and Events but take no taint, eviction, reset or
     reboot for it until the hold ends or is released."""
-    from agent.fleetctl.holds_store import HoldsStore  # noqa: PLC0415
+    from agent.fleetapi.holds_store import HoldsStore  # noqa: PLC0415
     from agent.k8s.raw import RawApi  # noqa: PLC0415
 
     seconds = parse_duration(duration)
@@ -271,7 +271,7 @@ def hold_command(rule_id: str, nodes: tuple[str, ...], selector: str | None, dur
 def release_command(hold_id: str, dry_run: bool, namespace: str | None, kubeconfig: str | None) -> None:
     """End a hold now: its nodes act on its rule as ever. A correlated hold stays spent (covering nothing)
     while its cause stands, so the controller does not start it again."""
-    from agent.fleetctl.holds_store import HoldsStore  # noqa: PLC0415
+    from agent.fleetapi.holds_store import HoldsStore  # noqa: PLC0415
     from agent.k8s.raw import RawApi  # noqa: PLC0415
 
     store = HoldsStore(RawApi(_client(kubeconfig)), _namespace(namespace), writer="operator", own_clock=False)
@@ -320,7 +320,7 @@ def confirm_command(nodes: tuple[str, ...], selector: str | None, dry_run: bool,
 @_guarded
 def status_command(output: str, namespace: str | None, kubeconfig: str | None) -> None:
     """The published holds: which rule, on how many nodes, why, and for how much longer."""
-    from agent.fleetctl.holds_store import HoldsStore  # noqa: PLC0415
+    from agent.fleetapi.holds_store import HoldsStore  # noqa: PLC0415
     from agent.k8s.raw import RawApi  # noqa: PLC0415
 
     store = HoldsStore(RawApi(_client(kubeconfig)), _namespace(namespace), writer="operator", own_clock=False)

@@ -14,13 +14,13 @@ from agent.errors import AgentError
 from agent.fleet import Correlation, Dimension, Hold, correlate, holdable, next_holds
 from agent.fleet.published import HOLDS_CONFIGMAP, encode_census, encode_seen, word_of_pass
 from agent.fleet.unit import settling, unit_ids
-from agent.fleetctl.holds_store import Deposed, HoldsStore
+from agent.fleetapi.holds_store import Deposed, HoldsStore
+from agent.fleetapi.leader import LeaderElector
 from agent.fleetctl.metrics import FleetMetrics
 from agent.fleetctl.settings import FleetSettings
 from agent.fleetctl.view import SummaryView
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
-from agent.k8s.leader import LeaderElector
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch
 from agent.logs import get_logger

@@ -10,7 +10,7 @@ import pytest
 
 from agent.fleet import BrakePolicy, NodeSummary
 from agent.fleet.published import SUMMARY_ANNOTATION
-from agent.k8s.brake_claims import CLAIM_LABEL, BrakeClaims, claim_name
+from agent.fleetapi.brake_claims import CLAIM_LABEL, BrakeClaims, claim_name
 from agent.k8s.errors import Forbidden
 from agent.k8s.raw import RawApi
 from tests.integration.test_budget import LEASE_RESOURCE

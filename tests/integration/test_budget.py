@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.brake_claims import CLAIM_PREFIX, BrakeClaims
-from agent.k8s.budget import LeaseBudget
-from agent.k8s.budget_slots import SLOT_LABEL, slot_name
+from agent.fleetapi.brake_claims import CLAIM_PREFIX, BrakeClaims
+from agent.fleetapi.budget import LeaseBudget
+from agent.fleetapi.budget_slots import SLOT_LABEL, slot_name
 from agent.k8s.client import client_for
 from agent.k8s.errors import K8sError, status_error
 from agent.k8s.node import DISRUPTION_LABEL

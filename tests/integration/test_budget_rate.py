@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.budget import LeaseBudget
-from agent.k8s.budget_slots import RELEASED_ANNOTATION, SLOT_LABEL, slot_name
+from agent.fleetapi.budget import LeaseBudget
+from agent.fleetapi.budget_slots import RELEASED_ANNOTATION, SLOT_LABEL, slot_name
 from agent.k8s.raw import RawApi, api_path
 from agent.model import StepKind, StepResult
 from agent.simulation.fake_apiserver import FakeCluster
@@ -265,7 +265,7 @@ def test_the_gpu_node_count_lists_metadata_only(fake):
 def test_an_agent_deletes_its_kept_slot_once_the_window_has_passed(fake):
     """n1's agent evicts, an operator releases the GPU: the slot is released and kept (the rate bound counts
     it), and a pass an hour on (its budget's clock) deletes it."""
-    from agent.k8s.cluster import request_release
+    from agent.cluster_side import request_release
     cluster, server = fake
     clock = Clock()
     name = cluster.plane.unique("rate-kept") if not isinstance(cluster, FakeCluster) else "rate-kept"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.budget import LeaseBudget
-from agent.k8s.budget_slots import slot_name
+from agent.fleetapi.budget import LeaseBudget
+from agent.fleetapi.budget_slots import slot_name
 from agent.k8s.errors import K8sError
 from agent.k8s.raw import RawApi
 from tests.integration.test_budget import Faulty

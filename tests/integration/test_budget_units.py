@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agent.fleet.unit import UNIT_ANNOTATION
-from agent.k8s.budget import LeaseBudget
+from agent.fleetapi.budget import LeaseBudget
 from agent.k8s.client import client_for
 from agent.k8s.raw import RawApi
 from tests.integration.test_budget import LEASE_RESOURCE, Clock, slots, three_gpu_nodes

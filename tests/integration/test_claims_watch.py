@@ -1,4 +1,4 @@
-"""The brake's claims ranked from a watch of them (agent.k8s.claims_watch): no list where the watch delivered
+"""The brake's claims ranked from a watch of them (agent.fleetapi.claims_watch): no list where the watch delivered
 the claim's own create, the same places as a list would give, a list where the watch cannot say, and a claim
 this process holds ranked again without a request."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.brake_claims import CLAIM_LABEL, BrakeClaims, claim_name
-from agent.k8s.claims_watch import ClaimsWatch
+from agent.fleetapi.brake_claims import CLAIM_LABEL, BrakeClaims, claim_name
+from agent.fleetapi.claims_watch import ClaimsWatch
 from agent.k8s.raw import RawApi
 from tests.k8s_helpers import agent_client, gpu_node, make_agent, operator_client
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from agent.cluster_side import request_release
 from agent.fleet import BrakePolicy, CorrelationPolicy, NodeSummary
 from agent.fleet.published import CENSUS_KEY, HOLDS_CONFIGMAP, QUARANTINE_LABEL, SUMMARY_ANNOTATION
+from agent.fleetapi.fleet_gate import FleetGate
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
-from agent.k8s.cluster import request_release
 from agent.k8s.events import EventRecorder
-from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.node import DISRUPTION_LABEL
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions

@@ -23,12 +23,12 @@ from agent.fleet.published import (
     decode_census,
     decode_heard,
 )
+from agent.fleetapi.holds_store import Deposed, HoldsStore
+from agent.fleetapi.leader import LeaderElector, LeaseConfig
 from agent.fleetctl.controller import FleetController
-from agent.fleetctl.holds_store import Deposed, HoldsStore
 from agent.fleetctl.settings import FleetSettings
 from agent.k8s.client import client_for
 from agent.k8s.events import EventRecorder
-from agent.k8s.leader import LeaderElector, LeaseConfig
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.logs import capture_logs

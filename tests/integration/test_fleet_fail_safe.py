@@ -12,7 +12,7 @@ import pytest
 
 from agent.fleet import BrakePolicy, Dimension, Hold
 from agent.fleet.published import HOLDS_CONFIGMAP, QUARANTINE_LABEL, SEEN_KEY, encode
-from agent.k8s.fleet_gate import FleetGate
+from agent.fleetapi.fleet_gate import FleetGate
 from agent.k8s.raw import RawApi
 from agent.logs import capture_logs
 from agent.model import FaultClass

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from agent.cluster_side import build_cluster_side
 from agent.config import load_config
 from agent.daemon import Daemon
 from agent.engine import builtin_rules_dir, load_rules
 from agent.fleet import NodeSummary
 from agent.fleet.published import SUMMARY_ANNOTATION
 from agent.k8s.client import client_for
-from agent.k8s.cluster import build_cluster_side
 from agent.model import Observation, Signal
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster
 from agent.sources.nvml import NvmlSource, load_pynvml

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.cluster import request_release
+from agent.cluster_side import request_release
 from agent.remediation import Mode
 from tests.k8s_helpers import gpu_node, make_agent, operator_client
 

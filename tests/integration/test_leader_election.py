@@ -1,4 +1,4 @@
-"""agent.k8s.leader over the fake API server: the Lease taken, renewed, lost and released, each candidate
+"""agent.fleetapi.leader over the fake API server: the Lease taken, renewed, lost and released, each candidate
 judging the holder by the renewals it observed on its own clock."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from agent.fleetapi.leader import LeaderElector, LeaseConfig
 from agent.k8s.client import client_for
 from agent.k8s.errors import Unavailable
-from agent.k8s.leader import LeaderElector, LeaseConfig
 from agent.k8s.raw import RawApi
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster
 

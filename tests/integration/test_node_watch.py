@@ -129,9 +129,9 @@ def test_a_change_to_the_node_wakes_the_daemons_reconciler_long_before_its_next_
     runs the watch and hands it the reconciler's wake)."""
     from prometheus_client import CollectorRegistry
 
+    from agent.cluster_side import build_cluster_side
     from agent.config import load_config
     from agent.daemon import Daemon
-    from agent.k8s.cluster import build_cluster_side
     from tests.k8s_helpers import RULES
 
     cluster = FakeCluster()

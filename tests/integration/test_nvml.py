@@ -418,10 +418,10 @@ def test_the_daemon_hands_the_cluster_side_nvml_processes_charged_through_the_ho
 
     from prometheus_client import CollectorRegistry
 
+    from agent.cluster_side import build_cluster_side
     from agent.config import load_config
     from agent.daemon import Daemon
     from agent.k8s.client import client_for
-    from agent.k8s.cluster import build_cluster_side
     from tests.k8s_helpers import RULES, start_cluster
 
     uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"

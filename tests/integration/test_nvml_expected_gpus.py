@@ -139,10 +139,10 @@ def test_the_daemon_hands_the_nvml_source_the_labels_of_its_node_as_last_read(tm
     (fake API server over real HTTP)."""
     from prometheus_client import CollectorRegistry
 
+    from agent.cluster_side import build_cluster_side
     from agent.config import load_config
     from agent.daemon import Daemon
     from agent.k8s.client import client_for
-    from agent.k8s.cluster import build_cluster_side
     from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
     from tests.integration.test_node_watch import Idle
     from tests.k8s_helpers import RULES, gpu_node

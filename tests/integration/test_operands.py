@@ -117,10 +117,10 @@ def test_an_agent_started_after_a_crash_mid_reset_restores_the_operands(node, tm
 
     from prometheus_client import CollectorRegistry
 
+    from agent.cluster_side import build_cluster_side
     from agent.config import load_config
     from agent.daemon import Daemon
     from agent.gpu.reset import ResetProcedure
-    from agent.k8s.cluster import build_cluster_side
     from tests.k8s_helpers import RULES
 
     cluster, raw = node

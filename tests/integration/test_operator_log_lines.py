@@ -9,12 +9,12 @@ from unittest import mock
 
 import pytest
 
+from agent.fleetapi.budget_slots import slot_name
+from agent.fleetapi.leader import LeaderElector, LeaseConfig
 from agent.fleetctl.controller import FleetController
-from agent.k8s.budget_slots import slot_name
 from agent.k8s.client import client_for
 from agent.k8s.errors import status_error
 from agent.k8s.events import EventRecorder
-from agent.k8s.leader import LeaderElector, LeaseConfig
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.logs import capture_logs

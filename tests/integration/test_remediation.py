@@ -271,7 +271,7 @@ def test_quarantine_mode_taints_without_evicting(fake):
 
 
 def test_a_replacement_is_released_only_by_an_operator(fake):
-    from agent.k8s.cluster import request_release
+    from agent.cluster_side import request_release
     cluster, server = fake
     inventory = gpu_node("n1")
     agent = make_agent(cluster, server, inventory)
@@ -365,10 +365,10 @@ def test_verified_recoveries_are_remembered_across_a_restart(fake):
 def test_an_agent_started_while_the_api_is_down_reads_its_node_once_it_is_back(fake, tmp_path):
     from prometheus_client import CollectorRegistry
 
+    from agent.cluster_side import build_cluster_side
     from agent.config import load_config
     from agent.daemon import Daemon
     from agent.k8s.client import client_for
-    from agent.k8s.cluster import build_cluster_side
     from tests.k8s_helpers import RULES
 
     cluster, server = fake
@@ -432,7 +432,7 @@ def test_a_failed_reset_asks_the_node_for_a_reboot(fake):
 
 def test_a_release_on_the_node_starts_the_recovery_count_again(fake):
     """After two verified recoveries, an operator's release annotation clears the GPU's history."""
-    from agent.k8s.cluster import request_release
+    from agent.cluster_side import request_release
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"))
     for round_ in range(2):

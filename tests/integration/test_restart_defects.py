@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from agent.cluster_side import request_release
 from agent.journal import Journal
 from agent.k8s.client import client_for
-from agent.k8s.cluster import request_release
 from agent.model import GpuRef, NodeInventory, Observation, Signal, StepKind
 from agent.remediation import Mode
 from tests.conftest import wait_for
@@ -274,9 +274,9 @@ def test_detection_goes_on_while_the_api_server_hangs(fake, tmp_path):
     """Issue 16: API work is off the detection path: a hung API server never stops classification."""
     from prometheus_client import CollectorRegistry
 
+    from agent.cluster_side import build_cluster_side
     from agent.config import load_config
     from agent.daemon import Daemon
-    from agent.k8s.cluster import build_cluster_side
 
     cluster, server = fake
     inventory = gpu_node("n1")

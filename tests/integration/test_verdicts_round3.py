@@ -61,7 +61,7 @@ def test_an_escalated_replacement_survives_a_restart_and_the_next_reboot(fake):
 
 def test_an_operator_release_clears_an_escalated_replacement(fake):
     """The one way out of an escalated replacement (short of a new board) is the operator's release."""
-    from agent.k8s.cluster import request_release
+    from agent.cluster_side import request_release
     from tests.k8s_helpers import operator_client
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"))

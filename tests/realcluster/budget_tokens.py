@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.k8s.brake_claims import CLAIM_LABEL, claim_name
-from agent.k8s.budget import PAUSE_LEASE, LeaseBudget
-from agent.k8s.budget_slots import SLOT_LABEL, slot_name
+from agent.fleetapi.brake_claims import CLAIM_LABEL, claim_name
+from agent.fleetapi.budget import PAUSE_LEASE, LeaseBudget
+from agent.fleetapi.budget_slots import SLOT_LABEL, slot_name
 from agent.k8s.errors import Forbidden
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from tests.realcluster.backend import RealServer

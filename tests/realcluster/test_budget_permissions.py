@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.k8s.brake_claims import BrakeClaims, claim_name
-from agent.k8s.budget import PAUSE_LEASE
-from agent.k8s.budget_slots import slot_name
+from agent.fleetapi.brake_claims import BrakeClaims, claim_name
+from agent.fleetapi.budget import PAUSE_LEASE
+from agent.fleetapi.budget_slots import slot_name
 from agent.k8s.errors import Forbidden
 from tests.realcluster.budget_tokens import (
     LEASES,

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from agent.k8s.budget import LeaseBudget
-from agent.k8s.budget_slots import slot_name
+from agent.fleetapi.budget import LeaseBudget
+from agent.fleetapi.budget_slots import slot_name
 from tests.realcluster.budget_tokens import agent_raw
 from tests.realcluster.controlplane import ControlPlane
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from agent.cluster_side import build_cluster_side
 from agent.config import load_config
-from agent.k8s.cluster import build_cluster_side
 from agent.k8s.dra import DeviceRef, DeviceTaintEffect, DeviceTainter, devices_of_gpu, discover_rule_version
 from agent.k8s.errors import Forbidden
 from agent.k8s.evictions import EvictionOutcome, Evictor

@@ -14,11 +14,11 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.fleet import CorrelationPolicy, FaultSummary, NodeSummary
 from agent.fleet.published import HOLDS_CONFIGMAP, LEASE_NAME, SUMMARY_ANNOTATION, decode
+from agent.fleetapi.leader import LeaderElector, LeaseConfig
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
 from agent.k8s.client import load_api_client
 from agent.k8s.events import EventRecorder
-from agent.k8s.leader import LeaderElector, LeaseConfig
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.model import Action, FaultClass, Severity

@@ -8,11 +8,11 @@ import pytest
 from agent.engine import builtin_rules_dir, load_rules
 from agent.fleet import CorrelationPolicy, FaultSummary, NodeSummary
 from agent.fleet.published import HOLDS_CONFIGMAP, SUMMARY_ANNOTATION, decode
+from agent.fleetapi.fleet_gate import FleetGate
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
 from agent.k8s.client import load_api_client
 from agent.k8s.events import EventRecorder
-from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.raw import RawApi
 from agent.model import Action, FaultClass, Severity
 from tests.realcluster.controlplane import AGENT_NAMESPACE, ControlPlane, wait_until

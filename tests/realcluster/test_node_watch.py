@@ -11,10 +11,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from agent.cluster_side import ClusterSide, build_cluster_side, request_release
 from agent.config import load_config
-from agent.k8s.budget import LeaseBudget
-from agent.k8s.budget_slots import slot_name
-from agent.k8s.cluster import ClusterSide, build_cluster_side, request_release
+from agent.fleetapi.budget import LeaseBudget
+from agent.fleetapi.budget_slots import slot_name
 from agent.model import Observation, Signal, StepResult
 from agent.pipeline import Pipeline
 from agent.remediation import GuardPolicy, Mode

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.cluster_side import request_release
 from agent.fleet import BrakePolicy
-from agent.k8s.cluster import request_release
 from agent.model import Observation, Signal
 from tests.k8s_helpers import TAINT, gpu_node, make_agent
 from tests.realcluster.backend import RealCluster, RealServer

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.cleanup import node_marks
+from agent.cleanup import node_marks
 from tests.conftest import FakeNvml
 from tests.realnode import agent
 from tests.realnode.node import NODE_NAME, RealNode

@@ -3,7 +3,7 @@ claims younger than the window by the API server's own stamps."""
 
 from __future__ import annotations
 
-from agent.k8s.brake_claims import Claim, claim_name, places_ahead, within_window
+from agent.fleetapi.brake_claims import Claim, claim_name, places_ahead, within_window
 
 WINDOW = 600.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from agent.k8s.budget_slots import RELEASED_ANNOTATION, Slot, Takings, within_rate
+from agent.fleetapi.budget_slots import RELEASED_ANNOTATION, Slot, Takings, within_rate
 from agent.model import Step, StepKind, StepResult
 from agent.remediation import AttemptHistory, ClusterView, GateReading, GuardPolicy, Mode, decide
 
@@ -137,9 +137,9 @@ def test_no_rate_bound_is_no_bound():
 
 def test_the_configured_rate_bound_reaches_the_budget_gate():
     """remediation.budget_max_nodes_per_hour (default 3) is the gate's rate bound."""
+    from agent.cluster_side import build_cluster_side
     from agent.config import load_config
     from agent.k8s.client import client_for
-    from agent.k8s.cluster import build_cluster_side
     config = load_config(None, env={"NODE_NAME": "n1", "GPU_HEALTH_REMEDIATION__BUDGET_MAX_NODES_PER_HOUR": "5"})
     side = build_cluster_side(client_for("http://127.0.0.1:9"), config, on_stuck=lambda pod: None)
     assert side.gate.max_per_hour == 5

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.k8s.budget_slots import Slot
-from agent.k8s.budget_state import BudgetStateError, Phase, SlotState, Take, Written
+from agent.fleetapi.budget_slots import Slot
+from agent.fleetapi.budget_state import BudgetStateError, Phase, SlotState, Take, Written
 
 HOUR = 3600.0
 TRUST = 6480.0  # 0.9 of a two-hour lifetime

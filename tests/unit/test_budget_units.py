@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.k8s.budget_slots import Slot, ahead_of
-from agent.k8s.budget_units import UnitView, distinct
+from agent.fleetapi.budget_slots import Slot, ahead_of
+from agent.fleetapi.budget_units import UnitView, distinct
 
 UNIT = "nvlink-link-down/fabric-domain/fabric-1"
 DOMAIN = frozenset(f"d{i}" for i in range(18))

@@ -44,7 +44,7 @@ OUTSIDE = [
     # The control loop past its seams (issue 40): the Node writer, the GPU reset, the fleet gate.
     ("agent.k8s.node", "agent/control/reconciler.py"),
     ("agent.gpu.reset", "agent/control/steps.py"),
-    ("agent.k8s.fleet_gate", "agent/control/brake_waits.py"),
+    ("agent.fleetapi.fleet_gate", "agent/control/brake_waits.py"),
 ]
 
 

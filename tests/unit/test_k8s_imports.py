@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 #: Every module of the agent's cluster mode, and the CLI commands that talk to a cluster.
-CLUSTER_MODULES = ("agent.cli", "agent.daemon", "agent.k8s.cluster", "agent.k8s.client", "agent.k8s.cleanup",
+CLUSTER_MODULES = ("agent.cli", "agent.daemon", "agent.cluster_side", "agent.k8s.client", "agent.cleanup",
                    "agent.k8s.dra", "agent.simulate")
 
 

@@ -33,7 +33,7 @@ def test_grpcio_is_the_deviceplugin_extra_not_a_dependency():
 
 def test_the_agents_run_path_loads_no_grpc():
     """A fresh interpreter that imports the CLI and everything `run` wires has not loaded grpc."""
-    code = ("import sys, agent.cli, agent.cli.run, agent.daemon, agent.pipeline, agent.k8s.cluster, "
+    code = ("import sys, agent.cli, agent.cli.run, agent.daemon, agent.pipeline, agent.cluster_side, "
             "agent.k8s.podresources, agent.discovery\n"
             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'grpc'))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,

@@ -58,13 +58,23 @@ def test_no_two_module_level_classes_of_the_agent_share_a_name():
 
 
 def test_no_two_modules_of_the_shared_rooms_share_a_file_name():
-    """One name per idea: control/, fleet/, fleetctl/ and k8s/ never hold two modules of one file name (issue
+    """One name per idea: control/, fleet/, fleetapi/, fleetctl/ and k8s/ never hold two modules of one file name (issue
     40 found brake.py, confirm.py and store.py twice each)."""
     from collections import defaultdict
 
     found: dict[str, list[str]] = defaultdict(list)
-    for room in ("control", "fleet", "fleetctl", "k8s"):
+    for room in ("control", "fleet", "fleetapi", "fleetctl", "k8s"):
         for path in sorted((REPO / "agent" / room).glob("*.py")):
             if path.name != "__init__.py":
                 found[path.name].append(room)
     assert {name: rooms for name, rooms in found.items() if len(rooms) > 1} == {}
+
+
+def test_the_objects_several_agents_share_are_handled_in_agent_fleetapi_only():
+    """Issue 40's room for what nodes share: Leases (the budget's slots, the brake's claims, the leader) are
+    read and written in agent/fleetapi/ (and undone by agent/cleanup.py), never in agent/k8s/, which keeps the
+    client and this node's actuators (bodies.py only types their bodies)."""
+    agent = REPO / "agent"
+    places = sorted(str(path.relative_to(agent)) for path in agent.rglob("*.py")
+                    if "coordination.k8s.io" in path.read_text() and not path.is_relative_to(agent / "simulation"))
+    assert [p for p in places if not p.startswith("fleetapi/")] == ["cleanup.py", "k8s/bodies.py"]

@@ -1,4 +1,4 @@
-"""A watch of the quarantine brake's claims (agent.k8s.brake_claims), so that ranking a new claim needs no list:
+"""A watch of the quarantine brake's claims (agent.fleetapi.brake_claims), so that ranking a new claim needs no list:
 the claims as the watch holds them once it has delivered the new claim's own create are every claim committed
 before it, as a list made after that create would show them.
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from agent.k8s.brake_claims import CLAIM_LABEL, CLAIM_PREFIX, Claim, plain_version
+from agent.fleetapi.brake_claims import CLAIM_LABEL, CLAIM_PREFIX, Claim, plain_version
 from agent.k8s.errors import K8sError
 from agent.k8s.raw import JsonDocument, api_path
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.logs import get_logger
 
-log = get_logger("agent.k8s.claims_watch")
+log = get_logger("agent.fleetapi.claims_watch")
 #: How long a ranking waits for its own claim's create to be delivered before it lists instead (the watch
 #: delivers within milliseconds of the create's answer; a longer wait means a stalled connection).
 DELIVERY_WAIT_SECONDS = 0.25

@@ -26,7 +26,7 @@ from agent.fleet.published import (
     quarantined_since,
 )
 from agent.fleet.unit import UNIT_CLASSES, by_unit, live_units
-from agent.k8s.brake_claims import BrakeClaims
+from agent.fleetapi.brake_claims import BrakeClaims
 from agent.k8s.errors import K8sError, NotFound
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import with_retries
@@ -48,7 +48,7 @@ class FleetGate:
     placement, so re-reading never moves an expiry); one metadata-only list at most every `count_seconds`,
     only when a new quarantine asks the brake: of the labelled (quarantined) GPU nodes where a live
     controller's census for this selector gives the count, else of every GPU node. A quarantine the count
-    allows then claims its place (`claim`: agent.k8s.brake_claims)."""
+    allows then claims its place (`claim`: agent.fleetapi.brake_claims)."""
 
     def __init__(self, raw: RawApi, *, namespace: str, gpu_node_selector: str, brake: BrakePolicy | None,
                  holds: bool = True, cache_seconds: float = 10.0, count_seconds: float = 10.0,
@@ -140,7 +140,7 @@ class FleetGate:
                             holds_error=self._stale, count_error=self._count_error if count else "")
 
     def claim(self, node: str) -> str:
-        """This node's place among the new quarantines (agent.k8s.brake_claims): "" when its claim ranks within
+        """This node's place among the new quarantines (agent.fleetapi.brake_claims): "" when its claim ranks within
         the bound, else why the taint waits (the claim withdrawn; the refusal stands `claim_retry_seconds`).
         Without claims, or where the claim cannot be made or the claims listed (one warning), the count is
         listed afresh instead: not exact, as before claims. A ranking made always decides."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from agent.fleet.unit import UNIT_ANNOTATION
+from agent.fleetapi.budget_units import Units, counted_as, distinct
 from agent.k8s.bodies import Lease, LeasePatch, LeaseSpec
-from agent.k8s.budget_units import Units, counted_as, distinct
 from agent.k8s.raw import JsonDocument
 from agent.timefmt import parse_rfc3339
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from agent.k8s.budget_slots import budget_limit
+from agent.fleetapi.budget_slots import budget_limit
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
 from agent.k8s.watch import ListWatch, WatchOptions

@@ -14,14 +14,14 @@ from agent.errors import InputError
 from agent.fleet import BrakePolicy, NodeSummary
 from agent.fleet.published import SUMMARY_ANNOTATION
 from agent.fleet.summariser import NodeFacts, Summariser
+from agent.fleetapi.brake_claims import BrakeClaims
+from agent.fleetapi.budget import LeaseBudget
+from agent.fleetapi.claims_watch import REOPEN_FACTOR, ClaimsWatch
+from agent.fleetapi.fleet_gate import FleetGate
 from agent.k8s.actuator import K8sActuator, ResetRunner, unwired_reset
-from agent.k8s.brake_claims import BrakeClaims
-from agent.k8s.budget import LeaseBudget
-from agent.k8s.claims_watch import REOPEN_FACTOR, ClaimsWatch
 from agent.k8s.errors import K8sError
 from agent.k8s.events import EventRecorder
 from agent.k8s.evictions import Evictor
-from agent.k8s.fleet_gate import FleetGate
 from agent.k8s.isolation import DeviceIsolator
 from agent.k8s.node import RELEASE_ANNOTATION, NodeWriter
 from agent.k8s.node_cache import NodeCache

@@ -17,7 +17,7 @@ node named in its bound token). No agent's clock decides anything:
     every reader sees, so it is live to all from then) and ranked as taken now, behind every other live
     slot. Its old creationTimestamp never lets it jump ahead of a node that took a slot meanwhile.
 Every request is retried on transient errors (bounded, jittered, under a deadline). What this process knows
-of its own slot is one value (agent.k8s.budget_state: FREE, UNSURE, TAKING, HELD, KEPT) moved by one
+of its own slot is one value (agent.fleetapi.budget_state: FREE, UNSURE, TAKING, HELD, KEPT) moved by one
 transition after each request; a slot it may have written and not confirmed as granted (`maybe_held`:
 UNSURE, TAKING, HELD) is given back by the pipeline until it is released or deleted. A second Lease,
 written only by an operator, pauses all disruption cluster-wide.
@@ -39,10 +39,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from agent.k8s.bodies import LeasePatch
-from agent.k8s.brake_claims import CLAIM_LABEL
-from agent.k8s.budget_count import GpuNodeCount
-from agent.k8s.budget_slots import (
+from agent.fleetapi.brake_claims import CLAIM_LABEL
+from agent.fleetapi.budget_count import GpuNodeCount
+from agent.fleetapi.budget_slots import (
     Sightings,
     Slot,
     Takings,
@@ -56,8 +55,9 @@ from agent.k8s.budget_slots import (
     slot_name,
     within_rate,
 )
-from agent.k8s.budget_state import Lists, Phase, SlotState, Take, Written
-from agent.k8s.budget_units import Units, UnitView, counted_as, distinct, own_key, taken_for
+from agent.fleetapi.budget_state import Lists, Phase, SlotState, Take, Written
+from agent.fleetapi.budget_units import Units, UnitView, counted_as, distinct, own_key, taken_for
+from agent.k8s.bodies import LeasePatch
 from agent.k8s.errors import Conflict, NotFound
 from agent.k8s.node import DISRUPTION_LABEL, NodeWriter
 from agent.k8s.raw import JsonDocument, RawApi, api_path
@@ -90,7 +90,7 @@ class LeaseBudget:
         self.max_per_hour = max_per_hour
         self.window = window_seconds
         self.ttl = ttl_seconds
-        #: The GPU nodes by a live fleet controller's census for a selector (agent.k8s.fleet_gate), None where
+        #: The GPU nodes by a live fleet controller's census for a selector (agent.fleetapi.fleet_gate), None where
         #: it has none: then this agent lists them itself.
         self.census = census
         #: The agent's writer of its Node: the label goes through it, so its view of the Node stays current
@@ -105,7 +105,7 @@ class LeaseBudget:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self.sightings = Sightings(ttl_seconds, monotonic)
         self.takings = Takings(window_seconds, monotonic)
-        #: The fleet units as this node reads them published (agent.k8s.fleet_gate): their slots count as one.
+        #: The fleet units as this node reads them published (agent.fleetapi.fleet_gate): their slots count as one.
         self.units = UnitView(units, window_seconds=window_seconds, monotonic=monotonic)
         #: The rules of the faults the node's slot is taken or renewed for (the last acquire's).
         self._rules: frozenset[str] = frozenset()
@@ -115,7 +115,7 @@ class LeaseBudget:
         #: Other readers let a slot lapse a lifetime after they see its last write, never sooner: this process
         #: trusts a write of its own for this fraction of a lifetime after sending it.
         self.confirm_fraction = 0.9
-        #: What this process knows of its slot (agent.k8s.budget_state): one value, moved by one transition
+        #: What this process knows of its slot (agent.fleetapi.budget_state): one value, moved by one transition
         #: after each request.
         self.state = SlotState()
 
@@ -274,7 +274,7 @@ class LeaseBudget:
     def _listing(self) -> tuple[list[Slot], list[Slot], bool]:
         """The live slots, the recently taken ones, and whether the pause Lease is there, from one list of the
         namespace's Leases but the brake's claims (a handful: slots, the pause, the fleet's leader; the claims,
-        a hundred in a fault storm, are agent.k8s.brake_claims'): the labelled slot Leases not released, and
+        a hundred in a fault storm, are agent.fleetapi.brake_claims'): the labelled slot Leases not released, and
         the other nodes' entries in an earlier version's shared Lease (disrupted by an old agent: recent while
         they are live)."""
         listed = self._retried(lambda: self.raw.get(self.leases, query={"labelSelector": f"!{CLAIM_LABEL}"}))

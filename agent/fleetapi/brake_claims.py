@@ -4,7 +4,7 @@ its creation resourceVersion, so that agents deciding at once never quarantine m
 Counting alone has a race: agents that list within one round trip each see room and each taint. A claim
 closes it. A node whose new taint the brake's count allows first creates its claim, the Lease
 `gpu-health-brake-<node>` labelled `gpu-health-agent.io/brake-claim=true`; then it lists every claim (or
-reads them from its watch once that delivered its own create: agent.k8s.claims_watch) and counts those
+reads them from its watch once that delivered its own create: agent.fleetapi.claims_watch) and counts those
 created before its own. A claim is never written again, so its resourceVersion is the one its
 create got: etcd's commit order, which Kubernetes makes comparable between objects of one resource (1.35,
 KEP-5504). The claim created last among any set lists after every other one of them was committed, so it
@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from agent.fleetapi.budget_slots import epoch
 from agent.k8s.bodies import Lease, ObjectMeta
-from agent.k8s.budget_slots import epoch
 from agent.k8s.errors import Conflict, K8sError, NotFound
 from agent.k8s.raw import JsonDocument, RawApi, api_path
 from agent.k8s.retry import with_retries
@@ -121,7 +121,7 @@ class BrakeClaims:
                  rng: random.Random | None = None, fabric_domain: Callable[[], str] = str,
                  delivered: Callable[[int | None], list[Claim] | None] | None = None) -> None:
         self.raw = raw
-        #: The claims as a watch holds them once current to a version (agent.k8s.claims_watch), or None where
+        #: The claims as a watch holds them once current to a version (agent.fleetapi.claims_watch), or None where
         #: it cannot say: a ranking then lists them.
         self.delivered = delivered
         #: This node's NVLink fabric domain as it reports it (NVML), stated on its claim.

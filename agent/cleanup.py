@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.fleet.published import QUARANTINE_LABEL, SUMMARY_ANNOTATION
+from agent.fleetapi.brake_claims import CLAIM_LABEL
+from agent.fleetapi.budget import PAUSE_LEASE
+from agent.fleetapi.budget_slots import BUDGET_LEASE, SLOT_LABEL
 from agent.k8s.bodies import ConditionDirective, Node, NodePatch, as_node, as_node_list, as_pod_list
-from agent.k8s.brake_claims import CLAIM_LABEL
-from agent.k8s.budget import PAUSE_LEASE
-from agent.k8s.budget_slots import BUDGET_LEASE, SLOT_LABEL
 from agent.k8s.errors import NotFound
 from agent.k8s.node import (
     AGENT_CONDITIONS,

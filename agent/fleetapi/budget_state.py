@@ -1,7 +1,7 @@
 """This node's budget slot as this process knows it: one state value and its transitions, pure (no I/O).
 
 FREE (none known) → UNSURE (a write sent) → TAKING (written, to be ranked) → HELD (granted, renewed) →
-KEPT (released for the rate bound's window) → FREE (deleted). `LeaseBudget` (agent/k8s/budget.py) sends each
+KEPT (released for the rate bound's window) → FREE (deleted). `LeaseBudget` (agent/fleetapi/budget.py) sends each
 request and moves the state by one transition after it; docs/control-map.md ("The budget slot's states")
 draws the machine with what each transition writes to the API. A transition asked of a state it does not
 leave raises `BudgetStateError`: a bug, never an API answer.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from agent.errors import AgentError
-from agent.k8s.budget_slots import Slot
+from agent.fleetapi.budget_slots import Slot
 
 #: The live and the recently taken slots, as one list of the Leases made after this process's write.
 Lists = tuple[list[Slot], list[Slot]]
