@@ -73,11 +73,14 @@ class KmsgDevicePlugin:
         return wire.encode_allocate_response([specs for _ in wire.decode_allocate_request(request)])
 
     def device_nodes(self) -> list[str]:
-        """The host paths handed out: each plain path, and each pattern's character devices under `host_root`."""
+        """The host paths handed out: each pattern's character devices under `host_root`, and each plain path,
+        where a host root is given only if it is a character device there now (a node whose driver is not
+        loaded has no /dev/nvidiactl: a container handed a missing path never starts). Without a host root
+        (the kmsg resource: /dev/kmsg, which the plugin's own container does not see) a plain path as it is."""
         paths: list[str] = []
         root = str(self.settings.host_root).rstrip("/")
         for pattern in self.settings.device_paths:
-            if not glob.has_magic(pattern):
+            if not glob.has_magic(pattern) and not root:
                 paths.append(pattern)
                 continue
             for found in sorted(glob.glob(root + pattern)):

@@ -162,3 +162,15 @@ def test_the_nvidia_resource_hands_out_the_hosts_gpu_device_nodes_as_they_are_at
         assert "/dev/nvidia7" in [s.host_path for s in again]
     finally:
         server.stop(grace=0).wait()
+
+
+def test_a_device_node_missing_on_the_host_is_not_handed_out(directory: Path):
+    """A node whose driver is not loaded (no /dev/nvidiactl, no /dev/nvidiaN): the NVIDIA resource hands out no
+    path, so the agent's container still starts (the runtime refuses a device path that does not exist)."""
+    from agent.kmsgdevice.plugin import NVIDIA_DEVICES, NVIDIA_ENDPOINT, NVIDIA_RESOURCE
+
+    host = directory / "host"
+    (host / "dev").mkdir(parents=True)
+    plugin = KmsgDevicePlugin(PluginSettings(directory=directory, resource=NVIDIA_RESOURCE, endpoint=NVIDIA_ENDPOINT,
+                                             device_paths=NVIDIA_DEVICES, host_root=host))
+    assert plugin.device_nodes() == []

@@ -81,6 +81,10 @@ class RealNode:
             raise NodeError(f"{', '.join(missing)} missing in {BIN}: run scripts/build-node")
         self._take_lock()
         self._clean_host()
+        # A systemd node's / is a shared mount; this machine's (a container's) is private, and containerd
+        # refuses a hostPath of / mounted with HostToContainer propagation (the agent's driver-files init
+        # container: "path / is mounted on / but it is not a shared or slave mount"). As on a real node.
+        subprocess.run(["mount", "--make-rshared", "/"], check=True, capture_output=True)
         cert, key = self.plane.pki.client_pair(f"system:node:{NODE_NAME}", "system:nodes")
         kubeconfig = self.dir / "kubelet.kubeconfig"
         kubeconfig.write_text(yaml.safe_dump({
