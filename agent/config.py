@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.errors import ConfigError
+from agent.fleet.summary import RACK_LABEL, ZONE_LABEL
 from agent.remediation.guard import Mode
 from agent.remediation.planner import INCIDENT_SETTLE_SECONDS
 from agent.yamlload import safe_load
@@ -143,6 +144,10 @@ class RemediationConfig(_Section):
     #: Read the fleet controller's holds (ConfigMap gpu-health-fleet-holds in `namespace`) and publish the
     #: node's fleet summary (docs/fleet.md).
     fleet_holds: bool = True
+    #: The Node labels naming the node's rack and zone, as the fleet controller groups by them (its
+    #: --rack-label/--zone-label): a hold scoped to a rack or a zone covers this node when its label says so.
+    rack_label: str = RACK_LABEL
+    zone_label: str = ZONE_LABEL
     #: Where a fleet controller publishes holds, a node not yet quarantined waits this long after a holdable
     #: fault (application, driver, interconnect, telemetry; never hardware) before acting on it, so the
     #: controller sees its summary and a fleet-wide cause is held before any node acts (docs/fleet.md).

@@ -211,7 +211,9 @@ class Daemon:
             mig_parents=nvml.mig_parents if nvml is not None else None,
             pods=lambda: self.pipeline.inventory.pods,
             facts=lambda: NodeFacts(driver_version=getattr(nvml, "driver_version", ""),
-                                    fabric_domain=getattr(nvml, "fabric_domain", "")),
+                                    fabric_domain=getattr(nvml, "fabric_domain", ""),
+                                    rack=self._node_labels().get(config.remediation.rack_label, ""),
+                                    zone=self._node_labels().get(config.remediation.zone_label, "")),
             reset_of=reset_of,
             # the rules loaded at the call: a hot reload swaps the pipeline's RuleSet
             rule_class=lambda rule_id: self.pipeline.rules.fault_class_of(rule_id),  # noqa: PLW0108

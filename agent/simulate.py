@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from agent.model import NodeInventory, Observation, Signal
 from agent.model_json import action_to_dict, gpu_to_dict, verdict_to_dict
 from agent.pipeline import Outcome, Pipeline
 from agent.remediation import GuardPolicy
+from agent.simulation.device_plugin import SimulatedDevicePlugin
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from agent.simulation.gpu_operator import DRA_OPERANDS, OPERANDS, HostHolder, SimulatedGpuOperator
 from agent.sources.scenario import Scenario, expand, inventory
@@ -118,7 +120,10 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
                                   monotonic=clock, own_pod=own_pod_of(node))
         pipeline = pipeline_of(settings, rules=rules, inventory=node, cluster=side, journal=journal, clock=clock,
                                live_pods=False, diagnostic_available=scenario.node.diagnostic)
-        report = simulate(scenario, pipeline=pipeline, clock=clock)
+        # NVIDIA's device plugin hands the GPUs out where DRA does not: it withholds a GPU after a critical Xid.
+        plugin = SimulatedDevicePlugin(cluster, node) if not scenario.node.dra else None
+        report = simulate(scenario, pipeline=pipeline, clock=clock,
+                          observe=plugin.observe if plugin is not None else None)
     finally:
         server.stop()
     report.cluster = cluster
@@ -190,9 +195,11 @@ def simulate(
     journal: Journal | None = None,
     pipeline: Pipeline | None = None,
     clock: ScenarioClock | None = None,
+    observe: Callable[[Observation], None] | None = None,
 ) -> SimulationReport:
     """Run every observation of the scenario through `pipeline` (simulate_in_cluster's), else a fresh local
-    one (no cluster: steps are only planned) from `rules` and `policy`, ticking the virtual clock."""
+    one (no cluster: steps are only planned) from `rules` and `policy`, ticking the virtual clock; `observe` sees
+    each observation first (the simulated node's own parts, such as its device plugin)."""
     clock = clock or ScenarioClock()
     if pipeline is None:
         if rules is None or policy is None:
@@ -213,6 +220,8 @@ def simulate(
             next_tick += scenario.tick_seconds
         _settle(pipeline, clock, at, lines)
         clock.now = at
+        if observe is not None:
+            observe(timed.observation)
         outcome = pipeline.handle(timed.observation, at)
         line = current.get(timed.entry)
         if line is None or timed.observation.signal is Signal.BOOT:

@@ -14,9 +14,9 @@ from agent.config import Config
 from agent.engine import RuleSet
 from agent.fleet import Correlation, Hold
 from agent.fleet.summariser import NodeFacts
+from agent.fleet.summary import RACK_LABEL
 from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
-from agent.fleetctl.view import RACK_LABEL
 from agent.k8s.client import client_for
 from agent.k8s.events import EventRecorder
 from agent.k8s.operands import OperandPauser
@@ -153,7 +153,7 @@ def _node(scenario: Scenario, fleet: ScenarioFleet, number: int, cluster: FakeCl
     populate(cluster, node, labels=labels)
     facts = NodeFacts(driver_version=fleet.driver_versions[number % len(fleet.driver_versions)],
                       fabric_domain=f"fabric-{number // fleet.fabric_domain_size}" if fleet.fabric_domain_size
-                      else "")
+                      else "", rack=labels.get(RACK_LABEL, ""))
     config = base.model_copy(update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
     hooks = NodeHooks(pods=lambda: node.pods, facts=lambda: facts, reset_of=_simulated_reset,
                       uptime=lambda: UPTIME_AT_START + clock(), rule_class=rules.fault_class_of)

@@ -5,8 +5,9 @@ ConfigMap's 1 MiB); scoped by its cause's group key it is a few hundred bytes, a
 its own summary (what its own NVML and pods say) whether it is in the group. Only keys an agent knows of
 itself in the form the controller groups by are scoped: the workload, the driver version, the NVLink fabric
 domain (a fabric-wide cause: the domains it touched) and the GPU model (GPU Feature Discovery's product
-label is the model with its spaces as dashes, maybe "-SHARED" for time-slicing). Rack, zone, the boot window,
-an operator's hold and a unit stay lists of names.
+label is the model with its spaces as dashes, maybe "-SHARED" for time-slicing), and the rack and the zone
+(the Node's topology labels, read by the agent from its own Node). The boot window, an operator's hold and a
+unit stay lists of names.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections.abc import Set
 from agent.fleet.correlate import FABRIC_WIDE_KEY, Dimension, group_keys
 from agent.fleet.summary import NodeSummary
 
-SCOPABLE = frozenset({Dimension.WORKLOAD, Dimension.DRIVER_VERSION, Dimension.FABRIC_DOMAIN, Dimension.GPU_MODEL})
+SCOPABLE = frozenset({Dimension.WORKLOAD, Dimension.DRIVER_VERSION, Dimension.FABRIC_DOMAIN, Dimension.GPU_MODEL,
+                      Dimension.RACK, Dimension.ZONE})
 
 
 def own_key_matches(dimension: Dimension, key: str, domains: Set[str], own: NodeSummary) -> bool:

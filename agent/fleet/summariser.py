@@ -12,12 +12,14 @@ from agent.model import NODE_KEY, Action, FaultClass, PodRef, Severity
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
-    """What the record does not say: the driver version and the NVLink fabric domain, both from NVML. The rack
-    and zone are the Node's labels, which the fleet controller reads from its own metadata watch
-    (agent.fleetctl.view), so the agent does not publish them."""
+    """What the record does not say: the driver version and the NVLink fabric domain, both from NVML, and the
+    rack and zone, the Node's topology labels (the fleet controller reads its own from its metadata watch and
+    trusts those; the agent's are what it judges a hold scoped to a rack or a zone by: agent.fleet.scope)."""
 
     driver_version: str = ""
     fabric_domain: str = ""
+    rack: str = ""
+    zone: str = ""
 
 
 class Summariser:
@@ -56,7 +58,7 @@ class Summariser:
         models = sorted({str(g.get("model")) for g in _dicts(document.get("gpus")) if g.get("model")})
         facts = self.facts()
         self.last = NodeSummary(node=self.node, gpu_model=",".join(models), driver_version=facts.driver_version,
-                                fabric_domain=facts.fabric_domain,
+                                fabric_domain=facts.fabric_domain, rack=facts.rack, zone=facts.zone,
                                 boot_id=str(cursors.get("boot_id", "")) if isinstance(cursors, Mapping) else "",
                                 uptime_seconds=max(0.0, self.uptime()),
                                 workloads=tuple(sorted({p.owner for p in pods if p.owner})), faults=faults,

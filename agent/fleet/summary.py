@@ -18,6 +18,12 @@ MAX_WORKLOADS = 32
 MAX_TEXT = 253
 
 
+#: The Node labels naming a node's zone and rack (Kubernetes' well-known topology labels): the controller groups
+#: by them (agent.fleetctl.view, `fleet run --rack-label/--zone-label`) and an agent reads its own from its Node
+#: (remediation.rack_label, zone_label), so a hold scoped to a rack or a zone covers the nodes that are in it.
+ZONE_LABEL = "topology.kubernetes.io/zone"
+RACK_LABEL = "topology.kubernetes.io/rack"
+
 @dataclass(frozen=True, slots=True)
 class FaultSummary:
     """One active fault of the node: its rule, who is at fault, how bad, and the workloads on its GPUs."""

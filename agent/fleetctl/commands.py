@@ -19,8 +19,9 @@ from agent.engine import builtin_rules_dir, load_rules
 from agent.errors import AgentError, InputError, InputErrors
 from agent.fleet import CorrelationPolicy, Dimension, Hold, holdable
 from agent.fleet.published import HOLDS_CONFIGMAP, HOLDS_KEY, LEASE_NAME, encode
+from agent.fleet.summary import RACK_LABEL, ZONE_LABEL
 from agent.fleetctl.settings import FleetSettings
-from agent.fleetctl.view import GPU_NODE_SELECTOR, RACK_LABEL, ZONE_LABEL, Labels
+from agent.fleetctl.view import GPU_NODE_SELECTOR, Labels
 from agent.logs import configure_logging
 from agent.shutdown import stop_event
 

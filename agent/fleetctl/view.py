@@ -13,9 +13,8 @@ from agent.errors import InputError
 from agent.fleet import NodeSummary, Sighting
 from agent.fleet.node_selector import labels_match_selector
 from agent.fleet.published import QUARANTINE_LABEL, SUMMARY_ANNOTATION
+from agent.fleet.summary import RACK_LABEL, ZONE_LABEL
 
-ZONE_LABEL = "topology.kubernetes.io/zone"
-RACK_LABEL = "topology.kubernetes.io/rack"
 GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
 #: GPU Feature Discovery's labels (the NVIDIA device plugin's GFD, or the GPU Operator's): the driver version
 #: (whole, or as its three parts) and the GPU product. An agent's token may not write them (its admission

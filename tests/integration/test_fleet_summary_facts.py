@@ -23,12 +23,15 @@ pytestmark = pytest.mark.usefixtures("no_retry_sleep")
 RULES = load_rules(builtin_rules_dir())
 
 
-def published_summary(fake_nvml, tmp_path: Path, state: dict[str, object]) -> NodeSummary:
-    """One NVML poll and one Xid 79 through a daemon wired as in production; the summary its Node carries."""
+def published_summary(fake_nvml, tmp_path: Path, state: dict[str, object],
+                      labels: dict[str, str] | None = None) -> NodeSummary:
+    """One NVML poll and one Xid 79 through a daemon wired as in production (its Node labelled `labels` too);
+    the summary its Node carries."""
     fake_nvml.write(state)
     server = FakeApiServer(FakeCluster()).start()
     try:
-        server.cluster.add("nodes", {"metadata": {"name": "hgx-1", "labels": {"nvidia.com/gpu.present": "true"}}})
+        server.cluster.add("nodes", {"metadata": {"name": "hgx-1", "labels": {"nvidia.com/gpu.present": "true",
+                                                                            **(labels or {})}}})
         config = load_config(None, env={"NODE_NAME": "hgx-1", "GPU_HEALTH_JOURNAL_PATH": str(tmp_path / "j.db"),
                                         "GPU_HEALTH_MODE": "quarantine"})
         nvml = NvmlSource(load_pynvml(), poll_seconds=10.0)
@@ -75,3 +78,17 @@ def test_the_summary_names_the_gpu_model_and_driver_nvml_reports(fake_nvml, tmp_
     """The model and the driver version come from NVML, as the controller's gpu-model and driver keys need."""
     summary = published_summary(fake_nvml, tmp_path, eight_gpus())
     assert (summary.gpu_model, bool(summary.driver_version)) == ("NVIDIA H100 80GB HBM3", True)
+
+
+def test_the_summary_names_the_rack_and_zone_its_nodes_topology_labels_give(fake_nvml, tmp_path):
+    """Issue 38: the agent reads its own Node's topology labels, so a hold scoped to a rack or a zone is judged
+    by the reader itself (agent.fleet.scope)."""
+    labels = {"topology.kubernetes.io/rack": "rack-12", "topology.kubernetes.io/zone": "us-west-2a"}
+    summary = published_summary(fake_nvml, tmp_path, eight_gpus(), labels)
+    assert (summary.rack, summary.zone) == ("rack-12", "us-west-2a")
+
+
+def test_a_node_without_topology_labels_names_no_rack_or_zone(fake_nvml, tmp_path):
+    """No topology labels: the summary's rack and zone are empty, and no scoped rack or zone hold covers it."""
+    summary = published_summary(fake_nvml, tmp_path, eight_gpus())
+    assert (summary.rack, summary.zone) == ("", "")

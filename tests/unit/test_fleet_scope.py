@@ -93,12 +93,21 @@ def test_a_workload_hold_covers_a_node_running_that_workload():
     assert not covers(published, own(workloads=("Job/ml/other",)))
 
 
-def test_rack_zone_operator_holds_and_units_are_never_scoped():
-    """What a reader does not judge of itself (rack, zone, an operator's list) and a unit keep their names."""
-    held = [hold(Dimension.RACK, "r1", names(4)), hold(Dimension.ZONE, "z1", names(4)),
-            hold(Dimension.OPERATOR, "ticket", names(4), by_operator=True),
+def test_a_rack_or_zone_hold_over_the_fleet_covers_the_nodes_whose_own_node_labels_place_them_there():
+    """Issue 38: a rack or zone hold is scoped by its key like the others; each reader judges it by the rack
+    and zone its own Node's topology labels give (its summary's), so a rack of 10,000 names costs no names."""
+    for dimension, field in ((Dimension.RACK, "rack"), (Dimension.ZONE, "zone")):
+        published = round_trip([hold(dimension, "r1", names())])
+        assert published[0].scope and published[0].nodes == frozenset()
+        assert covers(published, own(**{field: "r1"}))
+        assert not covers(published, own(**{field: "r2"})) and not covers(published, own())
+
+
+def test_operator_holds_and_units_are_never_scoped():
+    """What a reader does not judge of itself (an operator's list) and a unit keep their names."""
+    held = [hold(Dimension.OPERATOR, "ticket", names(4), by_operator=True),
             hold(Dimension.FABRIC_DOMAIN, "d1", names(4), unit=True)]
-    assert [(h.scope, len(h.nodes)) for h in published_form(held)] == [(False, 4)] * 4
+    assert [(h.scope, len(h.nodes)) for h in published_form(held)] == [(False, 4)] * 2
 
 
 def test_the_listed_names_stop_at_their_bound_in_id_order():

@@ -292,3 +292,18 @@ def test_simulate_in_a_cluster_publishes_the_fleet_summary_the_agent_publishes()
     summary = json.loads(node["annotations"][SUMMARY_ANNOTATION])
     assert [f["rule"] for f in summary["faults"]] == ["xid-79"]
     assert QUARANTINE_LABEL in node["labels"]
+
+
+def test_the_shipped_mode_leaves_the_node_schedulable_once_the_device_plugin_withholds_the_gpu():
+    """Issue 41 row 2 in a replay: the contained ECC incident in quarantine mode (it runs no reset) ends with the
+    node untainted, GPU 2 withheld by the device plugin (its allocatable one fewer after the Xid 48) and the reset
+    asked for by GpuResetRequired; nobody evicted."""
+    from agent.engine import builtin_rules_dir, load_rules
+    from agent.simulate import simulate_in_cluster
+
+    report = simulate_in_cluster(load_scenario("contained-ecc-real-order"), rules=load_rules(builtin_rules_dir()),
+                                 policy=GuardPolicy(mode=Mode.QUARANTINE)).to_json()
+    node = report["cluster"]["node"]
+    assert node["taints"] == [] and not node["unschedulable"]
+    assert sorted(c["type"] for c in node["conditions"] if c["status"] == "True") == ["GpuDegraded", "GpuResetRequired"]
+    assert "evict" not in {a["kind"] for a in report["actions"]}
