@@ -206,14 +206,18 @@ class Daemon:
             # NVML session released around the reset, the privileged part in the reset container.
             return ResetProcedure(reset_executor_of(config), operands=operands, nvml=nvml)
 
+        def facts() -> NodeFacts:
+            labels = self._node_labels()  # the Node's topology labels: what a scoped rack or zone hold is judged by
+            return NodeFacts(driver_version=getattr(nvml, "driver_version", ""),
+                             fabric_domain=getattr(nvml, "fabric_domain", ""),
+                             rack=labels.get(config.remediation.rack_label, ""),
+                             zone=labels.get(config.remediation.zone_label, ""))
+
         return NodeHooks(
             gpus_by_pod_uid=(lambda: gpus_by_pod_uid(nvml.pids_by_gpu(), host_proc)) if nvml is not None else None,
             mig_parents=nvml.mig_parents if nvml is not None else None,
             pods=lambda: self.pipeline.inventory.pods,
-            facts=lambda: NodeFacts(driver_version=getattr(nvml, "driver_version", ""),
-                                    fabric_domain=getattr(nvml, "fabric_domain", ""),
-                                    rack=self._node_labels().get(config.remediation.rack_label, ""),
-                                    zone=self._node_labels().get(config.remediation.zone_label, "")),
+            facts=facts,
             reset_of=reset_of,
             # the rules loaded at the call: a hot reload swaps the pipeline's RuleSet
             rule_class=lambda rule_id: self.pipeline.rules.fault_class_of(rule_id),  # noqa: PLW0108

@@ -141,7 +141,7 @@ def _node_hooks(cluster: FakeCluster, scenario: Scenario, node: NodeInventory, r
     the operands' pause on a GPU Operator node, whose waits let the simulated DaemonSet controller act, on a
     clock of their own: no scenario time passes)."""
     hooks = NodeHooks(pods=lambda: node.pods, uptime=lambda: UPTIME_AT_START + clock(),
-                      rule_class=rules.fault_class_of, reset_of=lambda operands: _no_gpu_reset)
+                      rule_class=rules.fault_class_of, reset_of=no_operator_reset)
     if not scenario.node.gpu_operator:
         return hooks
     holders = tuple(HostHolder(node.gpus[h.gpu].uuid, h.name, h.until) for h in scenario.node.host_holders)
@@ -159,8 +159,14 @@ def _node_hooks(cluster: FakeCluster, scenario: Scenario, node: NodeInventory, r
                                operand_clock=lambda: waited[0], operand_sleep=wait)
 
 
-def _no_gpu_reset(uuid: str) -> tuple[bool | None, str]:
-    return True, f"simulated reset of {uuid} (no GPU here)"
+def no_operator_reset(operands: OperandPauser) -> ResetRunner:
+    """The reset of a simulated node without the GPU Operator (nothing to pause): simulated, there is no GPU."""
+    del operands
+
+    def reset(uuid: str) -> tuple[bool | None, str]:
+        return True, f"simulated reset of {uuid} (no GPU here)"
+
+    return reset
 
 
 def _operator_node_reset(operator: SimulatedGpuOperator, operands: OperandPauser) -> ResetRunner:

@@ -19,13 +19,12 @@ from agent.fleetctl.controller import FleetController
 from agent.fleetctl.settings import FleetSettings
 from agent.k8s.client import client_for
 from agent.k8s.events import EventRecorder
-from agent.k8s.operands import OperandPauser
 from agent.k8s.raw import RawApi
 from agent.k8s.watch import ListWatch, WatchOptions
 from agent.model import ActionRecord, NodeInventory, StepKind, StepResult
 from agent.pipeline import Outcome, Pipeline
 from agent.remediation import GuardPolicy
-from agent.simulate import UPTIME_AT_START
+from agent.simulate import UPTIME_AT_START, no_operator_reset
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from agent.sources.scenario import Scenario, ScenarioFleet, fleet_timeline, inventory
 from agent.wiring import pipeline_of
@@ -155,22 +154,13 @@ def _node(scenario: Scenario, fleet: ScenarioFleet, number: int, cluster: FakeCl
                       fabric_domain=f"fabric-{number // fleet.fabric_domain_size}" if fleet.fabric_domain_size
                       else "", rack=labels.get(RACK_LABEL, ""))
     config = base.model_copy(update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
-    hooks = NodeHooks(pods=lambda: node.pods, facts=lambda: facts, reset_of=_simulated_reset,
+    hooks = NodeHooks(pods=lambda: node.pods, facts=lambda: facts, reset_of=no_operator_reset,
                       uptime=lambda: UPTIME_AT_START + clock(), rule_class=rules.fault_class_of)
     own_pod = next((p.key for p in node.pods if p.daemonset), "")
     side = build_cluster_side(api_client, config, hooks, on_stuck=lambda pod: None, clock=wall, monotonic=clock,
                               own_pod=own_pod)
     pipeline = pipeline_of(config, rules=rules, inventory=node, cluster=side, clock=clock, live_pods=False)
     return NodeRun(node, pipeline, side)
-
-
-def _simulated_reset(operands: OperandPauser) -> Callable[[str], tuple[bool, str]]:
-    del operands  # no GPU Operator on a simulated fleet node
-
-    def reset(uuid: str) -> tuple[bool, str]:
-        return True, f"simulated reset of {uuid} (no GPU here)"
-
-    return reset
 
 
 def _controller(api_client: Any, clock: _FleetClock, wall: Callable[[], float]) -> FleetController:
