@@ -51,6 +51,20 @@ def marks(node: RealNode) -> Marks:
     return Marks(agent_taints(node), conditions, journaled_record(node) or {}, mirror)
 
 
+def settled_marks(node: RealNode) -> Marks:
+    """The marks once the agent's pass has ended: the journal is written as each step is taken, the mirror with
+    the pass's one Node write at its end, so a reading between the two finds the mirror generations behind the
+    journal. Settled: the mirror at the journal's generation, and the same marks read a second later."""
+    def settled() -> Marks | None:
+        first = marks(node)
+        mirrored = json.loads(first.mirror) if first.mirror else {}
+        if not first.record or mirrored.get("generation") != first.record.get("generation"):
+            return None
+        time.sleep(1)
+        return first if marks(node) == first else None
+    return wait_until(settled, "the agent's pass ended (its mirror at the journal's generation)", timeout=60)
+
+
 def summary_faults(text: str) -> list[list[str]]:
     """The faults of a published fleet summary as this release's fleet code reads them: rule and class."""
     summary = NodeSummary.from_json(text, source=SUMMARY_ANNOTATION)
@@ -114,7 +128,7 @@ def test_an_upgrade_from_the_previous_release_and_its_rollback_keep_the_record_a
     try:
         running(real_node, previous_published)
         held_uid = holder_evicted_by_xid(real_node, healthy_gpus)  # by the previous release
-        before = marks(real_node)
+        before = settled_marks(real_node)
         assert before.taints and before.conditions and before.record and before.mirror
         by_previous = published_summary(real_node)
         faults = summary_faults(by_previous)  # the release under test reads the previous one's summary
