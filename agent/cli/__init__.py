@@ -35,6 +35,7 @@ COMMANDS = {
     "config": ("agent.cli.inspect", "config_group"),
     "history": ("agent.cli.inspect", "history"),
     "explain": ("agent.cli.inspect", "explain"),
+    "probe": ("agent.cli.probe", "probe"),
 }
 
 

@@ -32,8 +32,10 @@ def helm() -> str:
     return built.stdout.strip().splitlines()[-1]
 
 
-def render(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, "template", "gha", str(CHART), "--namespace", "gpu-health", *args],
+def render(helm: str, *args: str, check: bool = True, tests: bool = False) -> subprocess.CompletedProcess[str]:
+    """What `helm install` creates (with `tests`: and what `helm test` creates, its hooks)."""
+    return subprocess.run([helm, "template", "gha", str(CHART), "--namespace", "gpu-health", *args,
+                           *(() if tests else ("--skip-tests",))],
                           capture_output=True, text=True, timeout=120, check=check)
 
 
@@ -98,21 +100,50 @@ def test_monitoring_objects_can_be_turned_off_where_the_operator_runs(helm):
     assert not {kind for kind, _ in rendered} & {"ServiceMonitor", "PrometheusRule"}
 
 
-def test_the_network_policy_admits_only_the_scraper_on_the_metrics_port(helm):
-    """On by default: the agent pods take connections on the metrics port from the configured peers only."""
+def test_the_network_policy_admits_only_the_scraper_and_the_probe_on_the_metrics_port(helm):
+    """On by default: the agent pods take connections on the metrics port from the configured peers and from
+    `helm test`'s probe in their own namespace only."""
     policy = objects(render(helm).stdout)[("NetworkPolicy", "gpu-health-agent")]["spec"]
     assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "gpu-health-agent"}}
     assert policy["policyTypes"] == ["Ingress"]
-    [rule] = policy["ingress"]
-    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    rule, probe = policy["ingress"]
+    assert rule["ports"] == probe["ports"] == [{"port": "metrics", "protocol": "TCP"}]
     assert rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
         "app.kubernetes.io/name": "prometheus"}}}]
+    assert probe["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "gpu-health-agent-probe"}}}]
+
+
+def test_helm_test_probes_each_agent_with_its_own_account_that_reads_only_the_daemonset_and_pods(helm):
+    """`helm test` makes a ServiceAccount, a Role that may get the agent's DaemonSet and list pods (nothing
+    else), its binding and a Pod running `gpu-health-agent probe` on the agent's namespace, DaemonSet and port;
+    all four test hooks, made in that order, deleted once passed; the Pod is no agent pod (not the selector's)."""
+    made = {key: obj for key, obj in objects(render(helm, "--set", "metricsPort=9555", tests=True).stdout).items()
+            if "helm.sh/hook" in (obj["metadata"].get("annotations") or {})}
+    assert sorted(made) == [("Pod", "gpu-health-agent-probe"), ("Role", "gpu-health-agent-probe"),
+                            ("RoleBinding", "gpu-health-agent-probe"), ("ServiceAccount", "gpu-health-agent-probe")]
+    for obj in made.values():
+        annotations = obj["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "test"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    weights = {kind: int(obj["metadata"]["annotations"]["helm.sh/hook-weight"]) for (kind, _), obj in made.items()}
+    assert weights["ServiceAccount"] < weights["RoleBinding"] < weights["Pod"]
+    assert made[("Role", "gpu-health-agent-probe")]["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["gpu-health-agent"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    pod = made[("Pod", "gpu-health-agent-probe")]
+    assert pod["spec"]["serviceAccountName"] == "gpu-health-agent-probe"
+    [container] = pod["spec"]["containers"]
+    assert container["args"] == ["probe", "--namespace", "gpu-health", "--daemonset", "gpu-health-agent",
+                                 "--port", "9555"]
+    assert container["securityContext"]["runAsNonRoot"] is True
+    agents = objects(render(helm).stdout)[("DaemonSet", "gpu-health-agent")]["spec"]["selector"]["matchLabels"]
+    assert not agents.items() <= pod["metadata"]["labels"].items()
 
 
 def test_the_network_policy_takes_the_operators_peers_and_can_be_turned_off(helm):
     """networkPolicy.from replaces the default peers (a hostNetwork scraper's node CIDR); enabled=false drops it."""
     peers = render(helm, "--set", "networkPolicy.from[0].ipBlock.cidr=10.0.0.0/16").stdout
-    [rule] = objects(peers)[("NetworkPolicy", "gpu-health-agent")]["spec"]["ingress"]
+    rule, _probe = objects(peers)[("NetworkPolicy", "gpu-health-agent")]["spec"]["ingress"]
     assert rule["from"] == [{"ipBlock": {"cidr": "10.0.0.0/16"}}]
     off = objects(render(helm, "--set", "networkPolicy.enabled=false").stdout)
     assert "NetworkPolicy" not in {kind for kind, _ in off}
