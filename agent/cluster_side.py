@@ -41,6 +41,9 @@ class NodeHooks:
     gpus_by_pod_uid: Callable[[], dict[str, list[str]]] | None = None
     #: MIG device UUID -> its parent GPU's UUID.
     mig_parents: Callable[[], dict[str, str]] | None = None
+    #: The kubelet's allocatable devices by resource (None: asked on the PodResources socket; a replay: its
+    #: simulated device plugin's).
+    allocatable: Callable[[], dict[str, list[str]]] | None = None
     #: The node's pods as the agent last listed them (the fleet summary names their workloads).
     pods: Callable[[], Iterable[PodRef]] = tuple
     #: The node's facts for the fleet summary (driver version, NVLink fabric domain).
@@ -125,7 +128,7 @@ def build_cluster_side(api_client: Any, config: Config, node: NodeHooks | None =
                          census=fleet.census_gpu_nodes if fleet is not None else None, node=writer)
     pods = PodFinder(raw, config.node_name, socket_path=settings.pod_resources_socket,
                      gpus_by_pod_uid=hooks.gpus_by_pod_uid, mig_parents=hooks.mig_parents,
-                     dra_gpus=devices.gpus_by_pod)
+                     dra_gpus=devices.gpus_by_pod, allocatable=hooks.allocatable)
     if fleet is not None and summariser is not None:
         fleet.own = own_summary(summariser, writer)
     return ClusterSide(actuator, budget, pods, writer, own_pod, operands, fleet, summariser, watch, claims_watch)

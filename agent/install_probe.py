@@ -42,12 +42,12 @@ class AgentPod:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class ProbeVerdict:
     ok: bool
     lines: list[str]
 
 
-def judge(desired: int, pods: Sequence[AgentPod]) -> Verdict:
+def judge(desired: int, pods: Sequence[AgentPod]) -> ProbeVerdict:
     """One line per agent pod, then the summary: ok when the DaemonSet schedules at least one pod, as many run
     as it should (one a node), and every one is Ready and answers 200 on each endpoint."""
     lines, good = [], 0
@@ -59,11 +59,11 @@ def judge(desired: int, pods: Sequence[AgentPod]) -> Verdict:
     if desired == 0:
         lines.append("the DaemonSet is to run on no node: no node matches its nodeSelector and tolerations "
                      "(GPU nodes are labelled nvidia.com/gpu.present=true by GPU feature discovery)")
-        return Verdict(False, lines)
+        return ProbeVerdict(False, lines)
     ok = good == desired == len(pods)
     missing = f", {desired - len(pods)} missing" if len(pods) < desired else ""
     lines.append(f"{good} of {desired} agent(s) answer{missing}" + ("" if ok else ": not every node is covered"))
-    return Verdict(ok, lines)
+    return ProbeVerdict(ok, lines)
 
 
 def _problems(pod: AgentPod) -> list[str]:

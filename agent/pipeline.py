@@ -56,6 +56,7 @@ class Pipeline:
         slot_renew_seconds: float = 600.0,
         own_pod: str = "",
         pods: Callable[[], tuple[PodRef, ...]] | None = None,
+        offered: Callable[[], frozenset[str] | None] | None = None,
         max_faulty_gpus: int = 2,
         replace_after_recoveries: int = 2,
         reset_settle_seconds: float = 10.0,
@@ -94,7 +95,7 @@ class Pipeline:
                                  gate=gate or LocalGate(), rng=rng or random.Random(),  # noqa: S311 - jitter
                                  retry_seconds=retry_seconds, slot_renew_seconds=slot_renew_seconds)
         self.reconciler = Reconciler(self.shared, classifier=self.classifier, runner=self.runner,
-                                     sync_seconds=sync_seconds, pods=pods)
+                                     sync_seconds=sync_seconds, pods=pods, offered=offered)
         self.journal = journal
         self.metrics = metrics
         self.clock = clock

@@ -115,13 +115,15 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
     try:
         settings = (config or Config()).model_copy(
             update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
+        # NVIDIA's device plugin hands the GPUs out where DRA does not: it withholds a GPU after a critical Xid.
+        plugin = SimulatedDevicePlugin(cluster, node) if not scenario.node.dra else None
         hooks = _node_hooks(cluster, scenario, node, rules, clock)
+        if plugin is not None:
+            hooks = dataclasses.replace(hooks, allocatable=plugin.allocatable)
         side = build_cluster_side(client_for(server.url), settings, hooks, on_stuck=lambda pod: None, clock=wall,
                                   monotonic=clock, own_pod=own_pod_of(node))
         pipeline = pipeline_of(settings, rules=rules, inventory=node, cluster=side, journal=journal, clock=clock,
                                live_pods=False, diagnostic_available=scenario.node.diagnostic)
-        # NVIDIA's device plugin hands the GPUs out where DRA does not: it withholds a GPU after a critical Xid.
-        plugin = SimulatedDevicePlugin(cluster, node) if not scenario.node.dra else None
         report = simulate(scenario, pipeline=pipeline, clock=clock,
                           observe=plugin.observe if plugin is not None else None)
     finally:

@@ -51,6 +51,7 @@ def pipeline_of(config: Config, *, rules: RuleSet, inventory: NodeInventory, clu
         gate=cluster.gate if cluster else None,
         own_pod=own_pod if own_pod is not None else cluster.own_pod if cluster else "",
         pods=cluster.pods.pods if cluster and live_pods else None,
+        offered=cluster.pods.offered if cluster else None,
         **pipeline_options(config),
         inline=inline,
         on_released=on_released,

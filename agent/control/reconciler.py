@@ -29,7 +29,7 @@ from agent.model import (
 from agent.remediation import ClusterView, NodeState, plan
 from agent.remediation.backoff import OWED_CAP_SECONDS, failed_pass_delay
 from agent.remediation.guard import node_writes_refused
-from agent.remediation.planner import next_settled
+from agent.remediation.planner import awaiting_reset, next_settled
 from agent.remediation.record import NodeObservation, mirror_of
 
 _ROUNDS = 3
@@ -41,12 +41,15 @@ class Reconciler:
     """Level-triggered: each pass converges the real Node to the record and delivers the Events it owes."""
 
     def __init__(self, shared: Shared, *, classifier: Classifier, runner: StepRunner, sync_seconds: float,
-                 pods: Callable[[], tuple[PodRef, ...]] | None) -> None:
+                 pods: Callable[[], tuple[PodRef, ...]] | None,
+                 offered: Callable[[], frozenset[str] | None] | None = None) -> None:
         self.shared = shared
         self.classifier = classifier
         self.runner = runner
         self.sync_seconds = sync_seconds
         self.pods = pods
+        #: The GPUs the kubelet may still give a new pod (agent.k8s.pods.PodFinder.offered); None: no kubelet.
+        self.offered = offered
         self.due_at = 0.0
         self._pass = threading.Lock()
         self._passes = 0
@@ -223,8 +226,7 @@ class Reconciler:
             shared.record.node = observed.actual(shared.record.node)
             if observed.devices is not None:
                 shared.options = dataclasses.replace(shared.options, devices=observed.devices)
-            if observed.withheld != shared.options.withheld:
-                shared.options = dataclasses.replace(shared.options, withheld=observed.withheld)
+        self._read_offered()
         refused = node_writes_refused(policy=runner.policy, cluster=ClusterView(opted_out=observed.opted_out))
         if observed.release and not (refused and observed.release == self._release_handled):
             target = observed.release.split("@", 1)[0].strip() or "all"
@@ -259,6 +261,17 @@ class Reconciler:
         shared.merge_gpus(shared.record.gpus)
         shared.save()
         shared.log.info("record_adopted_from_node", generation=adopted.generation, faults=len(shared.record.faults))
+
+    def _read_offered(self) -> None:
+        """Which GPUs the kubelet still offers, asked only while a GPU waits for a reset the mode never runs
+        (whether the device plugin keeps it off decides whether the node must be tainted instead)."""
+        shared = self.shared
+        with shared.lock:
+            waiting = bool(awaiting_reset(shared.record.faults.values(), shared.options))
+        offered = self.offered() if waiting and self.offered is not None else None
+        with shared.lock:
+            if offered != shared.options.offered:
+                shared.options = dataclasses.replace(shared.options, offered=offered)
 
     def _wants_devices(self) -> bool:
         """The DRA reads (two lists a pass) only where they can matter: once at start (rules an earlier agent

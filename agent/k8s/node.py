@@ -58,8 +58,6 @@ class NodeView:
     conditions: dict[str, NodeCondition]
 
     taint_key: str = ""
-    #: Devices the kubelet counts but does not offer (device plugins' Unhealthy devices): capacity less allocatable.
-    withheld: int = 0
 
     def observation(self, *, opt_out_label: str = "") -> NodeObservation:
         """The agent's marks as the Node shows them, and the record mirrored in the state annotation."""
@@ -74,24 +72,8 @@ class NodeView:
             record=saved_record(self), release=self.annotations.get(RELEASE_ANNOTATION, ""),
             confirm=self.annotations.get(CONFIRM_ANNOTATION, ""),
             opted_out=bool(opt_out_label) and self.labels.get(opt_out_label) == "true",
-            holds_slot=DISRUPTION_LABEL in self.labels, withheld=self.withheld,
+            holds_slot=DISRUPTION_LABEL in self.labels,
             quarantine_label=quarantined_since(self.labels.get(QUARANTINE_LABEL)))
-
-
-def withheld_devices(status: Mapping[str, object]) -> int:
-    """How many `nvidia.com/` devices the kubelet counts in capacity but leaves out of allocatable: those a device
-    plugin reports Unhealthy (NVIDIA's, after an Xid critical error on the GPU). A malformed count reads 0."""
-    capacity, allocatable = status.get("capacity"), status.get("allocatable")
-    if not isinstance(capacity, Mapping) or not isinstance(allocatable, Mapping):
-        return 0
-    withheld = 0
-    for name, total in capacity.items():
-        if str(name).startswith("nvidia.com/"):
-            try:
-                withheld += max(0, int(str(total)) - int(str(allocatable.get(name, total))))
-            except ValueError:
-                continue
-    return withheld
 
 
 class NodeWriter:
@@ -125,7 +107,6 @@ class NodeWriter:
             taint_keys={t.get("key", "") for t in spec.get("taints") or []},
             conditions={c["type"]: c for c in status.get("conditions") or [] if "type" in c},
             taint_key=self.taint_key,
-            withheld=withheld_devices(status),
         )
 
     def _raw(self) -> Node:

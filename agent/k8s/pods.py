@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 
 from agent.k8s.bodies import OwnerReference, PodSpec, as_pod_list
-from agent.k8s.podresources import PodDevices, list_pod_devices
+from agent.k8s.podresources import PodDevices, allocatable_devices, list_pod_devices, offered_gpus
 from agent.k8s.raw import RawApi, api_path
 from agent.k8s.retry import with_retries
 from agent.logs import get_logger
@@ -25,7 +25,8 @@ class PodFinder:
                  pod_devices: Callable[[str], list[PodDevices]] = list_pod_devices,
                  gpus_by_pod_uid: Callable[[], dict[str, list[str]]] | None = None,
                  mig_parents: Callable[[], dict[str, str]] | None = None,
-                 dra_gpus: DraGpus | None = None) -> None:
+                 dra_gpus: DraGpus | None = None,
+                 allocatable: Callable[[], dict[str, list[str]]] | None = None) -> None:
         self.raw = raw
         self.node = node_name
         self.socket_path = socket_path
@@ -34,6 +35,8 @@ class PodFinder:
         self.mig_parents = mig_parents
         #: GPUs held through DRA (allocated ResourceClaims, PodResources' dynamic resources), by pod.
         self.dra_gpus = dra_gpus
+        #: The kubelet's allocatable devices by resource (None: PodResources' GetAllocatableResources on the socket).
+        self.allocatable = allocatable
         self._claimed: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
         #: pod UID -> its workload (attribution.owner_key), as of the last listing; read by the kernel-log
         #: source to charge an Xid to a workload rather than to one pod or PID.
@@ -72,6 +75,22 @@ class PodFinder:
                                terminating=bool(meta.get("deletionTimestamp"))))
         self.owners = owners
         return tuple(pods)
+
+    def offered(self) -> frozenset[str] | None:
+        """The GPUs the kubelet may still give a new pod (its device plugins' healthy devices: NVIDIA's holds a
+        GPU back after an Xid critical error); None where that cannot be told (no kubelet socket, no answer,
+        device IDs that name no GPU)."""
+        try:
+            if self.allocatable is not None:
+                devices = self.allocatable()
+            elif self.socket_path and os.path.exists(self.socket_path):
+                devices = allocatable_devices(self.socket_path)
+            else:
+                return None
+        except OSError as exc:
+            log.warning("pod_resources_unavailable", error=str(exc))
+            return None
+        return offered_gpus(devices, self.mig_parents() if self.mig_parents else {})
 
     def _with_parents(self, ids: list[str]) -> tuple[str, ...]:
         """A MIG device also names the GPU it is a slice of, so a fault on that GPU finds the pod."""

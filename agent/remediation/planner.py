@@ -72,9 +72,9 @@ class PlanOptions:
     #: The mode runs GPU resets (remediate). Without, a GPU whose faults only a reset clears is kept off by itself
     #: (its device taint, or the device plugin withholding it) and the reset is asked for, not the node held.
     resets: bool = True
-    #: Devices the device plugin withholds from the kubelet now (the Node's capacity less its allocatable of
-    #: `nvidia.com/` resources): NVIDIA's plugin marks a GPU Unhealthy on its own at an Xid critical error.
-    withheld: int = 0
+    #: The GPUs the kubelet may still give a new pod (PodResources' allocatable devices: NVIDIA's device plugin
+    #: holds a GPU back on its own after an Xid critical error); None where that cannot be told.
+    offered: frozenset[str] | None = None
 
 
 def plan(
@@ -146,17 +146,28 @@ def awaiting_reset(active: Iterable[ActiveFault], options: PlanOptions) -> list[
 
 def _withheld_instead(faults: list[ActiveFault], options: PlanOptions, why: str) -> str | None:
     """Without device isolation: None where every quarantining fault waits for a reset the mode never runs and
-    the device plugin withholds at least as many devices as those GPUs (it keeps new work off them itself), so
-    the node stays schedulable; else the node taint (with why, where there is one to say)."""
+    the kubelet offers none of those GPUs any more (the device plugin keeps new work off them itself), so the
+    node stays schedulable; else the node taint (with why, where there is one to say). Matched by GPU, not
+    counted: another GPU held back since earlier never stands in for one still offered."""
     waiting = awaiting_reset(faults, options)
     if len(waiting) < len(faults):
         return why
-    gpus = {f.gpu_key for f in waiting}
-    if options.withheld >= len(gpus):
+    # A GPU known by no UUID (only its index or bus) cannot be found among the kubelet's: still offered.
+    still = sorted({_gpu_text(f) for f in waiting
+                    if options.offered is None or not _gpu_uuid(f) or _gpu_uuid(f) in options.offered})
+    if not still:
         return None
-    names = ", ".join(sorted({_gpu_text(f) for f in waiting}))
-    return (f"the device plugin withholds {options.withheld} device(s) for {len(gpus)} GPU(s) waiting for a reset "
-            f"(mode does not reset): nothing else keeps new work off {names}")
+    if options.offered is None:
+        return (f"which GPUs the kubelet still offers could not be read (PodResources): nothing shows "
+                f"{', '.join(still)}, waiting for a reset (mode does not reset), kept off new work")
+    return (f"the kubelet still offers {', '.join(still)}, waiting for a reset (mode does not reset): nothing "
+            f"else keeps new work off it")
+
+
+def _gpu_uuid(fault: ActiveFault) -> str:
+    """The physical GPU a fault's reset resets (a MIG device's parent)."""
+    gpu = fault.gpu
+    return "" if gpu is None else gpu.mig_parent_uuid or gpu.uuid
 
 
 def desired_device_taints(active: Iterable[ActiveFault], options: PlanOptions) -> dict[DeviceRef, DeviceMark]:

@@ -246,8 +246,6 @@ class NodeObservation:
     #: The quarantine's start the Node's label shows (its wall-clock second; 0: none): what a record that
     #: lacks it (an earlier version's, or a lost journal) takes, so the start is never stamped anew.
     quarantine_label: float = 0.0
-    #: Devices a device plugin withholds now (the Node's capacity less its allocatable of `nvidia.com/` resources).
-    withheld: int = 0
 
     def actual(self, facts: NodeState) -> NodeState:
         """The record's remediation facts with what the Node itself shows in place of the marks."""

@@ -1,7 +1,8 @@
 """The simulation wing's NVIDIA device plugin health check: a GPU that logs a critical Xid is marked Unhealthy,
-and the kubelet then offers one `nvidia.com/gpu` fewer (the Node's allocatable drops below its capacity), as the
-k8s-device-plugin's NVML event watch does (every Xid but the application ones it skips). The agent reads that
-drop to know the GPU is withheld without a node taint (docs/remediation.md, quarantine mode)."""
+and the kubelet then offers it no more (PodResources' allocatable devices leave it out; the Node's allocatable
+drops below its capacity), as the k8s-device-plugin's NVML event watch does (every Xid but the application ones
+it skips). The agent reads which GPUs are still offered to know one is withheld without a node taint
+(docs/remediation.md, quarantine mode)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ class SimulatedDevicePlugin:
             return
         self.unhealthy.add(gpu.uuid)
         self._offer()
+
+    def allocatable(self) -> dict[str, list[str]]:
+        """The kubelet's allocatable devices, as PodResources' GetAllocatableResources lists them: the healthy GPUs
+        by UUID (the plugin's default device IDs)."""
+        return {RESOURCE: [g.uuid for g in self.node.gpus if g.uuid not in self.unhealthy]}
 
     def _offer(self) -> None:
         self.cluster.patch(_NODES, "", self.node.name, "application/merge-patch+json",

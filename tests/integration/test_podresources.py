@@ -6,7 +6,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.k8s.podresources import LIST_METHOD, PodDevices, decode_list_response, encode_list_response, list_pod_devices
+from agent.k8s.podresources import (
+    ALLOCATABLE_METHOD,
+    LIST_METHOD,
+    PodDevices,
+    allocatable_devices,
+    decode_allocatable_response,
+    decode_list_response,
+    encode_allocatable_response,
+    encode_list_response,
+    list_pod_devices,
+)
 from agent.k8s.pods import PodFinder
 from agent.model import ANY_GPU
 
@@ -16,6 +26,9 @@ KUBELET_PODS = [
     PodDevices("ml", "mig-0", {"nvidia.com/mig-1g.10gb": ["MIG-dddd"]}),
     PodDevices("kube-system", "cni", {}),
 ]
+#: What the kubelet may still hand out: GPU-bbbb is gone (its device plugin reports it Unhealthy).
+KUBELET_ALLOCATABLE = {"nvidia.com/gpu": ["GPU-aaaa", "GPU-cccc::0", "GPU-cccc::1"],
+                       "nvidia.com/mig-1g.10gb": ["MIG-dddd"], "example.com/nic": ["nic-0"]}
 
 
 @pytest.fixture
@@ -25,7 +38,10 @@ def kubelet(tmp_path: Path):
     handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
         "List": grpc.unary_unary_rpc_method_handler(lambda request, context: KUBELET_PODS,
                                                     request_deserializer=lambda data: data,
-                                                    response_serializer=encode_list_response)})
+                                                    response_serializer=encode_list_response),
+        "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
+            lambda request, context: KUBELET_ALLOCATABLE, request_deserializer=lambda data: data,
+            response_serializer=encode_allocatable_response)})
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"unix://{socket}")
     server.start()
@@ -46,6 +62,29 @@ def test_the_kubelet_says_which_pod_holds_which_gpu(kubelet):
     assert pods[("ml", "shared-0")] == ["GPU-cccc"]  # time-sliced replicas belong to their GPU
     assert pods[("ml", "mig-0")] == ["MIG-dddd"]
     assert pods[("kube-system", "cni")] == []
+
+
+def test_the_allocatable_wire_format_round_trips():
+    """An AllocatableResourcesResponse's devices decode as they were encoded, by resource."""
+    assert decode_allocatable_response(encode_allocatable_response(KUBELET_ALLOCATABLE)) == KUBELET_ALLOCATABLE
+    assert ALLOCATABLE_METHOD == "/v1.PodResourcesLister/GetAllocatableResources"
+
+
+def test_the_kubelet_says_which_gpus_it_may_still_hand_out(kubelet):
+    """GetAllocatableResources over the socket: its devices by resource, the unhealthy one left out."""
+    assert allocatable_devices(str(kubelet)) == KUBELET_ALLOCATABLE
+
+
+def test_the_offered_gpus_are_the_kubelets_allocatable_ones_by_gpu(kubelet):
+    """PodFinder.offered: each allocatable nvidia.com/ device's GPU (a replica as its GPU, a MIG device as itself
+    and its parent); the unhealthy GPU-bbbb not among them; other vendors' devices ignored."""
+    finder = PodFinder(_Core([]), "n1", socket_path=str(kubelet), mig_parents=lambda: {"MIG-dddd": "GPU-eeee"})
+    assert finder.offered() == {"GPU-aaaa", "GPU-cccc", "MIG-dddd", "GPU-eeee"}
+
+
+def test_without_the_kubelet_which_gpus_are_offered_is_not_known(tmp_path: Path):
+    """No socket: None (the planner then keeps the node taint rather than guess)."""
+    assert PodFinder(_Core([]), "n1", socket_path=str(tmp_path / "none.sock")).offered() is None
 
 
 def test_an_absent_kubelet_is_an_os_error(tmp_path: Path):

@@ -6,13 +6,15 @@ holding that GPU, which the kubelet then stops with SIGTERM; in `quarantine` mod
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.conftest import FakeNvml, eight_gpus
+from tests.conftest import REPO, FakeNvml, eight_gpus
 from tests.realnode import agent
 from tests.realnode.node import NODE_NAME, RealNode
 from tests.realnode.runtime import wait_until
@@ -37,6 +39,25 @@ def test_the_daemonset_pod_is_admitted_and_ready_by_its_probes(installed: tuple[
     pid = real_node.containerd.ctr("tasks", "list").stdout.split(container, 1)[1].split()[0]
     rss = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
     print(f"agent pod {pod.metadata.name}: {rss}")
+
+
+@pytest.mark.shares_install
+@pytest.mark.parametrize("installed", ["quarantine", "quarantine:helm"], indirect=True)
+def test_the_probe_finds_the_installed_agent_ready_and_answering(installed: tuple[str, Any, int],
+                                                                 real_node: RealNode):
+    """`gpu-health-agent probe` (what the chart's `helm test` runs) against the real install: the DaemonSet
+    controller's one node covered, the agent's pod Ready and its /healthz and /readyz answering at its pod IP;
+    the Helm release carries the probe as its test hook."""
+    key, pod, port = installed
+    done = subprocess.run([sys.executable, "-m", "agent", "probe", "--namespace", agent.AGENT_NAMESPACE,
+                           "--port", str(port), f"--kubeconfig={real_node.plane.admin_kubeconfig}"],
+                          capture_output=True, text=True, check=False, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"probe: node {NODE_NAME}: pod {pod.metadata.name} answers: mode quarantine" in done.stdout
+    assert "probe: 1 of 1 agent(s) answer" in done.stdout
+    if key.endswith(":helm"):
+        hooks = agent.helm("get", "hooks", "gpu-health-agent", plane=real_node.plane)
+        assert "name: gpu-health-agent-probe" in hooks and '"probe"' in hooks
 
 
 def read_from_inside(node: RealNode, pod: Any) -> dict[str, list[str]]:

@@ -122,3 +122,17 @@ def test_a_device_the_plugin_marks_unhealthy_leaves_allocatable_and_is_not_given
     gpu_pod(real_node, "seven", gpus=7)
     given = given_devices(real_node, "seven")
     assert GPU_UUIDS[3] not in given and len(given) == 7
+
+
+def test_the_kubelet_offers_every_gpu_but_the_one_its_plugin_marks_unhealthy(real_node: RealNode,
+                                                                             healthy_gpus: FakeNvml):
+    """PodResources' GetAllocatableResources on the real kubelet (what the agent asks in quarantine mode to know
+    a GPU waiting for a reset is kept off by the device plugin): all eight GPUs by UUID, then, GPU 3 reported
+    lost, every one but GPU 3, exactly."""
+    from agent.k8s.podresources import allocatable_devices, offered_gpus
+
+    wait_until(lambda: offered_gpus(allocatable_devices(str(POD_RESOURCES)), {}) == set(GPU_UUIDS),
+               "the kubelet to offer all eight GPUs", timeout=30)
+    healthy_gpus.write(eight_gpus(**{"3": {"lost": True}}))
+    wait_until(lambda: offered_gpus(allocatable_devices(str(POD_RESOURCES)), {}) == set(GPU_UUIDS) - {GPU_UUIDS[3]},
+               "the kubelet to offer every GPU but GPU 3", timeout=30)

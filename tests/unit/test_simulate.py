@@ -296,7 +296,8 @@ def test_simulate_in_a_cluster_publishes_the_fleet_summary_the_agent_publishes()
 
 def test_the_shipped_mode_leaves_the_node_schedulable_once_the_device_plugin_withholds_the_gpu():
     """Issue 41 row 2 in a replay: the contained ECC incident in quarantine mode (it runs no reset) ends with the
-    node untainted, GPU 2 withheld by the device plugin (its allocatable one fewer after the Xid 48) and the reset
+    node untainted, GPU 2 withheld by the device plugin (no longer among the kubelet's allocatable devices after
+    the Xid 48) and the reset
     asked for by GpuResetRequired; nobody evicted."""
     from agent.engine import builtin_rules_dir, load_rules
     from agent.simulate import simulate_in_cluster
