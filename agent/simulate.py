@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from agent.cluster_side import NodeHooks, build_cluster_side
 from agent.config import Config
 from agent.engine import RuleSet
@@ -113,8 +115,8 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
     populate(cluster, node, dra=scenario.node.dra)
     server = FakeApiServer(cluster).start()
     try:
-        settings = (config or Config()).model_copy(
-            update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
+        settings = msgspec.structs.replace(config or Config(), node_name=node.name, mode=policy.mode,
+                                           dry_run=policy.dry_run)
         hooks = _node_hooks(cluster, scenario, node, rules, clock)
         side = build_cluster_side(client_for(server.url), settings, hooks, on_stuck=lambda pod: None, clock=wall,
                                   monotonic=clock, own_pod=own_pod_of(node))
