@@ -102,7 +102,7 @@ class FleetReport:
         return {
             "scenario": self.scenario.name,
             "description": self.scenario.description.strip(),
-            "fleet": self.scenario.fleet.model_dump() if self.scenario.fleet else None,
+            "fleet": msgspec.to_builtins(self.scenario.fleet) if self.scenario.fleet else None,
             "totals": self.totals(),
             "correlations": [{
                 "id": s.correlation.id, "cause": s.correlation.cause, "rule_id": s.correlation.rule_id,

@@ -14,8 +14,8 @@ OTHER_COMMANDS = ("agent.fleetctl", "agent.fleetctl.commands", "agent.check", "a
                   "agent.cli.simulate", "agent.simulate", "agent.cli.drill", "agent.cli.kmsgdevice", "agent.cli.nvml")
 
 #: What a kernel-log-only agent in local mode does not need: the other sources, the scenario player, the GPU
-#: edge's resets, the fleet summary it publishes in a cluster, the Kubernetes client, grpcio, and pydantic (only
-#: the scenario player's models use it; the configuration and the rules are msgspec Structs: ~9 MiB less RSS).
+#: edge's resets, the fleet summary it publishes in a cluster, the Kubernetes client, grpcio, and pydantic (a dev
+#: dependency now: the configuration, rules and scenarios are msgspec Structs, ~9 MiB less RSS than its models).
 NOT_FOR_THE_IDLE_AGENT = (*OTHER_COMMANDS, "grpc", "kubernetes", "urllib3", "pydantic", "agent.k8s.client",
                           "agent.simulation", "agent.sources.scenario", "agent.sources.nvml", "agent.sources.dcgm",
                           "agent.sources.dcgm_exporter", "agent.sources.dcgm_bindings", "agent.sources.node_memory",
