@@ -8,6 +8,8 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agent.engine import EngineState, RuleSet, evaluate
 from agent.engine.schema import Rule
 from agent.model import NODE_KEY, Action, GpuRef, Observation, Severity, Verdict, normalise_pci
@@ -116,13 +118,13 @@ def _one_reading(rule: Rule) -> Rule:
     held = _duration(max([rule.sustain_seconds, *(o.sustain_seconds or 0.0 for o in rule.overrides)]))
     summary = rule.summary.split(" for ")[0] if " for " in rule.summary else rule.summary
     severity = Severity.WARNING if rule.severity.rank > Severity.WARNING.rank else rule.severity
-    overrides = [o.model_copy(update={"sustain_seconds": None, "severity": None, "action": None})
+    overrides = [msgspec.structs.replace(o, sustain_seconds=None, severity=None, action=None)
                  for o in rule.overrides]
-    return rule.model_copy(update={
-        "sustain_seconds": 0.0, "severity": severity, "action": Action.NOTIFY if rule.action.quarantines
-        else rule.action, "overrides": overrides,
-        "summary": f"{summary}: seen in this reading (the rule asks for {held} without a break, which cannot be "
-                   "judged from one reading; the running agent judges it)"})
+    return msgspec.structs.replace(
+        rule, sustain_seconds=0.0, severity=severity, action=Action.NOTIFY if rule.action.quarantines
+        else rule.action, overrides=overrides,
+        summary=f"{summary}: seen in this reading (the rule asks for {held} without a break, which cannot be "
+                "judged from one reading; the running agent judges it)")
 
 
 def _duration(seconds: float) -> str:

@@ -134,7 +134,7 @@ SOURCE_FACTORIES: dict[str, SourceFactory] = {"kmsg": _kmsg_factory, "nvml": _nv
 def discover_sources(ctx: SourceContext) -> list[SourceProbe]:
     """Every source this machine can run, per the config (auto-detected unless forced on or off)."""
     probes: list[SourceProbe] = []
-    for name in type(ctx.config.sources).model_fields:
+    for name in ctx.config.sources.__struct_fields__:
         toggle = getattr(ctx.config.sources, name).enabled
         factory = SOURCE_FACTORIES.get(name)
         if toggle == "off":

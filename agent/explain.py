@@ -9,6 +9,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import msgspec
+
 from agent.engine import EngineState, RuleSet, evaluate
 from agent.engine.schema import Recovery, Rule
 from agent.model import AttrValue, GpuRef, Observation, Signal, Verdict, frozen_attrs
@@ -52,8 +54,8 @@ def explain_xid(rules: RuleSet, xid: int, *, attrs: dict[str, AttrValue] | None 
     row = xid_catalog().get(xid)
     variants = [
         {"rule_id": r.id, "severity": str(r.severity), "action": str(r.action), "fault_class": str(r.fault_class),
-         "quarantine": r.action.quarantines, "when": [c.model_dump(exclude_defaults=True) for c in r.when],
-         "fallback": r.fallback, "window": r.window.model_dump()}
+         "quarantine": r.action.quarantines, "when": [msgspec.to_builtins(c) for c in r.when],
+         "fallback": r.fallback, "window": msgspec.to_builtins(r.window)}
         for r in rules.for_signal(Signal.XID) if xid in r.codes
     ]
     return {
@@ -76,8 +78,8 @@ def explain_signal(rules: RuleSet, signal: Signal, value: float, *, attrs: dict[
     verdict = first_verdict(rules, observation)
     watching = [
         {"rule_id": r.id, "severity": str(r.severity), "action": str(r.action),
-         "when": [c.model_dump(exclude_defaults=True) for c in r.when], "sustain_seconds": r.sustain_seconds,
-         "window": r.window.model_dump(), "recovery": r.recovery.model_dump(), "source": r.source}
+         "when": [msgspec.to_builtins(c) for c in r.when], "sustain_seconds": r.sustain_seconds,
+         "window": msgspec.to_builtins(r.window), "recovery": msgspec.to_builtins(r.recovery), "source": r.source}
         for r in rules.for_signal(signal)
     ]
     needed = attributes_read(rules.for_signal(signal))

@@ -160,7 +160,7 @@ def _level_of(levelno: int) -> str:
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: TextIO | None = None, line: str | None = None) -> None:
-    """warnings.showwarning: a warning (pydantic's, a deprecation) as the event `python_warning`."""
+    """warnings.showwarning: a warning (a library's, a deprecation) as the event `python_warning`."""
     _library.warning("python_warning", category=category.__name__, message=_safe_text(message),
                      source=f"{filename}:{lineno}")
 

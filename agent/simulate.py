@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from agent.cluster_side import NodeHooks, build_cluster_side
 from agent.config import Config
 from agent.engine import RuleSet
@@ -113,8 +115,8 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
     populate(cluster, node, dra=scenario.node.dra)
     server = FakeApiServer(cluster).start()
     try:
-        settings = (config or Config()).model_copy(
-            update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
+        settings = msgspec.structs.replace(config or Config(), node_name=node.name, mode=policy.mode,
+                                           dry_run=policy.dry_run)
         # NVIDIA's device plugin hands the GPUs out where DRA does not: it withholds a GPU after a critical Xid.
         plugin = SimulatedDevicePlugin(cluster, node) if not scenario.node.dra else None
         hooks = _node_hooks(cluster, scenario, node, rules, clock)

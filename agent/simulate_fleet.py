@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from agent.cluster_side import ClusterSide, NodeHooks, build_cluster_side
 from agent.config import Config
 from agent.engine import RuleSet
@@ -100,7 +102,7 @@ class FleetReport:
         return {
             "scenario": self.scenario.name,
             "description": self.scenario.description.strip(),
-            "fleet": self.scenario.fleet.model_dump() if self.scenario.fleet else None,
+            "fleet": msgspec.to_builtins(self.scenario.fleet) if self.scenario.fleet else None,
             "totals": self.totals(),
             "correlations": [{
                 "id": s.correlation.id, "cause": s.correlation.cause, "rule_id": s.correlation.rule_id,
@@ -153,7 +155,7 @@ def _node(scenario: Scenario, fleet: ScenarioFleet, number: int, cluster: FakeCl
     facts = NodeFacts(driver_version=fleet.driver_versions[number % len(fleet.driver_versions)],
                       fabric_domain=f"fabric-{number // fleet.fabric_domain_size}" if fleet.fabric_domain_size
                       else "", rack=labels.get(RACK_LABEL, ""))
-    config = base.model_copy(update={"node_name": node.name, "mode": policy.mode, "dry_run": policy.dry_run})
+    config = msgspec.structs.replace(base, node_name=node.name, mode=policy.mode, dry_run=policy.dry_run)
     hooks = NodeHooks(pods=lambda: node.pods, facts=lambda: facts, reset_of=no_operator_reset,
                       uptime=lambda: UPTIME_AT_START + clock(), rule_class=rules.fault_class_of)
     own_pod = next((p.key for p in node.pods if p.daemonset), "")

@@ -16,6 +16,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+import msgspec
+
 from agent.engine import EngineState, RuleSet, builtin_rules_dir, evaluate, load_rules
 from agent.hot_path import describe
 from agent.model import Signal
@@ -58,8 +60,8 @@ def multiplied(rules: RuleSet, factor: int, *, new_codes: bool = False) -> RuleS
     """The rule set with every Xid rule copied `factor - 1` more times under new ids: copies that match the
     same codes (every observation then matches `factor` times the rules), or, with `new_codes`, a catalog
     `factor` times larger (the copies take codes 1000, 2000, ... above the originals)."""
-    extra = [rule.model_copy(update={"id": f"{rule.id}-copy{n}", "code": _shifted(rule.code, n * 1000)})
-             if new_codes else rule.model_copy(update={"id": f"{rule.id}-copy{n}"})
+    extra = [msgspec.structs.replace(rule, id=f"{rule.id}-copy{n}", code=_shifted(rule.code, n * 1000))
+             if new_codes else msgspec.structs.replace(rule, id=f"{rule.id}-copy{n}")
              for n in range(1, factor) for rule in rules.for_signal(Signal.XID)]
     return RuleSet(rules=(*rules.rules, *extra))
 

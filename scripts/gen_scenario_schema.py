@@ -9,13 +9,16 @@ import json
 import sys
 from pathlib import Path
 
+import msgspec
+
 from agent.sources.scenario import Scenario
 
 TARGET = Path(__file__).resolve().parent.parent / "docs" / "scenario.schema.json"
 
 
 def scenario_schema() -> dict[str, object]:
-    schema = Scenario.model_json_schema()
+    (_,), components = msgspec.json.schema_components([Scenario])
+    schema = {**components.pop("Scenario"), "$defs": dict(sorted(components.items()))}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": "https://github.com/gpu-health-agent/gpu-health-agent/blob/main/docs/scenario.schema.json",
             "title": "gpu-health-agent fault scenario",

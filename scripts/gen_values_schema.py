@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+import msgspec
+
 from agent.config import Config
 
 TARGET = Path(__file__).resolve().parent.parent / "daemonset" / "helm" / "gpu-health-agent" / "values.schema.json"
@@ -20,10 +22,10 @@ PREFIX = "agentConfig"
 
 def config_defs() -> dict[str, object]:
     """The model's schema as `$defs` entries: `agentConfig` itself, `agentConfig<Section>` for each section."""
-    schema = Config.model_json_schema(ref_template=f"#/$defs/{PREFIX}{{model}}")
-    defs = {f"{PREFIX}{name}": value for name, value in schema.pop("$defs", {}).items()}
+    (_,), components = msgspec.json.schema_components([Config], ref_template=f"#/$defs/{PREFIX}{{name}}")
+    schema = dict(components.pop("Config"))
     schema.pop("title", None)
-    return {PREFIX: schema, **defs}
+    return {PREFIX: schema, **{f"{PREFIX}{name}": value for name, value in sorted(components.items())}}
 
 
 def values_schema(current: dict[str, object]) -> dict[str, object]:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agent.cluster_side import request_release
 from agent.engine import RuleSet
 from agent.fleetapi.budget import LeaseBudget
@@ -431,7 +433,7 @@ def rules_reload_renames(world: World) -> set[int]:
     gpu = world.rng.randrange(8)
     world.step(world.kmsg_xid(gpu, 79))
     world.step(world.settle(40.0))
-    renamed = RuleSet(rules=tuple(r.model_copy(update={"id": "xid-79-v2"}) if r.id == "xid-79" else r
+    renamed = RuleSet(rules=tuple(msgspec.structs.replace(r, id="xid-79-v2") if r.id == "xid-79" else r
                                   for r in RULES.rules))
     world.rules = renamed
 

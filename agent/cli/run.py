@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import msgspec
 
 from agent.cli.common import POSITIVE, config_of, reporting_bad_input
 from agent.config import Config
@@ -66,8 +67,8 @@ def run(config_path: str | None, mode: str | None, dry_run: bool | None, port: i
     if dry_run:
         overrides["dry_run"] = True
     if port is not None:
-        overrides["http"] = config.http.model_copy(update={"port": port})
-    config = config.model_copy(update=overrides)
+        overrides["http"] = msgspec.structs.replace(config.http, port=port)
+    config = msgspec.structs.replace(config, **overrides)
     configure_logging(config.log.level, config.log.format)
     _check_journal_place(config.journal_path)
     rules = load_rules(rules_dir_of(config))

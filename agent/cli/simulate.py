@@ -15,7 +15,7 @@ from agent.logs import configure_logging
 from agent.remediation import GuardPolicy, Mode
 from agent.sources.scenario import builtin_names, load_scenario
 
-DEFAULT_MODE = Config.model_fields["mode"].default
+DEFAULT_MODE = Config().mode
 
 
 @click.command(name="simulate")

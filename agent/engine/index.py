@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import msgspec
+
 from agent.engine.loader import RuleSet
 from agent.engine.schema import Rule
 from agent.model import Signal
@@ -102,11 +104,16 @@ def codes_of(rule: Rule) -> frozenset[int]:
     return frozenset([rule.code] if isinstance(rule.code, int) else rule.code)
 
 
+def _matching(rule: Rule) -> bytes:
+    """The rule's matching fields as JSON (in a fixed order): equal for rules alike in all of them."""
+    return msgspec.json.encode({name: getattr(rule, name) for name in sorted(_MATCHING_FIELDS)})
+
+
 def _groups(rules: tuple[Rule, ...]) -> dict[str, RuleGroup]:
     """Each rule id's group: the rules alike in codes and in every matching field, in file order."""
-    alike: dict[tuple[frozenset[int], str], list[Rule]] = {}
+    alike: dict[tuple[frozenset[int], bytes], list[Rule]] = {}
     for rule in rules:
-        alike.setdefault((codes_of(rule), rule.model_dump_json(include=set(_MATCHING_FIELDS))), []).append(rule)
+        alike.setdefault((codes_of(rule), _matching(rule)), []).append(rule)
     return {rule.id: group for members in alike.values() for group in [RuleGroup(tuple(members))]
             for rule in members}
 

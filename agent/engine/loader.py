@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from agent.engine.schema import Rule
 from agent.errors import InputErrors, RuleError
 from agent.model import Action, FaultClass, Signal
+from agent.strict import RecordInvalid, convert
 from agent.yamlload import safe_load
 
 #: The attribute the classifier sets on an observation a contained incident governs: the incident's rule id.
@@ -207,9 +207,9 @@ def _parse_file(name: str, text: str) -> tuple[list[Rule], list[str], list[RuleE
     for position, raw in enumerate(data.get("rules") or []):
         rule_id = _raw_id(raw, position)
         try:
-            rules.append(Rule.model_validate(raw))
-        except ValidationError as exc:
-            problems.extend(_validation_problems(exc, name, rule_id))
+            rules.append(convert(raw, Rule))
+        except RecordInvalid as exc:
+            problems.append(RuleError(exc.reason, file=name, rule_id=rule_id, field=exc.field or "(rule)"))
     return rules, [str(r) for r in retired], problems
 
 
@@ -217,15 +217,6 @@ def _raw_id(raw: Any, position: int) -> str:
     if isinstance(raw, dict) and isinstance(raw.get("id"), str) and raw["id"]:
         return str(raw["id"])
     return f"#{position + 1}"
-
-
-def _validation_problems(exc: ValidationError, file: str, rule_id: str) -> list[RuleError]:
-    problems = []
-    for error in exc.errors():
-        location = ".".join(str(part) for part in error["loc"]) or "(rule)"
-        problems.append(RuleError(error["msg"].removeprefix("Value error, "), file=file, rule_id=rule_id,
-                                  field=location))
-    return problems
 
 
 def _duplicate_ids(located: list[tuple[str, Rule]]) -> list[RuleError]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from fnmatch import fnmatchcase
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import msgspec
+from msgspec import Meta
 
 from agent.model import Action, FaultClass, Severity, Signal
+from agent.strict import RecordInvalid, Strict, convert
 
 ScalarValue = bool | int | float | str
 ConditionOp = Literal["eq", "ne", "gt", "ge", "lt", "le", "in", "not_in", "bits_any", "bits_none", "present", "absent"]
@@ -16,25 +19,24 @@ _NEEDS_LIST = {"in", "not_in"}
 _NEEDS_INT = {"bits_any", "bits_none"}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+NonEmpty = Annotated[str, Meta(min_length=1)]
+NonNegative = Annotated[float, Meta(ge=0)]
 
 
-class Condition(_Strict):
+class Condition(Strict, frozen=True, kw_only=True, omit_defaults=True):
     """One test on an observation: `field` is `value` or one of its attributes.
 
     Compare against a literal `value`, or against another attribute named by `ref` plus `offset`
     (so a temperature is judged against the GPU's own threshold, not a fleet-wide constant).
     """
 
-    field: str = Field(min_length=1)
+    field: NonEmpty
     op: ConditionOp
     value: ScalarValue | list[ScalarValue] | None = None
     ref: str | None = None
     offset: float = 0.0
 
-    @model_validator(mode="after")
-    def _operand_fits_op(self) -> Condition:
+    def __post_init__(self) -> None:
         if self.op in _NEEDS_NOTHING:
             if self.value is not None or self.ref is not None:
                 raise ValueError(f"op {self.op} takes neither value nor ref")
@@ -48,33 +50,30 @@ class Condition(_Strict):
             raise ValueError(f"op {self.op} needs exactly one of value or ref")
         elif isinstance(self.value, list):
             raise ValueError(f"op {self.op} needs a single value, not a list")
-        return self
 
 
-class Window(_Strict):
+class Window(Strict, frozen=True, kw_only=True):
     """Fire after `count` occurrences within `seconds` (0: no time limit); with `distinct`, count
     distinct values of that attribute instead (e.g. different pods hitting the same GPU); with `per`, count
     the occurrences of each value of that attribute apart and fire when one value has `count` of them (e.g. the
     same NVLink link: an observation without the attribute counts for nothing)."""
 
-    count: int = Field(default=1, ge=1)
-    seconds: float = Field(default=0.0, ge=0)
+    count: Annotated[int, Meta(ge=1)] = 1
+    seconds: NonNegative = 0.0
     distinct: str | None = None
-    per: str | None = Field(default=None, min_length=1)
+    per: NonEmpty | None = None
 
-    @model_validator(mode="after")
-    def _window_needs_time_for_counts(self) -> Window:
+    def __post_init__(self) -> None:
         if self.count > 1 and self.seconds == 0:
             raise ValueError("a count above 1 needs seconds > 0 (N occurrences within T)")
         if self.per is not None and self.distinct is not None:
             raise ValueError("a window counts either distinct values or occurrences per value, not both")
-        return self
 
 
 RecoveryKind = Literal["quiet", "reset", "boot", "operator", "diagnostic", "recovered"]
 
 
-class Recovery(_Strict):
+class Recovery(Strict, frozen=True, kw_only=True):
     """How an active fault clears.
 
     quiet: no match for `quiet_seconds` (and, for polled levels, a healthy reading since);
@@ -87,15 +86,13 @@ class Recovery(_Strict):
     """
 
     kind: RecoveryKind
-    quiet_seconds: float = Field(default=0.0, ge=0)
+    quiet_seconds: NonNegative = 0.0
 
-    @model_validator(mode="after")
-    def _quiet_needs_seconds(self) -> Recovery:
+    def __post_init__(self) -> None:
         if self.kind == "quiet" and self.quiet_seconds <= 0:
             raise ValueError("recovery kind quiet needs quiet_seconds > 0")
         if self.kind != "quiet" and self.quiet_seconds:
             raise ValueError(f"quiet_seconds applies only to recovery kind quiet, not {self.kind}")
-        return self
 
 
 #: The signals and Xids whose faults the driver itself reports recovered (the recovery action back to none).
@@ -123,47 +120,51 @@ def unreachable_recovery(action: Action, kind: str, signal: Signal, codes: froze
     return ""
 
 
-class Override(_Strict):
+class Override(Strict, frozen=True, kw_only=True):
     """Per-GPU-model changes for heterogeneous fleets; `models` are shell patterns on the model name."""
 
-    models: list[str] = Field(min_length=1)
+    models: Annotated[list[str], Meta(min_length=1)]
     enabled: bool | None = None
     severity: Severity | None = None
     action: Action | None = None
     window: Window | None = None
-    sustain_seconds: float | None = Field(default=None, ge=0)
+    sustain_seconds: NonNegative | None = None
+
+    def changes(self) -> dict[str, Any]:
+        """What the override sets (its fields other than `models` that are not None)."""
+        return {name: value for name in self.__struct_fields__ if name != "models"
+                for value in [getattr(self, name)] if value is not None}
 
     def applies_to(self, model: str) -> bool:
         return any(fnmatchcase(model, pattern) for pattern in self.models)
 
 
-class Rule(_Strict):
+class Rule(Strict, frozen=True, kw_only=True):
     """One classification rule: which observations it matches and what it decides about them."""
 
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    id: Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9.\-]*$")]
     signal: Signal
     code: int | list[int] | None = None
-    when: list[Condition] = Field(default_factory=list)
+    when: list[Condition] = msgspec.field(default_factory=list)
     fallback: bool = False
     enabled: bool = True
     severity: Severity
     action: Action
     fault_class: FaultClass
-    summary: str = Field(min_length=1)
-    source: str = Field(min_length=1)
+    summary: NonEmpty
+    source: NonEmpty
     nvidia_action: str | None = None
     reason: str | None = None
-    window: Window = Field(default_factory=Window)
-    sustain_seconds: float = Field(default=0.0, ge=0)
+    window: Window = msgspec.field(default_factory=Window)
+    sustain_seconds: NonNegative = 0.0
     recovery: Recovery
-    overrides: list[Override] = Field(default_factory=list)
+    overrides: list[Override] = msgspec.field(default_factory=list)
     #: Its fault is a contained incident (Xid 94, the driver's drain-and-reset): while it is active on a GPU, or
     #: when it follows within the incident settle window, the GPU's observations that rules read `contained_by`
     #: for (the DBE, Xid 48, Xid 64) name it there and are judged as contained (docs/rules.md).
     contains: bool = False
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Rule:
+    def __post_init__(self) -> None:
         if self.code is not None and self.signal not in {Signal.XID, Signal.SXID}:
             raise ValueError("code applies only to the xid and sxid signals")
         if self.severity is Severity.OK:
@@ -178,18 +179,19 @@ class Rule(_Strict):
         if problem:
             raise ValueError(problem)
         self._overrides_valid()
-        return self
 
     def _overrides_valid(self) -> None:
         """Each per-model override must leave a rule that would pass on its own: same checks, no loophole."""
-        base = self.model_dump(exclude={"overrides"})
+        if not self.overrides:
+            return
+        base = msgspec.to_builtins(self)
+        del base["overrides"]
         for position, override in enumerate(self.overrides):
-            changed = override.model_dump(exclude={"models"}, exclude_none=True)
             try:
-                Rule.model_validate({**base, **changed})
-            except ValidationError as exc:
-                problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
-                raise ValueError(f"override {position + 1} (models {', '.join(override.models)}): {problems}") from None
+                convert({**base, **msgspec.to_builtins(override.changes())}, Rule)
+            except RecordInvalid as exc:
+                models = ", ".join(override.models)
+                raise ValueError(f"override {position + 1} (models {models}): {exc.reason}") from None
 
     @property
     def codes(self) -> frozenset[int]:
@@ -199,11 +201,17 @@ class Rule(_Strict):
 
     def for_model(self, model: str) -> Rule:
         """This rule with every override for `model` applied, in file order."""
-        update: dict[str, object] = {}
+        update: dict[str, Any] = {}
         for override in self.overrides:
             if override.applies_to(model):
-                fields = override.model_dump(exclude={"models"}, exclude_none=True)
-                update.update({k: getattr(override, k) for k in fields})
-        return self.model_copy(update=update) if update else self
+                update.update(override.changes())
+        if not update:
+            return self
+        # Not validated again (as replace() would, against the other overrides too): each override was checked
+        # at load against the rule it changes, and two overrides for one model may legitimately combine.
+        variant = copy.copy(self)
+        for name, value in update.items():
+            msgspec.structs.force_setattr(variant, name, value)
+        return variant
 
 

@@ -9,49 +9,52 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import msgspec
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from msgspec import Meta
 
 from agent.errors import ScenarioError
 from agent.model import AttrValue, GpuRef, NodeInventory, Observation, PodRef, Signal, frozen_attrs
 from agent.sources.base import Emit
+from agent.strict import RecordInvalid, Strict, convert
 from agent.yamlload import safe_load
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 
 
-class _StrictScenario(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+NonEmpty = Annotated[str, Meta(min_length=1)]
+Index = Annotated[int, Meta(ge=0)]
+NonNegative = Annotated[float, Meta(ge=0)]
 
 
-class ScenarioGpu(_StrictScenario):
-    index: int = Field(ge=0)
-    uuid: str = Field(min_length=1)
-    pci_bus_id: str = Field(min_length=1)
+class ScenarioGpu(Strict, frozen=True, kw_only=True):
+    index: Index
+    uuid: NonEmpty
+    pci_bus_id: NonEmpty
     model: str = DEFAULT_MODEL
 
 
-class ScenarioPod(_StrictScenario):
+class ScenarioPod(Strict, frozen=True, kw_only=True):
     namespace: str = "default"
-    name: str = Field(min_length=1)
+    name: NonEmpty
     uid: str = ""
-    gpus: list[int] = Field(default_factory=list)
+    gpus: list[int] = msgspec.field(default_factory=list)
     daemonset: bool = False
 
 
-class ScenarioHostHolder(_StrictScenario):
+class ScenarioHostHolder(Strict, frozen=True, kw_only=True):
     """A host process holding one GPU open that the reset procedure cannot stop (nv-hostengine, a host
     dcgm-exporter), until a virtual time (absent: for ever). Only on a `gpu_operator` node."""
 
-    gpu: int = Field(ge=0)
-    name: str = Field(min_length=1)
-    until: float | None = Field(default=None, ge=0)
+    gpu: Index
+    name: NonEmpty
+    until: NonNegative | None = None
 
 
-class ScenarioNode(_StrictScenario):
+class ScenarioNode(Strict, frozen=True, kw_only=True):
     name: str = "gpu-node-1"
     gpus: int | list[ScenarioGpu] = 8
     model: str = DEFAULT_MODEL
@@ -67,33 +70,33 @@ class ScenarioNode(_StrictScenario):
     #: which nvidia-smi refuses a reset for until the procedure turns it off.
     persistence_mode: bool = False
     #: On a `gpu_operator` node: host processes holding a GPU that no operand label stops.
-    host_holders: list[ScenarioHostHolder] = Field(default_factory=list)
+    host_holders: list[ScenarioHostHolder] = msgspec.field(default_factory=list)
     #: A diagnostic is configured on the node (remediation.diagnostic_command): the repeat patterns of
     #: application Xids quarantine and wait for it; a `diagnostic` timeline step gives its result.
     diagnostic: bool = False
 
 
-class ScenarioFleet(_StrictScenario):
+class ScenarioFleet(Strict, frozen=True, kw_only=True):
     """Several nodes like `node`, each with its own agent, and the fleet controller (docs/scenarios.md)."""
 
-    nodes: int = Field(ge=2, le=500)
+    nodes: Annotated[int, Meta(ge=2, le=500)]
     #: Node names: the prefix and the node's number from 0.
-    prefix: str = Field(default="gpu-", min_length=1)
+    prefix: NonEmpty = "gpu-"
     #: The owner of every node's `one-per-gpu` pods (`namespace/Kind/name`): one job spanning the fleet.
     workload: str = ""
     #: Consecutive nodes per rack (the controller's rack label), per NVLink fabric domain; 0: none.
-    rack_size: int = Field(default=0, ge=0)
-    fabric_domain_size: int = Field(default=0, ge=0)
+    rack_size: Index = 0
+    fabric_domain_size: Index = 0
     #: The NVIDIA driver of each node, in turn.
-    driver_versions: list[str] = Field(default_factory=lambda: ["570.86.15"], min_length=1)
+    driver_versions: Annotated[list[str], Meta(min_length=1)] = msgspec.field(default_factory=lambda: ["570.86.15"])
     #: The fleet controller runs (correlates and holds); false: the agents alone, with the quarantine brake.
     controller: bool = True
 
 
-class ScenarioEvent(_StrictScenario):
+class ScenarioEvent(Strict, frozen=True, kw_only=True):
     """One timeline entry: an observation (maybe repeated), at a virtual time in seconds."""
 
-    at: float = Field(ge=0)
+    at: NonNegative
     signal: Signal
     value: float = 1
     gpu: int | None = None
@@ -101,30 +104,29 @@ class ScenarioEvent(_StrictScenario):
     #: of a GPU, or one on the PCI bus that NVML does not enumerate.
     pci_bus_id: str = ""
     source: str = "scenario"
-    attrs: dict[str, AttrValue] = Field(default_factory=dict)
-    repeat: int = Field(default=1, ge=1, le=1_000_000)
-    every: float = Field(default=0.0, ge=0)
+    attrs: dict[str, AttrValue] = msgspec.field(default_factory=dict)
+    repeat: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
+    every: NonNegative = 0.0
     note: str = ""
     #: In a fleet: the nodes it happens on (numbers, or ranges "FIRST-LAST"); absent: every node.
     nodes: list[int | str] | None = None
     #: In a fleet: seconds between one node's observation and the next node's.
-    stagger: float = Field(default=0.0, ge=0)
+    stagger: NonNegative = 0.0
 
 
-class Scenario(_StrictScenario):
-    name: str = Field(min_length=1)
+class Scenario(Strict, frozen=True, kw_only=True):
+    name: NonEmpty
     description: str = ""
-    node: ScenarioNode = Field(default_factory=ScenarioNode)
-    timeline: list[ScenarioEvent] = Field(min_length=1)
-    until: float | None = Field(default=None, ge=0)
-    tick_seconds: float = Field(default=1.0, gt=0)
+    node: ScenarioNode = msgspec.field(default_factory=ScenarioNode)
+    timeline: Annotated[list[ScenarioEvent], Meta(min_length=1)]
+    until: NonNegative | None = None
+    tick_seconds: Annotated[float, Meta(gt=0)] = 1.0
     boot_id: str = "boot-1"
     fleet: ScenarioFleet | None = None
     #: The agent's mode the scenario is meant to show (simulate --mode overrides); absent: the agent's default.
     mode: Literal["observe", "quarantine", "remediate"] | None = None
 
-    @model_validator(mode="after")
-    def _gpus_and_nodes_exist(self) -> Scenario:
+    def __post_init__(self) -> None:
         count = self.node.gpus if isinstance(self.node.gpus, int) else len(self.node.gpus)
         if (self.node.host_holders or self.node.persistence_mode) and not self.node.gpu_operator:
             raise ValueError("node.host_holders and node.persistence_mode need node.gpu_operator")
@@ -140,7 +142,6 @@ class Scenario(_StrictScenario):
                 raise ValueError(f"timeline entry {position + 1}: nodes and stagger need a fleet")
             if event.nodes is not None and self.fleet is not None:
                 node_numbers(event.nodes, self.fleet.nodes, entry=position + 1)
-        return self
 
     @property
     def end(self) -> float:
@@ -183,7 +184,7 @@ def inventory(scenario: Scenario, number: int | None = None) -> NodeInventory:
     owner, prefix, agent = "", "", "gpu-health-agent-x7k2p"
     if scenario.fleet is not None and number is not None:
         # One namespace across the fleet: each node's pods are named after it.
-        node = node.model_copy(update={"name": f"{scenario.fleet.prefix}{number}"})
+        node = msgspec.structs.replace(node, name=f"{scenario.fleet.prefix}{number}")
         owner, prefix, agent = scenario.fleet.workload, f"{node.name}-", f"gpu-health-agent-{node.name}"
     gpus = _gpus(node)
     if node.pods == "one-per-gpu":
@@ -271,12 +272,9 @@ def parse_scenario(text: str, *, origin: str) -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError("expected a mapping with name and timeline", file=origin)
     try:
-        return Scenario.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(scenario)"
-        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-        raise ScenarioError(problem, file=origin, field=field) from None
+        return convert(data, Scenario)
+    except RecordInvalid as exc:
+        raise ScenarioError(exc.reason, file=origin, field=exc.field or "(scenario)") from None
 
 
 def builtin_names() -> list[str]:

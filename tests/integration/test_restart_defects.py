@@ -3,6 +3,7 @@
 import threading
 import time
 
+import msgspec
 import pytest
 
 from agent.cluster_side import request_release
@@ -240,7 +241,7 @@ def test_a_fault_whose_rule_was_renamed_by_a_reload_can_still_be_released(fake):
     cluster, server = fake
     agent = make_agent(cluster, server, gpu_node("n1"))
     agent.fault(3)
-    renamed = [r.model_copy(update={"id": "xid-79-renamed"}) if r.id == "xid-79" else r for r in RULES.rules]
+    renamed = [msgspec.structs.replace(r, id="xid-79-renamed") if r.id == "xid-79" else r for r in RULES.rules]
     agent.pipeline.replace_rules(RuleSet(rules=tuple(renamed)))
     release(server, "n1")
     agent.settle(100.0)

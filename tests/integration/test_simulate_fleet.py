@@ -3,6 +3,7 @@ fake API server and one virtual clock (issue 24: replay a fleet-wide cause on a 
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -18,7 +19,7 @@ RULES = load_rules(builtin_rules_dir())
 def gsp_storm(**fleet: object) -> Scenario:
     scenario = load_scenario("fleet-gsp-timeout")
     assert scenario.fleet is not None
-    return scenario.model_copy(update={"fleet": scenario.fleet.model_copy(update=fleet)})
+    return msgspec.structs.replace(scenario, fleet=msgspec.structs.replace(scenario.fleet, **fleet))
 
 
 def run(scenario: Scenario, mode: Mode = Mode.QUARANTINE) -> FleetReport:

@@ -28,12 +28,17 @@ def test_the_environment_overrides_the_file(tmp_path: Path):
     assert (config.mode, config.http.port, config.dry_run) == (Mode.OBSERVE, 9500, True)
 
 
-def test_an_unknown_key_names_file_and_field(tmp_path: Path):
-    path = tmp_path / "c.yaml"
-    path.write_text("remediation: {tiant_key: x}\n")
+def _refusal(path: Path, text: str) -> str:
+    """The one line load_config refuses this file with."""
+    path.write_text(text)
     with pytest.raises(ConfigError) as caught:
         load_config(path, env={})
-    assert caught.value.line() == f"{path}: field remediation.tiant_key: unknown key"
+    return caught.value.line()
+
+
+def test_an_unknown_key_names_file_and_field(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    assert _refusal(path, "remediation: {tiant_key: x}\n") == f"{path}: field remediation.tiant_key: unknown key"
 
 
 def test_a_bad_environment_value_names_the_variable():
@@ -96,3 +101,34 @@ def test_the_retry_of_a_refused_step_is_a_setting_the_pipeline_gets():
         with pytest.raises(ConfigError) as caught:
             load_config(None, env={"GPU_HEALTH_REMEDIATION__RETRY_SECONDS": bad})
         assert caught.value.field == "remediation.retry_seconds"
+
+
+def test_a_bare_on_or_off_is_read_as_the_word(tmp_path: Path):
+    """YAML reads `enabled: on` as a boolean; the source's toggle takes it as the word meant, file and env alike."""
+    path = tmp_path / "c.yaml"
+    path.write_text("sources: {kmsg: {enabled: on}, nvml: {enabled: off}}\n")
+    config = load_config(path, env={"GPU_HEALTH_SOURCES__DCGM__ENABLED": "off"})
+    assert (config.sources.kmsg.enabled, config.sources.nvml.enabled, config.sources.dcgm.enabled) == \
+        ("on", "off", "off")
+
+
+def test_a_validator_names_the_field_it_refuses():
+    """A reset command other than nvidia-smi's is refused at remediation.reset_command, not at its section."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, env={"GPU_HEALTH_REMEDIATION__RESET_COMMAND": "[rm, -rf, /]"})
+    assert (caught.value.file, caught.value.field) == ("environment GPU_HEALTH_REMEDIATION__RESET_COMMAND",
+                                                       "remediation.reset_command")
+    assert "nvidia-smi --gpu-reset -i {uuid}" in caught.value.message
+
+
+def test_a_constraint_names_the_field_and_the_bound(tmp_path: Path):
+    """A value outside its bound is one line naming the file, the field and the bound."""
+    path = tmp_path / "c.yaml"
+    assert _refusal(path, "http: {port: 70000}\n") == f"{path}: field http.port: Expected `int` <= 65535"
+
+
+def test_a_loaded_configuration_cannot_be_changed():
+    """The configuration is frozen: a component cannot change what the others read."""
+    config = load_config(None, env={"NODE_NAME": "n1"})
+    with pytest.raises(AttributeError):
+        config.remediation.cordon = True  # type: ignore[misc]

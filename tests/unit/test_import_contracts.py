@@ -45,6 +45,9 @@ OUTSIDE = [
     ("agent.k8s.node", "agent/control/reconciler.py"),
     ("agent.gpu.reset", "agent/control/steps.py"),
     ("agent.fleetapi.fleet_gate", "agent/control/brake_waits.py"),
+    # pydantic is a dev dependency (issue 42): the image does not install it.
+    ("pydantic", "agent/config.py"),
+    ("pydantic", "agent/sources/scenario.py"),
 ]
 
 

@@ -183,3 +183,13 @@ def test_lint_rejects_an_override_that_leaves_a_recovery_its_action_cannot_bring
 def test_the_shipped_rules_give_every_quarantine_a_reachable_recovery():
     """rules lint passes on the shipped rules, every quarantine among them having a way back."""
     assert lint_rules(Path(__file__).resolve().parents[2] / "rules") == []
+
+
+def test_a_model_variant_is_not_checked_against_the_other_models_overrides():
+    """Each override is checked against the rule it changes, at load. A GPU model's variant (here quarantining)
+    is not checked again against the overrides of other models (A100's warning fits the rule, not the variant)."""
+    text = VALID.replace("action: reboot_node", "action: notify").replace(
+        "recovery: {kind: boot}", "recovery: {kind: quiet, quiet_seconds: 60}\n  overrides:\n"
+        "  - {models: ['H100*'], action: quarantine}\n  - {models: ['A100*'], severity: warning}")
+    [rule] = load_rule_texts([("demo.yaml", text)]).rules
+    assert (rule.for_model("H100 SXM").action, rule.for_model("A100 PCIe").severity) == ("quarantine", "warning")

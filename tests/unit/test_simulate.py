@@ -267,11 +267,11 @@ def test_one_jobs_restarts_at_one_gpc_tpc_never_quarantine_but_three_owners_wait
 def test_simulate_in_a_cluster_wires_the_cluster_side_from_the_agents_config():
     """The replay's cluster side is the one `run` builds from its config: a configured taint key is the one
     the node gets (issue 40's one wiring: simulate had its own, with a fixed key)."""
-    from agent.config import Config
+    from agent.config import parse_config
     from agent.engine import builtin_rules_dir, load_rules
     from agent.simulate import simulate_in_cluster
 
-    config = Config.model_validate({"remediation": {"taint_key": "example.com/gpu-broken"}})
+    config = parse_config({"remediation": {"taint_key": "example.com/gpu-broken"}})
     report = simulate_in_cluster(load_scenario("xid79"), rules=load_rules(builtin_rules_dir()), policy=REMEDIATE,
                                  config=config).to_json()
     assert [t["key"] for t in report["cluster"]["node"]["taints"]] == ["example.com/gpu-broken"]
