@@ -4,15 +4,17 @@ by `judge` (pure)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from agent.k8s.client import ApiClient
+from agent.k8s.raw import RawApi, api_path
+from agent.k8s.retry import with_retries
 
 #: Each endpoint the probe asks, each answer bounded by the command's timeout.
 ENDPOINTS = ("/healthz", "/readyz")
@@ -101,13 +103,15 @@ def _summary(body: dict[str, Any]) -> str:
 
 
 def read_agent_pods(api: ApiClient, namespace: str, daemonset: str) -> tuple[int, list[AgentPod]]:
-    """(desiredNumberScheduled, the pods the DaemonSet's selector lists); K8sError from the API as it comes."""
-    ds = json.loads(api.request("GET", f"/apis/apps/v1/namespaces/{quote(namespace)}/daemonsets/{quote(daemonset)}"))
+    """(desiredNumberScheduled, the pods the DaemonSet's selector lists); a transient error asked again, any other
+    K8sError as it comes."""
+    raw = RawApi(api)
+    ds = with_retries(lambda: raw.get(api_path("apps", "v1", "daemonsets", namespace=namespace, name=daemonset)))
     desired = int((ds.get("status") or {}).get("desiredNumberScheduled") or 0)
     labels = ((ds.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    listed = json.loads(api.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods",
-                                    query={"labelSelector": selector}))
+    listed = with_retries(lambda: raw.get(api_path("", "v1", "pods", namespace=namespace),
+                                          query={"labelSelector": selector}))
     pods = []
     for item in listed.get("items") or []:
         meta, spec, status = item.get("metadata") or {}, item.get("spec") or {}, item.get("status") or {}
@@ -135,9 +139,8 @@ def ask(ip: str, port: int, path: str, timeout_seconds: float) -> Answer:
 def asked(pods: Sequence[AgentPod], port: int, timeout_seconds: float,
           get: Callable[[str, int, str, float], Answer] = ask) -> list[AgentPod]:
     """Each pod with its endpoints' answers (a pod with no IP yet is not asked)."""
-    return [AgentPod(p.name, p.node, p.ip, p.ready, p.phase,
-                     {path: get(p.ip, port, path, timeout_seconds) for path in ENDPOINTS} if p.ip else {})
-            for p in pods]
+    return [dataclasses.replace(p, answers={path: get(p.ip, port, path, timeout_seconds) for path in ENDPOINTS})
+            if p.ip else p for p in pods]
 
 
 def _json(data: bytes) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TypeVar
 
 from agent.k8s.bodies import OwnerReference, PodSpec, as_pod_list
 from agent.k8s.podresources import PodDevices, allocatable_devices, list_pod_devices, offered_gpus
@@ -14,6 +15,7 @@ from agent.model import ANY_GPU, PodRef
 from agent.workloads import owner_key
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+T = TypeVar("T")
 log = get_logger("agent.k8s.pods")
 DraGpus = Callable[[set[str], dict[tuple[str, str], list[tuple[str, str, str]]]], dict[tuple[str, str], set[str]]]
 
@@ -80,17 +82,18 @@ class PodFinder:
         """The GPUs the kubelet may still give a new pod (its device plugins' healthy devices: NVIDIA's holds a
         GPU back after an Xid critical error); None where that cannot be told (no kubelet socket, no answer,
         device IDs that name no GPU)."""
+        devices = self.allocatable() if self.allocatable is not None else self._ask_kubelet(allocatable_devices)
+        return None if devices is None else offered_gpus(devices, self.mig_parents() if self.mig_parents else {})
+
+    def _ask_kubelet(self, ask: Callable[[str], T]) -> T | None:
+        """`ask` of the kubelet's PodResources socket; None where there is none, or no answer (said as a warning)."""
+        if not self.socket_path or not os.path.exists(self.socket_path):
+            return None
         try:
-            if self.allocatable is not None:
-                devices = self.allocatable()
-            elif self.socket_path and os.path.exists(self.socket_path):
-                devices = allocatable_devices(self.socket_path)
-            else:
-                return None
+            return ask(self.socket_path)
         except OSError as exc:
             log.warning("pod_resources_unavailable", error=str(exc))
             return None
-        return offered_gpus(devices, self.mig_parents() if self.mig_parents else {})
 
     def _with_parents(self, ids: list[str]) -> tuple[str, ...]:
         """A MIG device also names the GPU it is a slice of, so a fault on that GPU finds the pod."""
@@ -98,12 +101,8 @@ class PodFinder:
         return tuple(sorted({*ids, *(parents[i] for i in ids if i in parents)}))
 
     def _devices(self) -> dict[tuple[str, str], list[str]] | None:
-        if not self.socket_path or not os.path.exists(self.socket_path):
-            return None
-        try:
-            listed = self.pod_devices(self.socket_path)
-        except OSError as exc:
-            log.warning("pod_resources_unavailable", error=str(exc))
+        listed = self._ask_kubelet(self.pod_devices)
+        if listed is None:
             return None
         self._claimed = {(p.namespace, p.name): p.claimed for p in listed if p.claimed}
         return {(p.namespace, p.name): p.gpu_ids() for p in listed if p.gpu_ids()}
