@@ -1,9 +1,7 @@
 """The kubelet PodResources client over a real gRPC unix socket, against a fake kubelet."""
 
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 
 from agent.k8s.podresources import (
@@ -19,6 +17,7 @@ from agent.k8s.podresources import (
 )
 from agent.k8s.pods import PodFinder
 from agent.model import ANY_GPU
+from tests.fake_kubelet import serving_kubelet
 
 KUBELET_PODS = [
     PodDevices("ml", "trainer-0", {"nvidia.com/gpu": ["GPU-aaaa", "GPU-bbbb"]}),
@@ -34,19 +33,8 @@ KUBELET_ALLOCATABLE = {"nvidia.com/gpu": ["GPU-aaaa", "GPU-cccc::0", "GPU-cccc::
 @pytest.fixture
 def kubelet(tmp_path: Path):
     socket = tmp_path / "kubelet.sock"
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-        "List": grpc.unary_unary_rpc_method_handler(lambda request, context: KUBELET_PODS,
-                                                    request_deserializer=lambda data: data,
-                                                    response_serializer=encode_list_response),
-        "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
-            lambda request, context: KUBELET_ALLOCATABLE, request_deserializer=lambda data: data,
-            response_serializer=encode_allocatable_response)})
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"unix://{socket}")
-    server.start()
-    yield socket
-    server.stop(0)
+    with serving_kubelet(socket, KUBELET_PODS, KUBELET_ALLOCATABLE):
+        yield socket
 
 
 def test_the_wire_format_round_trips():
