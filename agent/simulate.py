@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from agent.cluster_side import NodeHooks, build_cluster_side
 from agent.config import Config
 from agent.engine import RuleSet
@@ -24,6 +22,7 @@ from agent.remediation import GuardPolicy
 from agent.simulation.device_plugin import SimulatedDevicePlugin
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
 from agent.simulation.gpu_operator import DRA_OPERANDS, OPERANDS, HostHolder, SimulatedGpuOperator
+from agent.simulation.host_isolation import simulated_node_config
 from agent.sources.scenario import Scenario, expand, inventory
 from agent.wiring import pipeline_of
 
@@ -115,8 +114,7 @@ def simulate_in_cluster(scenario: Scenario, *, rules: RuleSet, policy: GuardPoli
     populate(cluster, node, dra=scenario.node.dra)
     server = FakeApiServer(cluster).start()
     try:
-        settings = msgspec.structs.replace(config or Config(), node_name=node.name, mode=policy.mode,
-                                           dry_run=policy.dry_run)
+        settings = simulated_node_config(config or Config(), node_name=node.name, policy=policy)
         # NVIDIA's device plugin hands the GPUs out where DRA does not: it withholds a GPU after a critical Xid.
         plugin = SimulatedDevicePlugin(cluster, node) if not scenario.node.dra else None
         hooks = _node_hooks(cluster, scenario, node, rules, clock)

@@ -28,6 +28,7 @@ from agent.pipeline import Outcome, Pipeline
 from agent.remediation import GuardPolicy
 from agent.simulate import UPTIME_AT_START, no_operator_reset
 from agent.simulation.fake_apiserver import FakeApiServer, FakeCluster, populate
+from agent.simulation.host_isolation import simulated_node_config
 from agent.sources.scenario import Scenario, ScenarioFleet, fleet_timeline, inventory
 from agent.wiring import pipeline_of
 
@@ -155,7 +156,7 @@ def _node(scenario: Scenario, fleet: ScenarioFleet, number: int, cluster: FakeCl
     facts = NodeFacts(driver_version=fleet.driver_versions[number % len(fleet.driver_versions)],
                       fabric_domain=f"fabric-{number // fleet.fabric_domain_size}" if fleet.fabric_domain_size
                       else "", rack=labels.get(RACK_LABEL, ""))
-    config = msgspec.structs.replace(base, node_name=node.name, mode=policy.mode, dry_run=policy.dry_run)
+    config = simulated_node_config(base, node_name=node.name, policy=policy)
     hooks = NodeHooks(pods=lambda: node.pods, facts=lambda: facts, reset_of=no_operator_reset,
                       uptime=lambda: UPTIME_AT_START + clock(), rule_class=rules.fault_class_of)
     own_pod = next((p.key for p in node.pods if p.daemonset), "")
