@@ -7,12 +7,30 @@ from pathlib import Path
 import pytest
 
 from agent.engine import RuleSet, builtin_rules_dir, load_rules
+from agent.k8s.podresources import DEFAULT_SOCKET
+from agent.k8s.pods import PodFinder
 from agent.model import GpuRef, Observation, Signal, frozen_attrs
 
 pytest_plugins = ["tests.fault_table"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _no_host_kubelet(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process agents never ask the host's kubelet at its fixed socket: the real-node tests run one there for
+    the whole session, whose answer (its pods, its GPUs) is of another node. The agent then sees what it sees on
+    a machine with no kubelet socket; a test that wants a kubelet serves one on a socket of its own. The
+    real-node tests' own reads of that kubelet are theirs to make."""
+    if Path(str(request.node.fspath)).is_relative_to(REPO / "tests" / "realnode"):
+        return
+    asked = PodFinder._ask_kubelet
+
+    def ask(finder: PodFinder, method):  # type: ignore[no-untyped-def]
+        return None if finder.socket_path == DEFAULT_SOCKET else asked(finder, method)
+
+    monkeypatch.setattr(PodFinder, "_ask_kubelet", ask)
 
 
 @pytest.fixture(scope="session")
@@ -190,3 +208,12 @@ def fake(k8s_backend):
     """The (cluster, server) a test's agents use: the fake API server, and the real control plane for every
     test not marked fake_only (the name is the fixture's history; k8s_backend parametrizes both)."""
     return k8s_backend
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    """The random order's seed again at the end, beside the failures: a CI log cut to its tail still says
+    how to run the same order again."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and exitstatus != 0:
+        terminalreporter.write_line(f"tests ran in random order: rerun this order with --randomly-seed={seed}")
