@@ -24,15 +24,18 @@ HOST_GPU = "GPU-99999999-8888-7777-6666-555555555555"
 HOST_PODS = [PodDevices("ml", "host-trainer", {"nvidia.com/gpu": [HOST_GPU]})]
 
 
+def with_remediation(**settings: str) -> Config:
+    """The shipped configuration with these remediation settings."""
+    config = Config()
+    return msgspec.structs.replace(config, remediation=msgspec.structs.replace(config.remediation, **settings))
+
+
 @pytest.fixture
 def host_kubelet(tmp_path: Path):
     """A kubelet serving at the socket the configuration names; yields (the configuration, the methods asked)."""
     socket = tmp_path / "kubelet.sock"
     with serving_kubelet(socket, HOST_PODS, {"nvidia.com/gpu": [HOST_GPU]}) as asked:
-        config = Config()
-        config = msgspec.structs.replace(config, remediation=msgspec.structs.replace(
-            config.remediation, pod_resources_socket=str(socket)))
-        yield config, asked
+        yield with_remediation(pod_resources_socket=str(socket)), asked
 
 
 def gsp_storm_without_controller() -> Scenario:
@@ -65,9 +68,7 @@ def test_a_simulated_reboot_request_never_reaches_the_host(tmp_path):
     where no file can be made: the request is applied in the report, no write of the sentinel was tried (it
     would have failed the step), and no file is there."""
     sentinel = tmp_path / "no-such-directory" / "reboot-required"
-    config = Config()
-    config = msgspec.structs.replace(config, remediation=msgspec.structs.replace(
-        config.remediation, reboot_sentinel_path=str(sentinel)))
+    config = with_remediation(reboot_sentinel_path=str(sentinel))
     scenario = load_scenario("nvlink-untrained-ladder")
     report = simulate_in_cluster(scenario, rules=RULES, policy=GuardPolicy(mode=Mode(scenario.mode or Config().mode)),
                                  config=config)
